@@ -1,0 +1,176 @@
+"""System checks for ``settings.IDEMPOTENCY`` (ids ``django_idempotency.E0xx``/``W0xx``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+
+from .conf import DEFAULTS, conf
+from .errors import ImproperlyConfiguredStrategy
+
+ID = "django_idempotency."
+SQL_VENDORS = {"postgresql", "sqlite"}
+
+
+@register(Tags.compatibility)
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    user = getattr(settings, "IDEMPOTENCY", None)
+    if user is not None and not isinstance(user, Mapping):
+        return [
+            Error(
+                "IDEMPOTENCY must be a dict.",
+                hint="Set IDEMPOTENCY = {'STRATEGY': 'db', ...} or remove it.",
+                id=ID + "E001",
+            )
+        ]
+    messages: list[CheckMessage] = []
+    for name in sorted(set(user or {}) - set(DEFAULTS)):
+        messages.append(
+            Warning(
+                f"IDEMPOTENCY[{name!r}] is not a known setting and is ignored.",
+                hint="Known settings: " + ", ".join(sorted(DEFAULTS)) + ".",
+                id=ID + "W001",
+            )
+        )
+    messages.extend(_check_numbers())
+    messages.extend(_check_database_and_strategy())
+    messages.extend(_check_headers())
+    messages.extend(_check_choices())
+    return messages
+
+
+def _check_numbers() -> list[CheckMessage]:
+    messages: list[CheckMessage] = []
+    for name in ("TTL", "LOCK_TIMEOUT", "MAX_STORED_BODY_SIZE"):
+        try:
+            value = float(getattr(conf, name))
+        except (TypeError, ValueError):
+            value = -1
+        if value <= 0:
+            messages.append(
+                Error(
+                    f"IDEMPOTENCY[{name!r}] must be a positive number.",
+                    hint=f"The default is {DEFAULTS[name]!r}.",
+                    id=ID + "E002",
+                )
+            )
+    if messages:
+        return messages
+    try:
+        heartbeat = conf.HEARTBEAT_INTERVAL
+    except (TypeError, ValueError):
+        heartbeat = -1
+    if not 0 < heartbeat < conf.LOCK_TIMEOUT:
+        messages.append(
+            Error(
+                "IDEMPOTENCY['HEARTBEAT_INTERVAL'] must be positive and shorter than LOCK_TIMEOUT.",
+                hint="Leave it unset to renew leases every LOCK_TIMEOUT / 3 seconds.",
+                id=ID + "E003",
+            )
+        )
+    if conf.TTL < conf.LOCK_TIMEOUT:
+        messages.append(
+            Warning(
+                "IDEMPOTENCY['TTL'] is shorter than LOCK_TIMEOUT.",
+                hint="Keep completed keys at least as long as a request may run.",
+                id=ID + "W002",
+            )
+        )
+    methods = conf.METHODS
+    if not methods or not methods <= {"POST", "PUT", "PATCH", "DELETE", "GET"}:
+        messages.append(
+            Error(
+                "IDEMPOTENCY['METHODS'] must list HTTP methods such as POST and PATCH.",
+                hint="The default is ('POST', 'PATCH').",
+                id=ID + "E004",
+            )
+        )
+    return messages
+
+
+def _check_database_and_strategy() -> list[CheckMessage]:
+    alias = conf.DATABASE
+    if alias not in settings.DATABASES:
+        return [
+            Error(
+                f"IDEMPOTENCY['DATABASE'] is {alias!r}, which is not in DATABASES.",
+                hint="Name the database alias that holds your views' data.",
+                id=ID + "E005",
+            )
+        ]
+    from django.db import connections
+
+    vendor = connections[alias].vendor
+    strategy = conf.STRATEGY
+    from .strategies import load_strategy
+
+    try:
+        load_strategy(strategy)
+    except ImproperlyConfiguredStrategy as exc:
+        return [
+            Error(
+                str(exc),
+                hint="Use 'db', 'advisory_lock', 'redis', 'hybrid' or the dotted path "
+                "of a Strategy subclass (the redis and hybrid strategies need "
+                "`pip install django-idempotency[redis]`).",
+                id=ID + "E006",
+            )
+        ]
+    if strategy == "advisory_lock" and vendor != "postgresql":
+        return [
+            Error(
+                "The advisory_lock strategy needs PostgreSQL; "
+                f"database {alias!r} is {vendor}.",
+                hint="Use the 'db' strategy on SQLite.",
+                id=ID + "E007",
+            )
+        ]
+    if strategy in {"db", "hybrid"} and vendor not in SQL_VENDORS:
+        return [
+            Error(
+                f"The {strategy} strategy supports PostgreSQL and SQLite; "
+                f"database {alias!r} is {vendor}.",
+                hint="It needs INSERT … ON CONFLICT DO NOTHING RETURNING.",
+                id=ID + "E008",
+            )
+        ]
+    return []
+
+
+def _check_headers() -> list[CheckMessage]:
+    both = conf.STORED_HEADERS & conf.NEVER_STORED_HEADERS
+    if both:
+        return [
+            Warning(
+                "These headers are listed in STORED_HEADERS but are never stored: "
+                + ", ".join(sorted(both))
+                + ".",
+                hint="Secrets, cookies and hop-by-hop headers are never replayed.",
+                id=ID + "W003",
+            )
+        ]
+    return []
+
+
+def _check_choices() -> list[CheckMessage]:
+    messages: list[CheckMessage] = []
+    if conf.REDIS_FAILURE_MODE not in {"db", "fail_closed"}:
+        messages.append(
+            Error(
+                "IDEMPOTENCY['REDIS_FAILURE_MODE'] must be 'db' or 'fail_closed'.",
+                hint="'db' falls back to the database strategy; 'fail_closed' answers 503.",
+                id=ID + "E009",
+            )
+        )
+    if conf.HYBRID_DB_CHECK not in {"always", "after_loss"}:
+        messages.append(
+            Error(
+                "IDEMPOTENCY['HYBRID_DB_CHECK'] must be 'always' or 'after_loss'.",
+                hint="'always' never double-charges after a Redis data loss.",
+                id=ID + "E010",
+            )
+        )
+    return messages

@@ -1,0 +1,217 @@
+"""Settings, read lazily from ``settings.IDEMPOTENCY`` on every access.
+
+Nothing is cached and no default is ever written back into ``settings``, so
+``override_settings(IDEMPOTENCY={...})`` takes effect at once, in tests too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from django.conf import settings
+
+#: Every key of the ``IDEMPOTENCY`` dict, with its default.
+DEFAULTS: Mapping[str, Any] = {
+    # Which strategy claims keys: "db", "advisory_lock", "redis", "hybrid",
+    # or the dotted path of a Strategy subclass.
+    "STRATEGY": "db",
+    # The database alias that holds IdempotencyKey (and the view's writes).
+    "DATABASE": "default",
+    # The request header that carries the key.
+    "HEADER": "Idempotency-Key",
+    # HTTP methods that honour the header, unless a view says otherwise.
+    "METHODS": ("POST", "PATCH"),
+    # Whether a missing header is a 400 on those methods.
+    "REQUIRED": False,
+    # How long a completed key is kept and replayed, in seconds.
+    "TTL": 24 * 60 * 60,
+    # A lease older than this (seconds) was left by a crashed worker and may be taken over.
+    "LOCK_TIMEOUT": 60,
+    # How often (seconds) a running view renews its lease; None means LOCK_TIMEOUT / 3.
+    "HEARTBEAT_INTERVAL": None,
+    # Retry-After (seconds) sent with a 409 for a request still in progress; None: derived.
+    "RETRY_AFTER": None,
+    # Run the view and the key's completion in one database transaction.
+    "ATOMIC": True,
+    # Store and replay 5xx responses instead of releasing the key.
+    "STORE_SERVER_ERRORS": False,
+    # Response headers that are stored and replayed (case-insensitive); all others are dropped.
+    "STORED_HEADERS": (
+        "Content-Type",
+        "Content-Language",
+        "Content-Location",
+        "Location",
+        "Cache-Control",
+        "ETag",
+        "Last-Modified",
+        "Link",
+        "Retry-After",
+    ),
+    # Headers never stored, even when listed above.
+    "NEVER_STORED_HEADERS": (
+        "Set-Cookie",
+        "Authorization",
+        "Proxy-Authorization",
+        "Proxy-Authenticate",
+        "WWW-Authenticate",
+        "Cookie",
+        "Connection",
+        "Keep-Alive",
+        "Transfer-Encoding",
+        "Upgrade",
+        "TE",
+        "Trailer",
+        "Content-Length",
+    ),
+    # Largest response body (bytes) that is stored; a larger one releases the key.
+    "MAX_STORED_BODY_SIZE": 1024 * 1024,
+    # Callable (dotted path) ``(request) -> str`` giving the default scope; None: per user.
+    "SCOPE_FUNCTION": None,
+    # Secret for derived downstream keys; None: settings.SECRET_KEY.
+    "DOWNSTREAM_KEY_SECRET": None,
+    # Register IdempotencyKey in the Django admin.
+    "ADMIN_ENABLED": True,
+    # redis / hybrid strategies: a django-redis cache alias or a URL, and timeouts.
+    "REDIS_CACHE_ALIAS": None,
+    "REDIS_URL": None,
+    "REDIS_CLUSTER": False,
+    "REDIS_KEY_PREFIX": "idem",
+    "REDIS_SOCKET_TIMEOUT": 0.25,
+    # What to do when Redis fails: "db" (fall back to the db strategy) or "fail_closed" (503).
+    "REDIS_FAILURE_MODE": "db",
+    # hybrid: check PostgreSQL for a key that is new in Redis "always" or "after_loss".
+    "HYBRID_DB_CHECK": "always",
+    # hybrid: rows drained per outbox transaction.
+    "OUTBOX_BATCH_SIZE": 1000,
+}
+
+
+class IdempotencySettings:
+    """Typed, lazy access to ``settings.IDEMPOTENCY``."""
+
+    def _get(self, name: str) -> Any:
+        user = getattr(settings, "IDEMPOTENCY", None) or {}
+        if name in user:
+            return user[name]
+        return DEFAULTS[name]
+
+    @property
+    def user_settings(self) -> Mapping[str, Any]:
+        value = getattr(settings, "IDEMPOTENCY", None)
+        return value if isinstance(value, Mapping) else {}
+
+    @property
+    def STRATEGY(self) -> str:  # noqa: N802 - settings read like constants
+        return str(self._get("STRATEGY"))
+
+    @property
+    def DATABASE(self) -> str:  # noqa: N802
+        return str(self._get("DATABASE"))
+
+    @property
+    def HEADER(self) -> str:  # noqa: N802
+        return str(self._get("HEADER"))
+
+    @property
+    def METHODS(self) -> frozenset[str]:  # noqa: N802
+        return frozenset(str(m).upper() for m in self._get("METHODS"))
+
+    @property
+    def REQUIRED(self) -> bool:  # noqa: N802
+        return bool(self._get("REQUIRED"))
+
+    @property
+    def TTL(self) -> float:  # noqa: N802
+        return float(self._get("TTL"))
+
+    @property
+    def LOCK_TIMEOUT(self) -> float:  # noqa: N802
+        return float(self._get("LOCK_TIMEOUT"))
+
+    @property
+    def HEARTBEAT_INTERVAL(self) -> float:  # noqa: N802
+        value = self._get("HEARTBEAT_INTERVAL")
+        if value is None:
+            return self.LOCK_TIMEOUT / 3
+        return float(value)
+
+    @property
+    def RETRY_AFTER(self) -> int | None:  # noqa: N802
+        value = self._get("RETRY_AFTER")
+        return None if value is None else int(value)
+
+    @property
+    def ATOMIC(self) -> bool:  # noqa: N802
+        return bool(self._get("ATOMIC"))
+
+    @property
+    def STORE_SERVER_ERRORS(self) -> bool:  # noqa: N802
+        return bool(self._get("STORE_SERVER_ERRORS"))
+
+    @property
+    def STORED_HEADERS(self) -> frozenset[str]:  # noqa: N802
+        return _lower_set(self._get("STORED_HEADERS"))
+
+    @property
+    def NEVER_STORED_HEADERS(self) -> frozenset[str]:  # noqa: N802
+        return _lower_set(self._get("NEVER_STORED_HEADERS"))
+
+    @property
+    def MAX_STORED_BODY_SIZE(self) -> int:  # noqa: N802
+        return int(self._get("MAX_STORED_BODY_SIZE"))
+
+    @property
+    def SCOPE_FUNCTION(self) -> str | None:  # noqa: N802
+        value = self._get("SCOPE_FUNCTION")
+        return None if value is None else str(value)
+
+    @property
+    def DOWNSTREAM_KEY_SECRET(self) -> str:  # noqa: N802
+        value = self._get("DOWNSTREAM_KEY_SECRET")
+        return str(settings.SECRET_KEY if value is None else value)
+
+    @property
+    def ADMIN_ENABLED(self) -> bool:  # noqa: N802
+        return bool(self._get("ADMIN_ENABLED"))
+
+    @property
+    def REDIS_CACHE_ALIAS(self) -> str | None:  # noqa: N802
+        value = self._get("REDIS_CACHE_ALIAS")
+        return None if value is None else str(value)
+
+    @property
+    def REDIS_URL(self) -> str | None:  # noqa: N802
+        value = self._get("REDIS_URL")
+        return None if value is None else str(value)
+
+    @property
+    def REDIS_CLUSTER(self) -> bool:  # noqa: N802
+        return bool(self._get("REDIS_CLUSTER"))
+
+    @property
+    def REDIS_KEY_PREFIX(self) -> str:  # noqa: N802
+        return str(self._get("REDIS_KEY_PREFIX"))
+
+    @property
+    def REDIS_SOCKET_TIMEOUT(self) -> float:  # noqa: N802
+        return float(self._get("REDIS_SOCKET_TIMEOUT"))
+
+    @property
+    def REDIS_FAILURE_MODE(self) -> str:  # noqa: N802
+        return str(self._get("REDIS_FAILURE_MODE"))
+
+    @property
+    def HYBRID_DB_CHECK(self) -> str:  # noqa: N802
+        return str(self._get("HYBRID_DB_CHECK"))
+
+    @property
+    def OUTBOX_BATCH_SIZE(self) -> int:  # noqa: N802
+        return int(self._get("OUTBOX_BATCH_SIZE"))
+
+
+def _lower_set(values: Sequence[str]) -> frozenset[str]:
+    return frozenset(str(v).lower() for v in values)
+
+
+conf = IdempotencySettings()

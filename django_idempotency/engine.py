@@ -1,0 +1,304 @@
+"""The protocol, in one place.
+
+    header -> key -> scope -> fingerprint -> strategy.session -> view -> store or release
+
+The DRF mixin and the function-view decorator are thin adapters over
+:class:`IdempotentRequest`; neither knows about SQL or Redis.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
+from django.utils.module_loading import import_string
+
+from . import signals
+from .conf import conf
+from .errors import (
+    FingerprintMismatch,
+    IdempotencyError,
+    LeaseLost,
+    MissingKey,
+    RequestInProgress,
+)
+from .keys import bounded_scope, downstream_key, fingerprint, parse_key
+from .lease import keeper
+from .responses import NotStorable, capture, problem_response
+from .strategies import get_strategy
+from .strategies.base import Attempt, Claimed, InFlight, Mismatch, Outcome, Replay, Strategy
+
+logger = logging.getLogger("django_idempotency")
+
+
+@dataclass(frozen=True)
+class Options:
+    """Per-view settings; ``None`` fields fall back to ``settings.IDEMPOTENCY``."""
+
+    methods: frozenset[str] | None = None
+    required: bool | None = None
+    ttl: float | None = None
+    lock_timeout: float | None = None
+    strategy: str | None = None
+
+    def applies_to(self, method: str | None) -> bool:
+        methods = self.methods if self.methods is not None else conf.METHODS
+        return (method or "").upper() in methods
+
+
+@dataclass(frozen=True)
+class RequestIdempotency:
+    """What a view sees as ``request.idempotency``."""
+
+    scope: str
+    key: str
+    fingerprint: str
+    replayed: bool = False
+
+    def downstream_key(self, name: str = "default") -> str:
+        """A key for an outside service (e.g. a payment provider's Idempotency-Key),
+        the same for every retry of this request."""
+        return downstream_key(conf.DOWNSTREAM_KEY_SECRET, self.scope, self.key, name)
+
+
+def default_scope(request: HttpRequest) -> str:
+    """``user:<pk>`` for an authenticated user, else ``anonymous``."""
+    path = conf.SCOPE_FUNCTION
+    if path:
+        func: Callable[[HttpRequest], str] = import_string(path)
+        return str(func(request))
+    user = getattr(request, "user", None)
+    if user is not None and getattr(user, "is_authenticated", False):
+        return f"user:{user.pk}"
+    return "anonymous"
+
+
+class IdempotentRequest:
+    """One request that carries an Idempotency-Key, from claim to stored response.
+
+    Use as a context manager around the view::
+
+        idem = IdempotentRequest.from_request(request, scope, options)
+        with idem as outcome:
+            if not idem.claimed:
+                return idem.short_circuit()
+            return idem.finish(view(request))
+
+    ``IdempotencyError`` raised anywhere in this becomes a problem response
+    through :func:`problem_response`.
+    """
+
+    def __init__(self, request: HttpRequest, key: str, scope: str, options: Options) -> None:
+        self.request = request
+        self.key = key
+        self.scope = bounded_scope(scope)
+        self.options = options
+        self.strategy: Strategy = get_strategy(options.strategy)
+        self.fingerprint = fingerprint(request)
+        self.attempt = Attempt(
+            scope=self.scope,
+            key=key,
+            fingerprint=self.fingerprint,
+            ttl=options.ttl if options.ttl is not None else conf.TTL,
+            lock_timeout=(
+                options.lock_timeout if options.lock_timeout is not None else conf.LOCK_TIMEOUT
+            ),
+            method=(request.method or "").upper(),
+            path=request.get_full_path()[:2048],
+            atomic=conf.ATOMIC,
+            database=conf.DATABASE,
+        )
+        self.outcome: Outcome | None = None
+        self._session: Any = None
+        self._lease_cm: Any = None
+
+    # -- step 1 and 2: header -> key ---------------------------------------------------------
+
+    @staticmethod
+    def header_key(request: HttpRequest, options: Options) -> str | None:
+        """The validated key, None when absent and optional; raises 400 errors."""
+        raw = request.headers.get(conf.HEADER)
+        if raw is None:
+            required = options.required if options.required is not None else conf.REQUIRED
+            if required:
+                raise MissingKey(f"This endpoint requires an {conf.HEADER} header.")
+            return None
+        return parse_key(raw)
+
+    @classmethod
+    def from_request(
+        cls, request: HttpRequest, scope: Callable[[HttpRequest], str], options: Options
+    ) -> IdempotentRequest | None:
+        """None when the request does not take part (method, or no key and not required)."""
+        if not options.applies_to(request.method):
+            return None
+        key = cls.header_key(request, options)
+        if key is None:
+            return None
+        return cls(request, key, scope(request), options)
+
+    # -- step 3: claim -------------------------------------------------------------------------
+
+    @property
+    def claimed(self) -> bool:
+        return isinstance(self.outcome, Claimed)
+
+    def _send(self, signal: Any) -> None:
+        signal.send(
+            sender=type(self.strategy),
+            request=self.request,
+            scope=self.scope,
+            key=self.key,
+            strategy=self.strategy.name,
+        )
+
+    def __enter__(self) -> Outcome:
+        self._session = self.strategy.session(self.attempt)
+        outcome = self._session.__enter__()
+        self.outcome = outcome
+        info = RequestIdempotency(self.scope, self.key, self.fingerprint)
+        self.request.idempotency = info  # type: ignore[attr-defined]
+        if isinstance(outcome, Claimed):
+            self._send(signals.key_taken_over if outcome.taken_over else signals.key_claimed)
+            log = logger.warning if outcome.taken_over else logger.debug
+            log(
+                "idempotency key %s (scope %s) %s",
+                self.key,
+                self.scope,
+                "taken over from a stale lease" if outcome.taken_over else "claimed",
+                extra=self._log_extra("taken_over" if outcome.taken_over else "claimed"),
+            )
+            self._lease_cm = keeper.keep(outcome, conf.HEARTBEAT_INTERVAL)
+            self._lease_cm.__enter__()
+        return outcome
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        if self._lease_cm is not None:
+            self._lease_cm.__exit__(None, None, None)
+            self._lease_cm = None
+        session, self._session = self._session, None
+        if exc is not None and isinstance(self.outcome, Claimed):
+            if isinstance(exc, LeaseLost):
+                self._send(signals.lease_lost)
+                logger.warning(
+                    "idempotency key %s (scope %s): claim lost, the view's writes were rolled back",
+                    self.key,
+                    self.scope,
+                    extra=self._log_extra("lease_lost"),
+                )
+            else:
+                self._send(signals.key_released)
+                logger.info(
+                    "idempotency key %s (scope %s) released after an exception in the view",
+                    self.key,
+                    self.scope,
+                    extra=self._log_extra("released"),
+                )
+        if session is None:
+            return None
+        return bool(session.__exit__(exc_type, exc, tb))
+
+    # -- step 4: the answer ----------------------------------------------------------------
+
+    def short_circuit(self) -> HttpResponse:
+        """The response for an outcome other than Claimed."""
+        outcome = self.outcome
+        if isinstance(outcome, Replay):
+            self._send(signals.response_replayed)
+            logger.info(
+                "idempotency key %s (scope %s) replayed",
+                self.key,
+                self.scope,
+                extra=self._log_extra("replayed"),
+            )
+            return outcome.response.to_http()
+        if isinstance(outcome, Mismatch):
+            self._send(signals.key_mismatch)
+            logger.info(
+                "idempotency key %s (scope %s) reused with a different request",
+                self.key,
+                self.scope,
+                extra=self._log_extra("mismatch"),
+            )
+            raise FingerprintMismatch()
+        if isinstance(outcome, InFlight):
+            self._send(signals.request_conflict)
+            logger.info(
+                "idempotency key %s (scope %s) is in progress",
+                self.key,
+                self.scope,
+                extra=self._log_extra("conflict"),
+            )
+            retry_after = conf.RETRY_AFTER
+            raise RequestInProgress(
+                retry_after=retry_after if retry_after is not None else outcome.retry_after
+            )
+        raise AssertionError(f"unexpected outcome {outcome!r}")
+
+    def finish(self, response: HttpResponseBase) -> HttpResponseBase:
+        """Store a storable response under the key, or release the key."""
+        claim = self.outcome
+        assert isinstance(claim, Claimed)
+        if self._lease_cm is not None:
+            self._lease_cm.__exit__(None, None, None)
+            self._lease_cm = None
+        if response.status_code >= 500 and not conf.STORE_SERVER_ERRORS:
+            return self._release(claim, response, "a server error")
+        try:
+            stored = capture(response)
+        except NotStorable as exc:
+            return self._release(claim, response, str(exc))
+        claim.complete(stored)
+        self._send(signals.response_stored)
+        return response
+
+    def _release(self, claim: Claimed, response: HttpResponseBase, why: str) -> HttpResponseBase:
+        claim.release()
+        self._send(signals.key_released)
+        logger.info(
+            "idempotency key %s (scope %s) released: %s",
+            self.key,
+            self.scope,
+            why,
+            extra=self._log_extra("released"),
+        )
+        return response
+
+    def _log_extra(self, outcome: str) -> dict[str, str]:
+        return {
+            "idempotency_scope": self.scope,
+            "idempotency_key": self.key,
+            "idempotency_outcome": outcome,
+            "idempotency_strategy": self.strategy.name,
+        }
+
+
+def handle(
+    request: HttpRequest,
+    view: Callable[[], HttpResponseBase],
+    *,
+    scope: Callable[[HttpRequest], str] = default_scope,
+    options: Options | None = None,
+) -> HttpResponseBase:
+    """Run ``view`` under the Idempotency-Key protocol (the function-view path)."""
+    options = options or Options()
+    try:
+        idem = IdempotentRequest.from_request(request, scope, options)
+        if idem is None:
+            return view()
+        with idem:
+            if not idem.claimed:
+                return idem.short_circuit()
+            return idem.finish(view())
+    except IdempotencyError as error:
+        return problem_response(error)

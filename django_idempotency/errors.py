@@ -1,0 +1,97 @@
+"""Every error this app answers with, one class each.
+
+Each carries its HTTP status and an RFC 9457 problem type; ``responses.problem_response``
+turns one into an ``application/problem+json`` response.
+"""
+
+from __future__ import annotations
+
+PROBLEM_BASE = "https://django-idempotency.readthedocs.io/en/latest/problems/"
+
+
+class IdempotencyError(Exception):
+    """Base class. Subclasses set ``status``, ``slug`` and ``title``."""
+
+    status: int = 400
+    slug: str = "idempotency-error"
+    title: str = "Idempotency error"
+    default_detail: str = "The request could not be processed."
+
+    def __init__(self, detail: str | None = None, *, retry_after: int | None = None) -> None:
+        self.detail = detail or self.default_detail
+        self.retry_after = retry_after
+        super().__init__(self.detail)
+
+    @property
+    def type_uri(self) -> str:
+        return PROBLEM_BASE + self.slug
+
+
+class MissingKey(IdempotencyError):
+    status = 400
+    slug = "missing-key"
+    title = "Idempotency-Key header required"
+    default_detail = "This endpoint requires an Idempotency-Key header."
+
+
+class InvalidKey(IdempotencyError):
+    status = 400
+    slug = "invalid-key"
+    title = "Invalid Idempotency-Key"
+    default_detail = "The Idempotency-Key must be 1 to 255 visible ASCII characters."
+
+
+class RequestTooLarge(IdempotencyError):
+    status = 413
+    slug = "request-too-large"
+    title = "Request body too large"
+    default_detail = "The request body is larger than this server accepts."
+
+
+class RequestInProgress(IdempotencyError):
+    status = 409
+    slug = "request-in-progress"
+    title = "A request with this Idempotency-Key is in progress"
+    default_detail = (
+        "A request with the same Idempotency-Key is still being processed. "
+        "Retry after the interval given in Retry-After."
+    )
+
+
+class LeaseLost(IdempotencyError):
+    """The claim was taken over before this request could complete it.
+
+    Everything the view wrote in its transaction has been rolled back.
+    """
+
+    status = 409
+    slug = "lease-lost"
+    title = "Idempotency-Key claim lost"
+    default_detail = (
+        "Another request took over this Idempotency-Key before this one finished; "
+        "this request's changes were rolled back. Retry to receive the stored result."
+    )
+
+
+class FingerprintMismatch(IdempotencyError):
+    status = 422
+    slug = "key-reused"
+    title = "Idempotency-Key reused with a different request"
+    default_detail = (
+        "This Idempotency-Key was already used with a different request "
+        "(method, path, query or body). Use a new key for a new request."
+    )
+
+
+class StoreUnavailable(IdempotencyError):
+    status = 503
+    slug = "store-unavailable"
+    title = "Idempotency store unavailable"
+    default_detail = (
+        "The idempotency store cannot be reached, so the request was not processed. "
+        "Retry with the same Idempotency-Key."
+    )
+
+
+class ImproperlyConfiguredStrategy(Exception):
+    """The configured strategy cannot be loaded (reported by the system checks too)."""

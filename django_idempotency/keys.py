@@ -1,0 +1,171 @@
+"""The Idempotency-Key header, request fingerprints and derived downstream keys."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from urllib.parse import parse_qsl
+
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest
+from django.http.request import RawPostDataException
+
+from .errors import InvalidKey, RequestTooLarge
+
+MAX_KEY_LENGTH = 255
+MAX_SCOPE_LENGTH = 255
+
+
+def _is_visible_ascii(value: str) -> bool:
+    return all(0x21 <= ord(ch) <= 0x7E for ch in value)
+
+
+def parse_key(raw: str) -> str:
+    """Return the key carried by a header value, or raise InvalidKey.
+
+    Accepts the bare form (``abc``) and the structured-field string form of
+    RFC 8941 / draft-ietf-httpapi-idempotency-key-header (``"abc"``).
+    """
+    value = raw.strip(" \t")
+    if value.startswith('"'):
+        value = _parse_sf_string(value)
+    if not value:
+        raise InvalidKey("The Idempotency-Key header is empty.")
+    if len(value) > MAX_KEY_LENGTH:
+        raise InvalidKey(f"The Idempotency-Key is longer than {MAX_KEY_LENGTH} characters.")
+    if not _is_visible_ascii(value):
+        raise InvalidKey(
+            "The Idempotency-Key may only contain visible ASCII characters "
+            "(no spaces or control characters)."
+        )
+    return value
+
+
+def _parse_sf_string(value: str) -> str:
+    """Decode an RFC 8941 sf-string, parameters not allowed."""
+    out: list[str] = []
+    i = 1
+    while i < len(value):
+        ch = value[i]
+        if ch == "\\":
+            if i + 1 >= len(value) or value[i + 1] not in '"\\':
+                raise InvalidKey("The quoted Idempotency-Key has an invalid escape.")
+            out.append(value[i + 1])
+            i += 2
+            continue
+        if ch == '"':
+            if i != len(value) - 1:
+                raise InvalidKey("The quoted Idempotency-Key has text after its closing quote.")
+            return "".join(out)
+        if not 0x20 <= ord(ch) <= 0x7E:
+            raise InvalidKey("The quoted Idempotency-Key contains a character that is not ASCII.")
+        out.append(ch)
+        i += 1
+    raise InvalidKey("The quoted Idempotency-Key has no closing quote.")
+
+
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
+
+
+def canonical_body(content_type: str, body: bytes) -> bytes:
+    """Bytes that differ only when the body's meaning differs.
+
+    JSON is re-serialised with sorted keys and no whitespace; form bodies are
+    sorted by field; anything else is taken as it is.
+    """
+    media = content_type.split(";", 1)[0].strip().lower()
+    if body and _is_json(media):
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            return body
+        return json.dumps(parsed, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    if body and media == "application/x-www-form-urlencoded":
+        try:
+            pairs = parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
+        except UnicodeDecodeError:
+            return body
+        return json.dumps(sorted(pairs), separators=(",", ":")).encode()
+    return body
+
+
+def _is_multipart(request: HttpRequest) -> bool:
+    return request.META.get("CONTENT_TYPE", "").lower().startswith("multipart/")
+
+
+def preload_body(request: HttpRequest) -> None:
+    """Read the body into memory before a framework parses the stream, so the
+    fingerprint can still see it. Multipart bodies are left to the form parser.
+    Raises RequestTooLarge (413) past ``DATA_UPLOAD_MAX_MEMORY_SIZE``."""
+    if _is_multipart(request):
+        return
+    try:
+        request.body  # noqa: B018 - caches the body on the request
+    except RequestDataTooBig as exc:
+        raise RequestTooLarge() from exc
+    except RawPostDataException:
+        pass
+
+
+def _form_digest(request: HttpRequest) -> bytes:
+    digest = hashlib.sha256()
+    for name, value in sorted(request.POST.lists()):
+        digest.update(json.dumps([name, value]).encode())
+    for name, files in sorted(request.FILES.lists()):
+        for upload in files:
+            file_digest = hashlib.sha256()
+            for chunk in upload.chunks():
+                file_digest.update(chunk)
+            upload.seek(0)
+            digest.update(json.dumps([name, upload.name, upload.size]).encode())
+            digest.update(file_digest.digest())
+    return digest.digest()
+
+
+def _body_digest(request: HttpRequest) -> bytes:
+    django_request: HttpRequest = getattr(request, "_request", request)
+    if _is_multipart(django_request):
+        # Boundaries differ between retries: fingerprint the parsed form and files.
+        return _form_digest(django_request)
+    content_type = django_request.META.get("CONTENT_TYPE", "")
+    try:
+        body = django_request.body
+    except RequestDataTooBig as exc:
+        raise RequestTooLarge() from exc
+    except RawPostDataException:
+        return _form_digest(django_request)
+    return hashlib.sha256(canonical_body(content_type, body)).digest()
+
+
+def fingerprint(request: HttpRequest) -> str:
+    """SHA-256 (hex) over method, path, sorted query string and canonical body."""
+    query = sorted(parse_qsl(request.META.get("QUERY_STRING", ""), keep_blank_values=True))
+    digest = hashlib.sha256()
+    digest.update((request.method or "").upper().encode())
+    digest.update(b"\n")
+    digest.update(request.path.encode("utf-8", "surrogateescape"))
+    digest.update(b"\n")
+    digest.update(json.dumps(query, separators=(",", ":")).encode())
+    digest.update(b"\n")
+    digest.update(_body_digest(request))
+    return digest.hexdigest()
+
+
+def bounded_scope(scope: str) -> str:
+    """Scopes longer than the column are stored as their SHA-256."""
+    if len(scope) <= MAX_SCOPE_LENGTH:
+        return scope
+    return "sha256:" + hashlib.sha256(scope.encode()).hexdigest()
+
+
+def downstream_key(secret: str, scope: str, key: str, name: str = "default") -> str:
+    """A key for an outside service, stable across retries of one request.
+
+    Hand it to a payment provider as *its* idempotency key, so that a request
+    that lost its lease and was retried is deduplicated by the provider too.
+    """
+    message = "\x00".join((scope, key, name)).encode()
+    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()

@@ -1,0 +1,100 @@
+"""Keeping leases alive while views run.
+
+One daemon thread per process renews every registered claim whose renewal is
+due, so that only a crashed owner's lease ever expires. The thread starts on
+first use (after a fork too) and holds its own database connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from django.db import close_old_connections
+
+from .strategies.base import Claimed
+
+logger = logging.getLogger("django_idempotency")
+
+
+@dataclass(eq=False)
+class Lease:
+    claim: Claimed
+    interval: float
+    due: float = field(default=0.0)
+    lost: bool = False
+    renewals: int = 0
+
+
+class LeaseKeeper:
+    def __init__(self) -> None:
+        self._leases: set[Lease] = set()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def _ensure_thread(self) -> None:
+        if self._thread is not None and self._pid == os.getpid() and self._thread.is_alive():
+            return
+        self._pid = os.getpid()
+        self._thread = threading.Thread(
+            target=self._run, name="django-idempotency-lease-keeper", daemon=True
+        )
+        self._thread.start()
+
+    @contextmanager
+    def keep(self, claim: Claimed, interval: float) -> Iterator[Lease]:
+        """Renew ``claim`` every ``interval`` seconds until the block ends."""
+        lease = Lease(claim, interval, due=time.monotonic() + interval)
+        if not claim.renewable or interval <= 0:
+            yield lease
+            return
+        with self._lock:
+            self._leases.add(lease)
+            self._ensure_thread()
+        self._wake.set()
+        try:
+            yield lease
+        finally:
+            with self._lock:
+                self._leases.discard(lease)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                leases = list(self._leases)
+            now = time.monotonic()
+            due = [lease for lease in leases if lease.due <= now]
+            for lease in due:
+                self._renew(lease)
+            with self._lock:
+                pending = [lease.due for lease in self._leases]
+            timeout = max(min(pending) - time.monotonic(), 0.01) if pending else 60.0
+            self._wake.wait(timeout)
+            self._wake.clear()
+
+    def _renew(self, lease: Lease) -> None:
+        lease.due = time.monotonic() + lease.interval
+        with self._lock:
+            if lease not in self._leases:
+                return
+        try:
+            close_old_connections()
+            renewed = lease.claim.renew()
+        except Exception:
+            logger.warning("idempotency lease renewal failed; retrying", exc_info=True)
+            lease.due = time.monotonic() + min(lease.interval, 1.0)
+            return
+        lease.renewals += 1
+        if not renewed and not lease.lost:
+            lease.lost = True
+            logger.warning("idempotency lease lost while the view was running")
+
+
+keeper = LeaseKeeper()

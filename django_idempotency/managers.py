@@ -1,0 +1,352 @@
+"""The atomic and batched SQL behind IdempotencyKey.
+
+Shared by the strategies, the admin, the management command and the Celery
+tasks. Every method is one short statement or one short transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections, models, transaction
+from django.utils import timezone
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    from .models import IdempotencyKey
+    from .responses import StoredResponse
+
+IN_PROGRESS = "in_progress"
+COMPLETED = "completed"
+
+
+class ClaimState(Enum):
+    CLAIMED = "claimed"
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    MISMATCH = "mismatch"
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    state: ClaimState
+    pk: int | None = None
+    token: uuid.UUID | None = None
+    taken_over: bool = False
+    response: StoredResponse | None = None
+
+
+class _Statements:
+    """SQL for one table on one backend, built once."""
+
+    def __init__(self, model: type[models.Model], connection: BaseDatabaseWrapper) -> None:
+        q = connection.ops.quote_name
+        opts = model._meta
+        table = q(opts.db_table)
+        self.insert_fields = [
+            opts.get_field(name)
+            for name in (
+                "scope",
+                "key",
+                "fingerprint",
+                "status",
+                "claim_token",
+                "locked_at",
+                "request_method",
+                "request_path",
+                "response_headers",
+                "created_at",
+                "expires_at",
+            )
+        ]
+        columns = ", ".join(q(f.column) for f in self.insert_fields)  # type: ignore[union-attr]
+        marks = ", ".join(["%s"] * len(self.insert_fields))
+        self.claim = (
+            f"INSERT INTO {table} ({columns}) VALUES ({marks}) "
+            f"ON CONFLICT ({q('scope')}, {q('key')}) DO NOTHING RETURNING {q('id')}"
+        )
+        self.complete = (
+            f"UPDATE {table} SET {q('status')} = %s, {q('response_status')} = %s, "
+            f"{q('response_headers')} = %s, {q('response_body')} = %s, "
+            f"{q('completed_at')} = %s, {q('locked_at')} = NULL, {q('expires_at')} = %s "
+            f"WHERE {q('id')} = %s AND {q('claim_token')} = %s AND {q('status')} = %s"
+        )
+        self.renew = (
+            f"UPDATE {table} SET {q('locked_at')} = %s "
+            f"WHERE {q('id')} = %s AND {q('claim_token')} = %s AND {q('status')} = %s"
+        )
+        self.release = (
+            f"DELETE FROM {table} "
+            f"WHERE {q('id')} = %s AND {q('claim_token')} = %s AND {q('status')} = %s"
+        )
+
+
+class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
+    _statements: dict[tuple[str, str], _Statements]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._statements = {}
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _sql(self, connection: BaseDatabaseWrapper) -> _Statements:
+        cache_key = (connection.alias, connection.vendor)
+        statements = self._statements.get(cache_key)
+        if statements is None:
+            statements = self._statements[cache_key] = _Statements(self.model, connection)
+        return statements
+
+    def _prep(self, connection: BaseDatabaseWrapper, name: str, value: Any) -> Any:
+        return self.model._meta.get_field(name).get_db_prep_save(value, connection)  # type: ignore[union-attr]
+
+    # -- claim -----------------------------------------------------------------------------
+
+    def claim(
+        self,
+        scope: str,
+        key: str,
+        fingerprint: str,
+        *,
+        ttl: float,
+        lock_timeout: float,
+        method: str = "",
+        path: str = "",
+        using: str = "default",
+    ) -> ClaimResult:
+        """Claim ``(scope, key)`` with one ``INSERT … ON CONFLICT DO NOTHING RETURNING``.
+
+        The loser reads the row in a second statement (a CTE would not see a
+        concurrent winner under READ COMMITTED) and learns whether the key is in
+        progress, completed (with its stored response) or used for another request.
+        A lease older than ``lock_timeout`` and an expired record are taken over by
+        a conditional UPDATE on the old claim token.
+        """
+        connection = connections[using]
+        sql = self._sql(connection)
+        for _attempt in range(5):
+            now = timezone.now()
+            token = uuid.uuid4()
+            values = {
+                "scope": scope,
+                "key": key,
+                "fingerprint": fingerprint,
+                "status": IN_PROGRESS,
+                "claim_token": token,
+                "locked_at": now,
+                "request_method": method,
+                "request_path": path,
+                "response_headers": {},
+                "created_at": now,
+                "expires_at": now + timedelta(seconds=ttl),
+            }
+            params = [f.get_db_prep_save(values[f.name], connection) for f in sql.insert_fields]  # type: ignore[union-attr]
+            with connection.cursor() as cursor:
+                cursor.execute(sql.claim, params)
+                row = cursor.fetchone()
+            if row is not None:
+                return ClaimResult(ClaimState.CLAIMED, pk=int(row[0]), token=token)
+
+            existing = (
+                self.using(using)
+                .filter(scope=scope, key=key)
+                .values_list(
+                    "pk",
+                    "fingerprint",
+                    "status",
+                    "claim_token",
+                    "locked_at",
+                    "expires_at",
+                    "response_status",
+                    "response_headers",
+                    "response_body",
+                )
+                .first()
+            )
+            if existing is None:
+                continue  # released or purged between the two statements: claim again
+            pk, stored_print, status, old_token, locked_at, expires_at = existing[:6]
+            now = timezone.now()
+            stale = status == IN_PROGRESS and (
+                locked_at is None or locked_at <= now - timedelta(seconds=lock_timeout)
+            )
+            if expires_at <= now or stale:
+                if self._take_over(
+                    pk, old_token, token, fingerprint, now, ttl, method, path, using
+                ):
+                    return ClaimResult(ClaimState.CLAIMED, pk=pk, token=token, taken_over=True)
+                continue  # someone else moved first: read again
+            if stored_print != fingerprint:
+                return ClaimResult(ClaimState.MISMATCH, pk=pk)
+            if status == IN_PROGRESS:
+                return ClaimResult(ClaimState.IN_PROGRESS, pk=pk)
+            from .responses import StoredResponse
+
+            response_status, headers, body = existing[6:]
+            return ClaimResult(
+                ClaimState.COMPLETED,
+                pk=pk,
+                response=StoredResponse(
+                    status=int(response_status), headers=dict(headers or {}), body=bytes(body or b"")
+                ),
+            )
+        raise RuntimeError(f"could not claim idempotency key {key!r} after repeated races")
+
+    def _take_over(
+        self,
+        pk: int,
+        old_token: uuid.UUID,
+        token: uuid.UUID,
+        fingerprint: str,
+        now: datetime,
+        ttl: float,
+        method: str,
+        path: str,
+        using: str,
+    ) -> bool:
+        """Replace a stale or expired claim, only if its token is still ``old_token``."""
+        updated = (
+            self.using(using)
+            .filter(pk=pk, claim_token=old_token)
+            .update(
+                claim_token=token,
+                fingerprint=fingerprint,
+                status=IN_PROGRESS,
+                locked_at=now,
+                request_method=method,
+                request_path=path,
+                response_status=None,
+                response_headers={},
+                response_body=None,
+                created_at=now,
+                completed_at=None,
+                expires_at=now + timedelta(seconds=ttl),
+            )
+        )
+        return updated == 1
+
+    # -- the owner's statements ------------------------------------------------------------
+
+    def _owner_update(self, using: str, statement: str, params: list[Any]) -> bool:
+        with connections[using].cursor() as cursor:
+            cursor.execute(statement, params)
+            return cursor.rowcount == 1
+
+    def renew(self, pk: int, token: uuid.UUID, *, using: str = "default") -> bool:
+        """Extend the lease; False when the claim was taken over or is gone."""
+        connection = connections[using]
+        return self._owner_update(
+            using,
+            self._sql(connection).renew,
+            [
+                self._prep(connection, "locked_at", timezone.now()),
+                pk,
+                self._prep(connection, "claim_token", token),
+                IN_PROGRESS,
+            ],
+        )
+
+    def complete(
+        self,
+        pk: int,
+        token: uuid.UUID,
+        response: StoredResponse,
+        *,
+        ttl: float,
+        using: str = "default",
+    ) -> bool:
+        """Store the response; False when ``token`` is no longer the claim's (fencing)."""
+        connection = connections[using]
+        now = timezone.now()
+        return self._owner_update(
+            using,
+            self._sql(connection).complete,
+            [
+                COMPLETED,
+                response.status,
+                self._prep(connection, "response_headers", response.headers),
+                self._prep(connection, "response_body", response.body),
+                self._prep(connection, "completed_at", now),
+                self._prep(connection, "expires_at", now + timedelta(seconds=ttl)),
+                pk,
+                self._prep(connection, "claim_token", token),
+                IN_PROGRESS,
+            ],
+        )
+
+    def release(self, pk: int, token: uuid.UUID, *, using: str = "default") -> bool:
+        """Delete an in-progress claim so the client may retry; only for its own token."""
+        connection = connections[using]
+        return self._owner_update(
+            using,
+            self._sql(connection).release,
+            [pk, self._prep(connection, "claim_token", token), IN_PROGRESS],
+        )
+
+    # -- operations ------------------------------------------------------------------------
+
+    def release_stuck(self, pks: list[int] | None = None, *, using: str = "default") -> int:
+        """Release in-progress keys by hand (the admin action); returns how many."""
+        queryset = self.using(using).filter(status=IN_PROGRESS)
+        if pks is not None:
+            queryset = queryset.filter(pk__in=pks)
+        deleted, _ = queryset.delete()
+        return deleted
+
+    def expired(self, *, now: datetime | None = None, using: str = "default") -> Any:
+        return self.using(using).filter(expires_at__lte=now or timezone.now())
+
+    def delete_expired(
+        self,
+        *,
+        batch_size: int = 1000,
+        older_than: timedelta | None = None,
+        now: datetime | None = None,
+        using: str = "default",
+        max_batches: int | None = None,
+    ) -> int:
+        """Delete expired keys in batches of ``batch_size``, one short transaction each.
+
+        ``older_than`` keeps keys that expired less than that long ago. Returns the
+        number of rows deleted.
+        """
+        cutoff = now or timezone.now()
+        if older_than is not None:
+            cutoff -= older_than
+        total = 0
+        for _count in self.iter_delete_expired(
+            batch_size=batch_size, cutoff=cutoff, using=using, max_batches=max_batches
+        ):
+            total += _count
+        return total
+
+    def iter_delete_expired(
+        self,
+        *,
+        batch_size: int,
+        cutoff: datetime,
+        using: str = "default",
+        max_batches: int | None = None,
+    ) -> Any:
+        """Yield the number of rows deleted by each batch (for progress reporting)."""
+        batches = 0
+        while max_batches is None or batches < max_batches:
+            with transaction.atomic(using=using):
+                pks = list(
+                    self.using(using)
+                    .filter(expires_at__lte=cutoff)
+                    .order_by("expires_at")
+                    .values_list("pk", flat=True)[:batch_size]
+                )
+                if not pks:
+                    return
+                deleted, _ = self.using(using).filter(pk__in=pks, expires_at__lte=cutoff).delete()
+            batches += 1
+            yield deleted
+            if len(pks) < batch_size:
+                return

@@ -1,0 +1,120 @@
+"""``IdempotencyMixin`` for Django REST framework views and viewsets."""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from typing import Any
+
+from django.db import transaction
+from django.http import HttpRequest
+from django.http.response import HttpResponseBase
+from rest_framework.request import Request
+
+from .conf import conf
+from .engine import IdempotentRequest, Options, default_scope
+from .keys import preload_body
+from .errors import IdempotencyError
+from .responses import problem_response
+
+
+class _ShortCircuit(Exception):
+    """Carries a response out of ``initial()`` past the view's handler."""
+
+    def __init__(self, response: HttpResponseBase) -> None:
+        self.response = response
+        super().__init__()
+
+
+class IdempotencyMixin:
+    """Honour the Idempotency-Key header; put it before ``APIView`` in the bases.
+
+    The key is claimed after authentication, permission and throttling checks
+    (so a request rejected by those is not stored), and the handler runs inside
+    the claim. Override the class attributes or the ``get_*`` hooks per view.
+    """
+
+    #: Methods that honour the header; None: ``IDEMPOTENCY["METHODS"]``.
+    idempotency_methods: tuple[str, ...] | None = None
+    #: Whether a missing header is a 400; None: ``IDEMPOTENCY["REQUIRED"]``.
+    idempotency_required: bool | None = None
+    #: Seconds a completed key is replayed; None: ``IDEMPOTENCY["TTL"]``.
+    idempotency_ttl: float | None = None
+    #: Seconds after which a lease is stale; None: ``IDEMPOTENCY["LOCK_TIMEOUT"]``.
+    idempotency_lock_timeout: float | None = None
+    #: Strategy name for this view; None: ``IDEMPOTENCY["STRATEGY"]``.
+    idempotency_strategy: str | None = None
+
+    _idempotency: IdempotentRequest | None
+    _idempotency_stack: ExitStack | None
+
+    @classmethod
+    def as_view(cls, *args: Any, **kwargs: Any) -> Any:
+        view = super().as_view(*args, **kwargs)  # type: ignore[misc]
+        # The app runs the handler in its own transaction (which also stores the response).
+        return transaction.non_atomic_requests(using=conf.DATABASE)(view)
+
+    # -- hooks ---------------------------------------------------------------------------
+
+    def get_idempotency_options(self, request: Request) -> Options:
+        methods = self.idempotency_methods
+        return Options(
+            methods=frozenset(m.upper() for m in methods) if methods is not None else None,
+            required=self.idempotency_required,
+            ttl=self.idempotency_ttl,
+            lock_timeout=self.idempotency_lock_timeout,
+            strategy=self.idempotency_strategy,
+        )
+
+    def get_idempotency_scope(self, request: Request) -> str:
+        """Whose key this is: the authenticated user by default. Override for tenants
+        or API clients; requests of different scopes never see each other's keys."""
+        return default_scope(request)  # type: ignore[arg-type]
+
+    # -- the request path ------------------------------------------------------------------
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        self._idempotency = None
+        try:
+            preload_body(request)
+            # The claim's context (transaction, lease) is entered in initial() and left
+            # here; an error from finish() passes through it first, so the view's writes
+            # are rolled back before the problem response is built.
+            with ExitStack() as stack:
+                self._idempotency_stack = stack
+                response: HttpResponseBase = super().dispatch(  # type: ignore[misc]
+                    request, *args, **kwargs
+                )
+                idem = self._idempotency
+                if idem is not None and idem.claimed:
+                    response = idem.finish(response)
+        except IdempotencyError as error:
+            return problem_response(error)
+        finally:
+            self._idempotency_stack = None
+        return response
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)  # type: ignore[misc]
+        stack = self._idempotency_stack
+        if stack is None:  # initial() called outside dispatch()
+            return
+        try:
+            idem = IdempotentRequest.from_request(
+                request,  # type: ignore[arg-type]
+                self.get_idempotency_scope,  # type: ignore[arg-type]
+                self.get_idempotency_options(request),
+            )
+            if idem is None:
+                return
+            stack.enter_context(idem)
+            if idem.claimed:
+                self._idempotency = idem
+                return
+            raise _ShortCircuit(idem.short_circuit())
+        except IdempotencyError as error:
+            raise _ShortCircuit(problem_response(error)) from error
+
+    def handle_exception(self, exc: Exception) -> HttpResponseBase:
+        if isinstance(exc, _ShortCircuit):
+            return exc.response
+        return super().handle_exception(exc)  # type: ignore[misc,no-any-return]

@@ -1,0 +1,56 @@
+"""The authoritative record of every Idempotency-Key."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+from .managers import IdempotencyKeyManager
+
+
+class IdempotencyKey(models.Model):
+    class Status(models.TextChoices):
+        IN_PROGRESS = "in_progress", _("in progress")
+        COMPLETED = "completed", _("completed")
+
+    id = models.BigAutoField(primary_key=True)
+    scope = models.CharField(
+        _("scope"), max_length=255, help_text=_("Whose key this is, e.g. user:42.")
+    )
+    key = models.CharField(_("key"), max_length=255)
+    fingerprint = models.CharField(
+        _("fingerprint"), max_length=64, help_text=_("SHA-256 of method, path, query and body.")
+    )
+    status = models.CharField(_("status"), max_length=16, choices=Status.choices)
+    claim_token = models.UUIDField(
+        _("claim token"), help_text=_("Fencing token: a fresh UUID per claim.")
+    )
+    locked_at = models.DateTimeField(
+        _("locked at"), null=True, blank=True, help_text=_("Last renewal of the lease.")
+    )
+    request_method = models.CharField(_("request method"), max_length=16, blank=True)
+    request_path = models.TextField(_("request path"), blank=True)
+    response_status = models.PositiveSmallIntegerField(_("response status"), null=True, blank=True)
+    response_headers = models.JSONField(_("response headers"), default=dict, blank=True)
+    response_body = models.BinaryField(_("response body"), null=True, blank=True)
+    created_at = models.DateTimeField(_("created at"), default=timezone.now)
+    completed_at = models.DateTimeField(_("completed at"), null=True, blank=True)
+    expires_at = models.DateTimeField(_("expires at"))
+
+    objects = IdempotencyKeyManager()
+
+    class Meta:
+        verbose_name = _("idempotency key")
+        verbose_name_plural = _("idempotency keys")
+        constraints = [
+            models.UniqueConstraint(fields=["scope", "key"], name="idempotency_scope_key_uniq"),
+        ]
+        indexes = [models.Index(fields=["expires_at"], name="idempotency_expires_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.scope} / {self.key}"
+
+    @property
+    def is_expired(self) -> bool:
+        return self.expires_at <= timezone.now()

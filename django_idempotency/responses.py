@@ -1,0 +1,86 @@
+"""Storing and replaying responses, and RFC 9457 problem details."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from django.http import HttpResponse
+from django.http.response import HttpResponseBase
+
+from .conf import conf
+from .errors import IdempotencyError
+
+PROBLEM_CONTENT_TYPE = "application/problem+json"
+REPLAYED_HEADER = "Idempotent-Replayed"
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    """What is kept of a response: status, allowed headers, body bytes."""
+
+    status: int
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+
+    def to_http(self) -> HttpResponse:
+        response = HttpResponse(self.body, status=self.status)
+        if "Content-Type" not in self.headers:
+            del response["Content-Type"]
+        for name, value in self.headers.items():
+            response[name] = value
+        response[REPLAYED_HEADER] = "true"
+        return response
+
+
+class NotStorable(Exception):
+    """The response cannot be stored (streaming or too large); the key is released."""
+
+
+def filter_headers(
+    items: Iterable[tuple[str, str]],
+    allowed: frozenset[str],
+    denied: frozenset[str],
+) -> dict[str, str]:
+    """Keep the allow-listed headers, never the denied ones (case-insensitive)."""
+    kept: dict[str, str] = {}
+    for name, value in items:
+        lower = name.lower()
+        if lower in allowed and lower not in denied:
+            kept[name] = value
+    return kept
+
+
+def capture(response: HttpResponseBase) -> StoredResponse:
+    """Snapshot a rendered response for storage, or raise NotStorable."""
+    if getattr(response, "streaming", False):
+        raise NotStorable("streaming responses are not stored")
+    render = getattr(response, "render", None)
+    if render is not None and not getattr(response, "is_rendered", True):
+        render()
+    body = bytes(getattr(response, "content", b""))
+    if len(body) > conf.MAX_STORED_BODY_SIZE:
+        raise NotStorable("response body is larger than MAX_STORED_BODY_SIZE")
+    headers = filter_headers(response.items(), conf.STORED_HEADERS, conf.NEVER_STORED_HEADERS)
+    return StoredResponse(status=response.status_code, headers=headers, body=body)
+
+
+def problem_response(
+    error: IdempotencyError, *, extra: Mapping[str, object] | None = None
+) -> HttpResponse:
+    """An ``application/problem+json`` response for ``error``."""
+    payload: dict[str, object] = {
+        "type": error.type_uri,
+        "title": error.title,
+        "status": error.status,
+        "detail": error.detail,
+    }
+    if extra:
+        payload.update(extra)
+    response = HttpResponse(
+        json.dumps(payload), status=error.status, content_type=PROBLEM_CONTENT_TYPE
+    )
+    if error.retry_after is not None:
+        response["Retry-After"] = str(error.retry_after)
+    return response

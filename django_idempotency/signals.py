@@ -1,0 +1,21 @@
+"""Signals sent by the engine. Each is sent with ``sender`` = the strategy class and
+keyword arguments ``request``, ``scope``, ``key`` and ``strategy`` (its name)."""
+
+from django.dispatch import Signal
+
+#: A request claimed a new key and is about to run the view.
+key_claimed = Signal()
+#: A request claimed a key left behind by a crashed owner or expired.
+key_taken_over = Signal()
+#: A completed key's stored response was replayed.
+response_replayed = Signal()
+#: A request found its key in progress and got a 409.
+request_conflict = Signal()
+#: A request reused a key with a different fingerprint and got a 422.
+key_mismatch = Signal()
+#: A claimed key was released (exception, 5xx, or a response that cannot be stored).
+key_released = Signal()
+#: A response was stored under its key.
+response_stored = Signal()
+#: The claim was lost before completion and the view's writes were rolled back.
+lease_lost = Signal()

@@ -1,0 +1,152 @@
+"""The ``advisory_lock`` strategy (PostgreSQL only).
+
+The request opens a transaction, takes ``pg_advisory_xact_lock`` on a 64-bit
+hash of (scope, key) and then reads and writes the record. The lock is held
+until the transaction ends, so a duplicate *waits* for the first request and
+then replays its response, instead of getting a 409; a waiter that cannot get
+the lock within the lock timeout gets the 409. Two keys whose hashes collide
+only serialize each other: the unique constraint on (scope, key) still decides.
+A crashed worker's lock is freed by PostgreSQL when its connection closes, so
+there is nothing to take over.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+
+from django.db import DatabaseError, IntegrityError, connections, transaction
+from django.db.utils import OperationalError
+from django.utils import timezone
+
+from ..errors import StoreUnavailable
+from ..managers import COMPLETED
+from ..models import IdempotencyKey
+from ..responses import StoredResponse
+from .base import Attempt, Claimed, InFlight, Mismatch, Outcome, Replay, Strategy
+
+LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
+
+
+def lock_name(scope: str, key: str) -> str:
+    return f"django_idempotency\x1f{scope}\x1f{key}"
+
+
+class AdvisoryClaim(Claimed):
+    renewable = False  # the transaction itself is the lock
+
+    def __init__(self, attempt: Attempt) -> None:
+        self.attempt = attempt
+        self.released = False
+
+    def renew(self) -> bool:
+        return True
+
+    def complete(self, response: StoredResponse) -> None:
+        now = timezone.now()
+        values = {
+            "fingerprint": self.attempt.fingerprint,
+            "status": COMPLETED,
+            "claim_token": uuid.uuid4(),
+            "locked_at": None,
+            "request_method": self.attempt.method,
+            "request_path": self.attempt.path,
+            "response_status": response.status,
+            "response_headers": response.headers,
+            "response_body": response.body,
+            "created_at": now,
+            "completed_at": now,
+            "expires_at": now + timedelta(seconds=self.attempt.ttl),
+        }
+        using = self.attempt.database
+        if transaction.get_rollback(using=using):
+            # The view's transaction is doomed; store the response after it ends.
+            self.pending = values
+            return
+        self._write(values)
+
+    pending: dict[str, object] | None = None
+
+    def _write(self, values: dict[str, object]) -> None:
+        IdempotencyKey.objects.using(self.attempt.database).update_or_create(
+            scope=self.attempt.scope, key=self.attempt.key, defaults=values
+        )
+
+    def release(self) -> None:
+        self.released = True
+        transaction.set_rollback(True, using=self.attempt.database)
+
+
+class AdvisoryLockStrategy(Strategy):
+    name = "advisory_lock"
+
+    @contextmanager
+    def session(self, attempt: Attempt) -> Iterator[Outcome]:
+        using = attempt.database
+        connection = connections[using]
+        claim = AdvisoryClaim(attempt)
+        try:
+            atomic = transaction.atomic(using=using)
+            atomic.__enter__()
+        except DatabaseError as exc:
+            raise StoreUnavailable() from exc
+        try:
+            outcome = self._lock_and_read(connection, attempt, claim)
+            yield outcome
+        except BaseException as exc:
+            atomic.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        try:
+            atomic.__exit__(None, None, None)
+        except IntegrityError as exc:  # pragma: no cover - the lock makes this unreachable
+            raise StoreUnavailable() from exc
+        if claim.pending is not None and not claim.released:
+            with transaction.atomic(using=using):
+                self._lock(connection, attempt)
+                claim._write(claim.pending)
+
+    def _lock(self, connection: object, attempt: Attempt) -> None:
+        with connection.cursor() as cursor:  # type: ignore[attr-defined]
+            cursor.execute(
+                "SET LOCAL lock_timeout = %s", [f"{max(int(attempt.lock_timeout * 1000), 1)}ms"]
+            )
+            cursor.execute(LOCK_SQL, [lock_name(attempt.scope, attempt.key)])
+            # The timeout is for the wait on the key only, not for the view's own statements.
+            cursor.execute("SET LOCAL lock_timeout TO DEFAULT")
+
+    def _lock_and_read(self, connection: object, attempt: Attempt, claim: AdvisoryClaim) -> Outcome:
+        try:
+            self._lock(connection, attempt)
+        except OperationalError as exc:
+            if getattr(getattr(exc, "__cause__", None), "sqlstate", None) == "55P03":
+                # lock_not_available: another request has held the key past the lock timeout
+                transaction.set_rollback(True, using=attempt.database)
+                return InFlight()
+            raise StoreUnavailable() from exc
+        row = (
+            IdempotencyKey.objects.using(attempt.database)
+            .filter(scope=attempt.scope, key=attempt.key)
+            .values_list(
+                "fingerprint",
+                "status",
+                "expires_at",
+                "response_status",
+                "response_headers",
+                "response_body",
+            )
+            .first()
+        )
+        if row is None or row[2] <= timezone.now():
+            return claim
+        fingerprint, status, _expires, response_status, headers, body = row
+        if fingerprint != attempt.fingerprint:
+            return Mismatch()
+        if status != COMPLETED:
+            return InFlight()
+        return Replay(
+            StoredResponse(
+                status=int(response_status), headers=dict(headers or {}), body=bytes(body or b"")
+            )
+        )

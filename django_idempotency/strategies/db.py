@@ -1,0 +1,132 @@
+"""The ``db`` strategy: one ``INSERT … ON CONFLICT DO NOTHING RETURNING`` per claim.
+
+Works on PostgreSQL and SQLite. The claim commits on its own, before the view
+runs, so that every duplicate sees it at once. The view then runs in a
+transaction, and the key's completion is the last statement of that same
+transaction, guarded by the claim token: an owner whose claim was taken over
+rolls its own writes back instead of committing them a second time.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from django.db import DatabaseError, transaction
+
+from ..errors import LeaseLost, StoreUnavailable
+from ..managers import ClaimState
+from ..models import IdempotencyKey
+from ..responses import StoredResponse
+from .base import Attempt, Claimed, InFlight, Mismatch, Outcome, Replay, Strategy
+
+logger = logging.getLogger("django_idempotency")
+
+
+class DatabaseClaim(Claimed):
+    def __init__(self, attempt: Attempt, pk: int, token: uuid.UUID, taken_over: bool) -> None:
+        self.attempt = attempt
+        self.pk = pk
+        self.token = token
+        self.taken_over = taken_over
+        self.in_transaction = False
+        self.pending: StoredResponse | None = None
+        self.released = False
+
+    def renew(self) -> bool:
+        return IdempotencyKey.objects.renew(self.pk, self.token, using=self.attempt.database)
+
+    def complete(self, response: StoredResponse) -> None:
+        using = self.attempt.database
+        if self.in_transaction and transaction.get_rollback(using=using):
+            # The view marked its transaction for rollback (e.g. DRF after an
+            # APIException): its writes are undone, the response is stored after.
+            self.pending = response
+            return
+        self._store(response)
+
+    def _store(self, response: StoredResponse) -> None:
+        try:
+            stored = IdempotencyKey.objects.complete(
+                self.pk, self.token, response, ttl=self.attempt.ttl, using=self.attempt.database
+            )
+        except DatabaseError as exc:
+            raise StoreUnavailable(
+                "The response could not be stored, so this request's changes were rolled back. "
+                "Retry with the same Idempotency-Key."
+            ) from exc
+        if not stored:
+            raise LeaseLost()
+
+    def release(self) -> None:
+        self.released = True
+        if self.in_transaction:
+            # Undo the view's writes: a retry will run the view again.
+            transaction.set_rollback(True, using=self.attempt.database)
+        else:
+            self.delete()
+
+    def delete(self) -> None:
+        try:
+            IdempotencyKey.objects.release(self.pk, self.token, using=self.attempt.database)
+        except DatabaseError:
+            logger.exception(
+                "could not release idempotency key; it will be taken over after the lock timeout",
+                extra={"idempotency_scope": self.attempt.scope, "idempotency_key": self.attempt.key},
+            )
+
+
+class DatabaseStrategy(Strategy):
+    name = "db"
+
+    def claim(self, attempt: Attempt) -> Outcome:
+        try:
+            result = IdempotencyKey.objects.claim(
+                attempt.scope,
+                attempt.key,
+                attempt.fingerprint,
+                ttl=attempt.ttl,
+                lock_timeout=attempt.lock_timeout,
+                method=attempt.method,
+                path=attempt.path,
+                using=attempt.database,
+            )
+        except DatabaseError as exc:
+            raise StoreUnavailable() from exc
+        if result.state is ClaimState.CLAIMED:
+            assert result.pk is not None and result.token is not None
+            return DatabaseClaim(attempt, result.pk, result.token, result.taken_over)
+        if result.state is ClaimState.MISMATCH:
+            return Mismatch()
+        if result.state is ClaimState.IN_PROGRESS:
+            return InFlight()
+        assert result.response is not None
+        return Replay(result.response)
+
+    @contextmanager
+    def session(self, attempt: Attempt) -> Iterator[Outcome]:
+        outcome = self.claim(attempt)
+        if not isinstance(outcome, DatabaseClaim):
+            yield outcome
+            return
+        try:
+            if attempt.atomic:
+                with transaction.atomic(using=attempt.database):
+                    outcome.in_transaction = True
+                    try:
+                        yield outcome
+                    finally:
+                        outcome.in_transaction = False
+            else:
+                yield outcome
+        except LeaseLost:
+            raise  # not ours any more: nothing to release
+        except BaseException:
+            outcome.delete()
+            raise
+        if outcome.released:
+            outcome.delete()
+        elif outcome.pending is not None:
+            outcome._store(outcome.pending)

@@ -1,0 +1,22 @@
+from django.conf import settings
+from django.db import models
+
+
+class Charge(models.Model):
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="charges")
+    amount = models.PositiveIntegerField(help_text="In the currency's minor unit (cents).")
+    currency = models.CharField(max_length=3)
+    psp_reference = models.CharField(max_length=80, help_text="The payment provider's reference.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"{self.amount} {self.currency} for {self.user}"
+
+
+class Refund(models.Model):
+    charge = models.ForeignKey(Charge, on_delete=models.CASCADE, related_name="refunds")
+    amount = models.PositiveIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)

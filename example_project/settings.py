@@ -1,0 +1,143 @@
+"""Settings of the example payments API, configured from the environment.
+
+DATABASE_URL              sqlite:///path/to/db.sqlite3 (default: db.sqlite3 here) or
+                          postgres://user:password@host:port/name
+IDEMPOTENCY_STRATEGY      db (default), advisory_lock, redis, hybrid
+IDEMPOTENCY_LOCK_TIMEOUT  seconds before an in-progress lease counts as abandoned (default 60)
+PSP_DELAY_MS              how long the fake payment provider takes (default 0)
+EXAMPLE_BASELINE_ROUTES   1 adds /baseline/ routes (benchmarks and the naive race control)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_flag(name: str, default: bool = False) -> bool:
+    return os.environ.get(name, "1" if default else "0").lower() in {"1", "true", "yes", "on"}
+
+
+def database_from_url(url: str) -> dict[str, Any]:
+    """Parse sqlite:///path and postgres://user:pass@host:port/name."""
+    parts = urlsplit(url)
+    if parts.scheme == "sqlite":
+        path = unquote(parts.path)
+        if parts.netloc:  # sqlite://relative/path
+            path = parts.netloc + path
+        elif path.startswith("/") and not path.startswith("//"):
+            path = path[1:] if not Path(path).is_absolute() else path
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": path or str(BASE_DIR / "db.sqlite3"),
+            "OPTIONS": {
+                "timeout": 30,
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+        }
+    if parts.scheme in {"postgres", "postgresql", "pgsql"}:
+        return {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": unquote(parts.path.lstrip("/")) or "postgres",
+            "USER": unquote(parts.username or "postgres"),
+            "PASSWORD": unquote(parts.password or ""),
+            "HOST": parts.hostname or "127.0.0.1",
+            "PORT": str(parts.port or 5432),
+            # Persistent connections, as a production deployment would use.
+            "CONN_MAX_AGE": 600,
+            "CONN_HEALTH_CHECKS": True,
+        }
+    raise ValueError(f"unsupported DATABASE_URL scheme: {parts.scheme!r}")
+
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "example-insecure-secret-key-change-me")
+DEBUG = env_flag("DJANGO_DEBUG", default=False)
+ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver").split(",")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "django_idempotency",
+    "example_project.payments",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+ROOT_URLCONF = "example_project.urls"
+WSGI_APPLICATION = "example_project.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+DATABASES = {
+    "default": database_from_url(
+        os.environ.get("DATABASE_URL", f"sqlite:///{BASE_DIR / 'db.sqlite3'}")
+    )
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+USE_TZ = True
+TIME_ZONE = "UTC"
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+}
+
+IDEMPOTENCY = {
+    "STRATEGY": os.environ.get("IDEMPOTENCY_STRATEGY", "db"),
+    "LOCK_TIMEOUT": float(os.environ.get("IDEMPOTENCY_LOCK_TIMEOUT", "60")),
+}
+if os.environ.get("REDIS_CLUSTER_URL"):
+    IDEMPOTENCY.update(REDIS_URL=os.environ["REDIS_CLUSTER_URL"], REDIS_CLUSTER=True)
+elif os.environ.get("REDIS_URL"):
+    IDEMPOTENCY.update(REDIS_URL=os.environ["REDIS_URL"])
+
+PSP_DELAY_MS = int(os.environ.get("PSP_DELAY_MS", "0"))
+EXAMPLE_BASELINE_ROUTES = env_flag("EXAMPLE_BASELINE_ROUTES")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {
+        "django_idempotency": {
+            "handlers": ["console"],
+            "level": os.environ.get("IDEMPOTENCY_LOG_LEVEL", "WARNING"),
+        }
+    },
+}

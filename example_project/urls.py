@@ -1,0 +1,20 @@
+from django.conf import settings
+from django.contrib import admin
+from django.urls import include, path
+
+from example_project.payments import views
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api-auth/", include("rest_framework.urls")),
+    path("api/charges/", views.ChargeView.as_view(), name="charges"),
+    path("api/refunds/", views.refund, name="refunds"),
+]
+
+if settings.EXAMPLE_BASELINE_ROUTES:
+    from example_project.payments import baseline
+
+    urlpatterns += [
+        path("baseline/charges/", baseline.PlainChargeView.as_view(), name="baseline-charges"),
+        path("baseline/naive-charges/", baseline.NaiveChargeView.as_view(), name="naive-charges"),
+    ]

@@ -1,0 +1,39 @@
+"""Where the test services are, and whether they must be there.
+
+With ``CI`` set, a service that does not answer fails the tests that need it;
+without ``CI``, those tests are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from urllib.parse import urlsplit
+
+POSTGRES_URL = os.environ.get("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+AMQP_URL = os.environ.get("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() not in {"", "0", "false", "no"}
+
+
+def answers(url: str, default_port: int) -> bool:
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or default_port), 1):
+            return True
+    except OSError:
+        return False
+
+
+def postgres_url() -> str | None:
+    """The PostgreSQL URL for the tests, or None to test on SQLite only."""
+    if os.environ.get("TEST_DATABASE", "").lower() == "sqlite" and not in_ci():
+        return None
+    if answers(POSTGRES_URL, 5432):
+        return POSTGRES_URL
+    if in_ci():
+        raise RuntimeError(f"CI is set but PostgreSQL does not answer at {POSTGRES_URL}")
+    return None

@@ -1,0 +1,91 @@
+"""Test settings: PostgreSQL when it answers (required when CI is set), else SQLite.
+
+A second alias, ``sqlite``, is always present so that the SQL that must work on
+both backends is tested on both in one run.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from example_project.settings import database_from_url
+
+from .services import postgres_url
+
+SECRET_KEY = "tests-secret-key"
+DEBUG = False
+ALLOWED_HOSTS = ["*"]
+USE_TZ = True
+TIME_ZONE = "UTC"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "django_idempotency",
+    "example_project.payments",
+    "tests.testapp",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "tests.testapp.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+STATIC_URL = "static/"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+_sqlite_dir = Path(tempfile.gettempdir()) / f"django-idempotency-tests-{os.getpid()}"
+_sqlite_dir.mkdir(exist_ok=True)
+
+
+def _sqlite(name: str) -> dict[str, object]:
+    db = database_from_url(f"sqlite:///{_sqlite_dir / (name + '.sqlite3')}")
+    # A file, not :memory:, so that threads and the lease keeper use real connections.
+    db["TEST"] = {"NAME": str(_sqlite_dir / f"test_{name}.sqlite3")}
+    return db
+
+
+_pg = postgres_url()
+DATABASES = {
+    "default": database_from_url(_pg) if _pg else _sqlite("default"),
+    "sqlite": _sqlite("other"),
+}
+if _pg:
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+
+PSP_DELAY_MS = 0
+EXAMPLE_BASELINE_ROUTES = True
+IDEMPOTENCY: dict[str, object] = {}
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

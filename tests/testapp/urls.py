@@ -1,0 +1,15 @@
+from django.urls import path
+
+from example_project.urls import urlpatterns as example_urls
+
+from . import views
+
+urlpatterns = [
+    *example_urls,
+    path("t/fn/", views.function_view, name="t-fn"),
+    path("t/fn-required/", views.function_required, name="t-fn-required"),
+    path("t/drf/", views.EchoView.as_view(), name="t-drf"),
+    path("t/drf-tenant/", views.TenantView.as_view(), name="t-drf-tenant"),
+    path("t/drf-error/", views.ErrorView.as_view(), name="t-drf-error"),
+    path("t/drf-anon/", views.AnonymousView.as_view(), name="t-drf-anon"),
+]

@@ -1,0 +1,79 @@
+"""Views used by the tests; each records one SideEffect row per execution."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from django_idempotency.decorators import idempotent
+from django_idempotency.mixins import IdempotencyMixin
+
+from .models import SideEffect
+
+
+def _behave(label: str, payload: dict[str, Any]) -> HttpResponse:
+    SideEffect.objects.create(label=label)
+    if payload.get("sleep"):
+        time.sleep(float(payload["sleep"]))
+    status = int(payload.get("status", 201))
+    if payload.get("raise"):
+        raise RuntimeError("the view failed")
+    response = JsonResponse({"label": label, "n": SideEffect.objects.count(), "echo": payload}, status=status)
+    response["Set-Cookie"] = "session=secret"
+    response["X-Request-Private"] = "not-stored"
+    response["Location"] = "/somewhere/1"
+    return response
+
+
+@csrf_exempt
+@idempotent
+def function_view(request: HttpRequest) -> HttpResponse:
+    payload = json.loads(request.body or b"{}") if request.method == "POST" else {}
+    return _behave("fn", payload)
+
+
+@csrf_exempt
+@idempotent(required=True, methods=["POST", "PUT"], ttl=5)
+def function_required(request: HttpRequest) -> HttpResponse:
+    payload = json.loads(request.body or b"{}")
+    return _behave("fn-required", payload)
+
+
+class EchoView(IdempotencyMixin, APIView):
+    def post(self, request: Request) -> Response:
+        data = dict(request.data)
+        SideEffect.objects.create(label="drf")
+        if data.get("sleep"):
+            time.sleep(float(data["sleep"]))
+        if data.get("raise"):
+            raise RuntimeError("the view failed")
+        if data.get("invalid"):
+            from rest_framework.exceptions import ValidationError
+
+            raise ValidationError({"amount": ["bad"]})
+        status = int(data.get("status", 201))
+        return Response({"label": "drf", "n": SideEffect.objects.count(), "echo": data}, status=status)
+
+    def get(self, request: Request) -> Response:
+        return Response({"n": SideEffect.objects.count()})
+
+
+class TenantView(EchoView):
+    def get_idempotency_scope(self, request: Request) -> str:
+        return "tenant:" + request.headers.get("X-Tenant", "none")
+
+
+class ErrorView(EchoView):
+    idempotency_required = True
+
+
+class AnonymousView(EchoView):
+    permission_classes = [AllowAny]
