@@ -37,3 +37,18 @@ def postgres_url() -> str | None:
     if in_ci():
         raise RuntimeError(f"CI is set but PostgreSQL does not answer at {POSTGRES_URL}")
     return None
+
+
+def which(program: str) -> str | None:
+    import shutil
+
+    return shutil.which(program)
+
+
+def chromium() -> str | None:
+    """Debian's Chromium, for Playwright (its own browser download is not used)."""
+    for name in ("chromium", "chromium-browser"):
+        path = which(name)
+        if path:
+            return path
+    return None

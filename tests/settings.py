@@ -75,6 +75,8 @@ DATABASES = {
 }
 if _pg:
     DATABASES["default"]["CONN_MAX_AGE"] = 0
+    # One test database per run, so that parallel runs on one server do not collide.
+    DATABASES["default"]["TEST"] = {"NAME": f"test_idempotency_{os.getpid()}"}
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

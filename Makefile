@@ -1,0 +1,50 @@
+# django-idempotency: make run (the example API on SQLite), make test (the whole suite).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: run test lint typecheck docs bench clean services browser
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.example: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e ".[example]"
+	touch $@
+
+$(VENV)/.test: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e ".[test,lint,docs]"
+	touch $@
+
+## Serve the example payments API on SQLite at http://$(HOST):$(PORT)/api/charges/
+run: $(VENV)/.example
+	$(BIN)/python manage.py migrate --noinput -v 0
+	$(BIN)/python manage.py seed_demo
+	$(BIN)/gunicorn example_project.wsgi --bind $(HOST):$(PORT) --workers 2 --worker-class gthread --threads 4 --access-logfile -
+
+## Install the test dependencies and run every test (PostgreSQL, Redis, Celery and browser tests included)
+test: $(VENV)/.test browser
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## Debian's Chromium for the Playwright tests (the Playwright browser download is not used)
+browser:
+	@command -v chromium >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
+		{ (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 || echo "could not install chromium"; }
+
+lint: $(VENV)/.test
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy django_idempotency
+
+docs: $(VENV)/.test
+	$(BIN)/mkdocs build --strict
+
+bench: $(VENV)/.test
+	$(BIN)/python benchmarks/claim.py
+	$(BIN)/python benchmarks/e2e.py
+
+clean:
+	rm -rf $(VENV) site build *.egg-info example_project/db.sqlite3*
