@@ -1,0 +1,376 @@
+"""The Redis side of the ``redis`` and ``hybrid`` strategies (imports ``redis``).
+
+One record per (scope, key), stored under one key::
+
+    <prefix>:{<sha256(scope \\x00 key) hex[:32]>}:rec
+
+The part in braces is a Redis Cluster hash tag: every key that belongs to one
+(scope, key) lands in the same cluster slot, so each Lua script below touches
+one slot and runs on a cluster as on a single node.
+
+The value is compact JSON::
+
+    {"s": "in_progress" | "completed", "f": fingerprint, "t": claim token,
+     "r": {"c": status, "h": {headers}, "b": base64 body} | null}
+
+* ``claim`` is one ``SET key value NX PX lease`` (with ``GET`` on Redis 7+, so a
+  duplicate learns what it collided with in the same round trip; older servers
+  get one ``GET`` after the failed ``SET``). The lease expires by itself, so a
+  crashed owner's key is free again after the lease without any clean-up.
+* ``renew``, ``complete`` and ``release`` are Lua compare-and-set scripts: they act
+  only when the record still carries the caller's claim token, so an owner whose
+  lease expired and whose key was claimed again cannot extend, overwrite or delete
+  the new owner's record. The scripts are registered once per store and sent
+  with ``EVALSHA`` (``SCRIPT LOAD`` and retry when a server does not know them).
+* A replay is one ``GET``.
+
+Every method raises :class:`RedisUnavailable` when Redis cannot be reached or
+answers with an error, and never waits longer than the client's socket timeouts.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import hashlib
+import json
+import threading
+from dataclasses import dataclass
+from typing import Any, Union
+
+import redis
+from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
+from redis.retry import Retry
+
+from .conf import conf
+from .responses import StoredResponse
+
+RedisClient = Union[redis.Redis, RedisCluster]  # noqa: UP007 - a runtime alias
+
+IN_PROGRESS = "in_progress"
+COMPLETED = "completed"
+
+#: Errors that mean "the store did not answer as it should" (redis-py wraps socket errors).
+REDIS_ERRORS: tuple[type[BaseException], ...] = (RedisError, RedisClusterException, OSError)
+
+
+class RedisUnavailable(Exception):
+    """Redis could not be reached, timed out, or the cluster is down; ``__cause__`` says why."""
+
+
+# -- clients -------------------------------------------------------------------------------
+
+_clients: dict[tuple[str, str, bool], RedisClient] = {}
+_clients_lock = threading.Lock()
+
+
+def get_client() -> RedisClient:
+    """The Redis client named by the settings, created once per process and target.
+
+    ``REDIS_CACHE_ALIAS`` wins: the raw client of that django-redis cache (its own
+    ``OPTIONS`` set the timeouts). Otherwise ``REDIS_URL``, as a ``RedisCluster``
+    when ``REDIS_CLUSTER`` is true, with both socket timeouts set to
+    ``REDIS_SOCKET_TIMEOUT`` and no retry with back-off on a single node (a dead
+    server costs one timeout, not several). Raises ``RedisUnavailable`` when a
+    cluster cannot be reached to read its topology, and ``ImproperlyConfigured``
+    when neither setting is given.
+    """
+    alias = conf.REDIS_CACHE_ALIAS
+    url = conf.REDIS_URL
+    cluster = conf.REDIS_CLUSTER
+    if alias:
+        ident = ("alias", alias, False)
+    elif url:
+        ident = ("url", url, cluster)
+    else:
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(
+            "The redis and hybrid idempotency strategies need IDEMPOTENCY['REDIS_URL'] "
+            "or IDEMPOTENCY['REDIS_CACHE_ALIAS']."
+        )
+    client = _clients.get(ident)
+    if client is not None:
+        return client
+    with _clients_lock:
+        client = _clients.get(ident)
+        if client is None:
+            client = _clients[ident] = _connect(ident, conf.REDIS_SOCKET_TIMEOUT)
+    return client
+
+
+def _connect(ident: tuple[str, str, bool], timeout: float) -> RedisClient:
+    kind, target, cluster = ident
+    if kind == "alias":
+        from django_redis import get_redis_connection
+
+        return get_redis_connection(target)  # type: ignore[no-any-return]
+    options: dict[str, Any] = {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+    }
+    if cluster:
+        # One quick retry lets the client follow a failover to a new primary.
+        options["retry"] = Retry(NoBackoff(), 1)
+        try:
+            return RedisCluster.from_url(target, **options)
+        except REDIS_ERRORS as exc:
+            raise RedisUnavailable(f"cannot reach the Redis Cluster at {_safe(target)}") from exc
+    options["retry"] = Retry(NoBackoff(), 0)
+    return redis.Redis.from_url(target, **options)
+
+
+def _safe(url: str) -> str:
+    """The URL without its password, for messages."""
+    if "@" in url:
+        scheme, _, rest = url.partition("://")
+        return f"{scheme}://***@{rest.rpartition('@')[2]}"
+    return url
+
+
+def reset_clients() -> None:
+    """Close and forget the cached clients (tests, or after changing the settings)."""
+    with _clients_lock:
+        clients = list(_clients.values())
+        _clients.clear()
+        _stores.clear()
+    for client in clients:
+        with contextlib.suppress(*REDIS_ERRORS):
+            client.close()
+
+
+# -- records -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RedisRecord:
+    """What Redis holds for one (scope, key)."""
+
+    status: str  # IN_PROGRESS or COMPLETED
+    fingerprint: str
+    token: str
+    response: StoredResponse | None
+
+    @property
+    def completed(self) -> bool:
+        return self.status == COMPLETED
+
+
+def encode_response(response: StoredResponse) -> str:
+    """``{"c": status, "h": headers, "b": base64 body}``."""
+    return json.dumps(
+        {
+            "c": response.status,
+            "h": response.headers,
+            "b": base64.b64encode(response.body).decode("ascii"),
+        },
+        separators=(",", ":"),
+        ensure_ascii=True,
+    )
+
+
+def encode_record(record: RedisRecord) -> bytes:
+    """Compact JSON; the body is base64 so that any bytes survive."""
+    response = "null" if record.response is None else encode_response(record.response)
+    head = json.dumps(
+        {"s": record.status, "f": record.fingerprint, "t": record.token},
+        separators=(",", ":"),
+        ensure_ascii=True,
+    )
+    return (head[:-1] + ',"r":' + response + "}").encode("ascii")
+
+
+def decode_record(raw: bytes | str) -> RedisRecord | None:
+    """The record in ``raw``, or None when it is not one of ours (treated as absent)."""
+    try:
+        payload = json.loads(raw)
+        response_data = payload.get("r")
+        response = None
+        if response_data is not None:
+            response = StoredResponse(
+                status=int(response_data["c"]),
+                headers={str(k): str(v) for k, v in dict(response_data.get("h") or {}).items()},
+                body=base64.b64decode(response_data.get("b") or ""),
+            )
+        return RedisRecord(
+            status=str(payload["s"]),
+            fingerprint=str(payload["f"]),
+            token=str(payload["t"]),
+            response=response,
+        )
+    except (ValueError, TypeError, KeyError, AttributeError, binascii.Error):
+        return None
+
+
+# -- scripts -------------------------------------------------------------------------------
+
+# KEYS[1] record; ARGV[1] token; ARGV[2] lease in ms.
+RENEW_LUA = """
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+local ok, r = pcall(cjson.decode, v)
+if not ok or type(r) ~= 'table' or r['t'] ~= ARGV[1] or r['s'] ~= 'in_progress' then
+  return 0
+end
+return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+"""
+
+# KEYS[1] record; ARGV[1] token; ARGV[2] the response as JSON; ARGV[3] ttl in ms.
+# The completed record keeps the fingerprint and the token of the claim.
+COMPLETE_LUA = """
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+local ok, r = pcall(cjson.decode, v)
+if not ok or type(r) ~= 'table' or r['t'] ~= ARGV[1] or r['s'] ~= 'in_progress' then
+  return 0
+end
+r['s'] = 'completed'
+r['r'] = cjson.decode(ARGV[2])
+redis.call('SET', KEYS[1], cjson.encode(r), 'PX', ARGV[3])
+return 1
+"""
+
+# KEYS[1] record; ARGV[1] token. Deletes the caller's own record, in progress or
+# completed (an owner whose database commit failed after completing undoes it).
+RELEASE_LUA = """
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+local ok, r = pcall(cjson.decode, v)
+if not ok or type(r) ~= 'table' or r['t'] ~= ARGV[1] then
+  return 0
+end
+return redis.call('DEL', KEYS[1])
+"""
+
+
+def _ms(value: float) -> int:
+    """Milliseconds for PX/PEXPIRE: at least 1."""
+    return max(int(value), 1)
+
+
+class RedisStore:
+    """Claim, renew, complete, release and read records; thread-safe, one per client."""
+
+    def __init__(self, client: RedisClient, prefix: str) -> None:
+        self.client = client
+        self.prefix = prefix
+        self._renew = client.register_script(RENEW_LUA)
+        self._complete = client.register_script(COMPLETE_LUA)
+        self._release = client.register_script(RELEASE_LUA)
+        # SET ... NX GET needs Redis 7; None: not known yet.
+        self._set_nx_get: bool | None = None
+
+    # keys
+
+    def record_key(self, scope: str, key: str) -> str:
+        digest = hashlib.sha256(scope.encode() + b"\x00" + key.encode()).hexdigest()[:32]
+        return f"{self.prefix}:{{{digest}}}:rec"
+
+    # operations
+
+    def claim(
+        self, scope: str, key: str, fingerprint: str, token: str, lease_ms: int
+    ) -> tuple[bool, RedisRecord | None]:
+        """Claim the key for ``token`` for ``lease_ms``.
+
+        ``(True, None)``: claimed. ``(False, record)``: someone holds or completed
+        it. ``(False, None)``: it was held, but vanished before it could be read
+        (the caller may try again).
+        """
+        name = self.record_key(scope, key)
+        value = encode_record(RedisRecord(IN_PROGRESS, fingerprint, token, None))
+        try:
+            if self._set_nx_get is not False:
+                try:
+                    old = self.client.set(name, value, nx=True, px=_ms(lease_ms), get=True)
+                except ResponseError as exc:
+                    if "syntax" not in str(exc).lower():
+                        raise
+                    self._set_nx_get = False  # Redis < 7: NX and GET together is a syntax error
+                else:
+                    self._set_nx_get = True
+                    if old is None:
+                        return True, None
+                    return False, decode_record(old)  # type: ignore[arg-type]
+            if self.client.set(name, value, nx=True, px=_ms(lease_ms)):
+                return True, None
+            old = self.client.get(name)
+        except REDIS_ERRORS as exc:
+            raise RedisUnavailable(str(exc)) from exc
+        return False, None if old is None else decode_record(old)
+
+    def renew(self, scope: str, key: str, token: str, lease_ms: int) -> bool:
+        """Extend the lease to ``lease_ms`` from now, only while ``token`` holds it."""
+        return self._run(self._renew, scope, key, [token, _ms(lease_ms)])
+
+    def complete(
+        self, scope: str, key: str, token: str, response: StoredResponse, ttl_ms: int
+    ) -> bool:
+        """Store ``response`` for ``ttl_ms``, only while ``token`` holds the key in progress.
+
+        The completed record keeps the fingerprint and the token (so that the
+        owner can still ``release`` it, e.g. when its database commit fails).
+        """
+        payload = encode_response(response)
+        return self._run(self._complete, scope, key, [token, payload, _ms(ttl_ms)])
+
+    def release(self, scope: str, key: str, token: str) -> bool:
+        """Delete the record, only when it carries ``token``."""
+        return self._run(self._release, scope, key, [token])
+
+    def put_completed(
+        self,
+        scope: str,
+        key: str,
+        fingerprint: str,
+        response: StoredResponse,
+        ttl_ms: int,
+        token: str = "",
+    ) -> None:
+        """Write a completed record unconditionally (refilling Redis from another store)."""
+        value = encode_record(RedisRecord(COMPLETED, fingerprint, token, response))
+        try:
+            self.client.set(self.record_key(scope, key), value, px=_ms(ttl_ms))
+        except REDIS_ERRORS as exc:
+            raise RedisUnavailable(str(exc)) from exc
+
+    def get(self, scope: str, key: str) -> RedisRecord | None:
+        """The record, or None: one ``GET``."""
+        try:
+            raw = self.client.get(self.record_key(scope, key))
+        except REDIS_ERRORS as exc:
+            raise RedisUnavailable(str(exc)) from exc
+        return None if raw is None else decode_record(raw)
+
+    def pttl(self, scope: str, key: str) -> int:
+        """Milliseconds the record still lives; -2 when absent (``PTTL``)."""
+        try:
+            return int(self.client.pttl(self.record_key(scope, key)))
+        except REDIS_ERRORS as exc:
+            raise RedisUnavailable(str(exc)) from exc
+
+    def _run(self, script: Any, scope: str, key: str, args: list[Any]) -> bool:
+        try:
+            return bool(script(keys=[self.record_key(scope, key)], args=args))
+        except REDIS_ERRORS as exc:
+            raise RedisUnavailable(str(exc)) from exc
+
+
+_stores: dict[tuple[int, str], RedisStore] = {}
+
+
+def get_store() -> RedisStore:
+    """The store for the configured client and ``REDIS_KEY_PREFIX`` (one per process)."""
+    client = get_client()
+    prefix = conf.REDIS_KEY_PREFIX
+    ident = (id(client), prefix)
+    store = _stores.get(ident)
+    if store is None or store.client is not client:
+        with _clients_lock:
+            store = _stores.get(ident)
+            if store is None or store.client is not client:
+                store = _stores[ident] = RedisStore(client, prefix)
+    return store

@@ -1,0 +1,214 @@
+"""The ``redis`` strategy: the key lives in Redis, the view's writes in the database.
+
+Claim: one ``SET key value NX PX lock_timeout`` (see :mod:`django_idempotency.redis_store`).
+A duplicate gets 409 while the lease lives, the stored response once the key is
+completed, 422 for a different request. The lease is renewed by the heartbeat
+while the view runs and expires by itself when the worker dies, so a crashed
+request's key is free again after ``LOCK_TIMEOUT``. The completed record lives
+``TTL`` seconds.
+
+**What it guarantees, and what it does not.** Redis and the database are two
+stores, and no commit spans both. With ``ATOMIC`` (the default) the view runs in
+``transaction.atomic(using=DATABASE)`` and the response is stored in Redis as the
+*last step before COMMIT*, with a compare-and-set on the claim token:
+
+* if the claim was lost (the lease expired and another request took the key), the
+  compare-and-set fails, the transaction rolls back and this request answers 409
+  ``lease-lost``: two owners never both commit;
+* if Redis fails at that moment, the transaction rolls back and the request
+  answers 503: the retry runs the view again, once;
+* if the COMMIT itself fails after Redis stored the response, the record is
+  deleted again (compare-and-delete on the token) so that a retry runs the view.
+  Should Redis fail in that same instant, the stored response is replayed for
+  writes that were rolled back. This window (between two network round trips)
+  is the price of keeping the key outside the database.
+
+Without ``ATOMIC`` the view's writes are committed as it makes them and a lost
+claim is reported after the fact (409 ``lease-lost``; the writes stay).
+
+Redis itself is the last limit: a key is only as durable as Redis makes it. A
+restart without persistence, an eviction (use ``maxmemory-policy noeviction`` or
+``volatile-*`` with room to spare), or a failover to a replica that had not yet
+received the write forgets keys, and a retry of a forgotten key runs the view
+again. Use this strategy for traffic where that is acceptable, and the ``db``,
+``advisory_lock`` or ``hybrid`` strategies for payments.
+
+**When Redis fails** (connection refused, timeout after ``REDIS_SOCKET_TIMEOUT``,
+cluster down) at claim time:
+
+* ``REDIS_FAILURE_MODE = "db"`` (default): a warning is logged and this request
+  runs under the ``db`` strategy instead. The two stores do not see each other's
+  keys, so a duplicate that reached Redis while the first request fell back (or
+  the other way round) is not recognised; availability is bought with the
+  guarantee during the outage.
+* ``REDIS_FAILURE_MODE = "fail_closed"``: the request is answered 503
+  ``store-unavailable`` (problem+json) and the view does not run.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from django.db import transaction
+
+from ..conf import conf
+from ..errors import LeaseLost, StoreUnavailable
+from ..redis_store import RedisRecord, RedisStore, RedisUnavailable, get_store
+from ..responses import StoredResponse
+from .base import Attempt, Claimed, InFlight, Mismatch, Outcome, Replay, Strategy
+from .db import DatabaseStrategy
+
+logger = logging.getLogger("django_idempotency")
+
+#: How often a claim is tried again when the holder's record vanished between SET and GET.
+CLAIM_ATTEMPTS = 3
+
+
+def _ms(seconds: float) -> int:
+    return max(int(seconds * 1000), 1)
+
+
+class RedisClaim(Claimed):
+    """A key this request holds in Redis under ``token``."""
+
+    def __init__(self, store: RedisStore, attempt: Attempt, token: str) -> None:
+        self.store = store
+        self.attempt = attempt
+        self.token = token
+        self.in_transaction = False
+        self.pending: StoredResponse | None = None
+        self.released = False
+        self.completed = False
+
+    def renew(self) -> bool:
+        a = self.attempt
+        return self.store.renew(a.scope, a.key, self.token, _ms(a.lock_timeout))
+
+    def complete(self, response: StoredResponse) -> None:
+        if self.in_transaction and transaction.get_rollback(using=self.attempt.database):
+            # The view marked its transaction for rollback (DRF after an APIException):
+            # its writes are undone; the response is stored once the transaction ends.
+            self.pending = response
+            return
+        self._store(response)
+
+    def _store(self, response: StoredResponse) -> None:
+        a = self.attempt
+        try:
+            stored = self.store.complete(a.scope, a.key, self.token, response, _ms(a.ttl))
+        except RedisUnavailable as exc:
+            raise StoreUnavailable(
+                "The response could not be stored, so this request's changes were rolled back. "
+                "Retry with the same Idempotency-Key."
+            ) from exc
+        if not stored:
+            raise LeaseLost()
+        self.completed = True
+
+    def release(self) -> None:
+        self.released = True
+        if self.in_transaction:
+            # Undo the view's writes: a retry will run the view again.
+            transaction.set_rollback(True, using=self.attempt.database)
+        else:
+            self.delete()
+
+    def delete(self) -> bool:
+        """Delete this claim's record (in progress or completed) if it is still ours."""
+        a = self.attempt
+        try:
+            return self.store.release(a.scope, a.key, self.token)
+        except RedisUnavailable:
+            logger.warning(
+                "could not release idempotency key in Redis; it will expire after the lock timeout",
+                exc_info=True,
+                extra={"idempotency_scope": a.scope, "idempotency_key": a.key},
+            )
+            return False
+
+
+def outcome_for(record: RedisRecord, attempt: Attempt) -> Outcome:
+    """What a record found in Redis means for ``attempt``."""
+    if record.fingerprint != attempt.fingerprint:
+        return Mismatch()
+    if record.completed and record.response is not None:
+        return Replay(record.response)
+    return InFlight()
+
+
+class RedisStrategy(Strategy):
+    """Keys in Redis (a node or a cluster); see the module documentation."""
+
+    name = "redis"
+
+    def __init__(self) -> None:
+        self.fallback = DatabaseStrategy()
+
+    def store(self) -> RedisStore:
+        """The configured store (raises ``RedisUnavailable`` when a cluster is unreachable)."""
+        return get_store()
+
+    def claim(self, attempt: Attempt) -> Outcome:
+        """One claim in Redis; raises ``RedisUnavailable``."""
+        store = self.store()
+        lease = _ms(attempt.lock_timeout)
+        for _ in range(CLAIM_ATTEMPTS):
+            token = uuid.uuid4().hex
+            won, record = store.claim(attempt.scope, attempt.key, attempt.fingerprint, token, lease)
+            if won:
+                return RedisClaim(store, attempt, token)
+            if record is not None:
+                return outcome_for(record, attempt)
+        # The holder kept finishing between our SET and GET: report it as busy.
+        return InFlight()
+
+    @contextmanager
+    def session(self, attempt: Attempt) -> Iterator[Outcome]:
+        try:
+            outcome = self.claim(attempt)
+        except RedisUnavailable as exc:
+            if conf.REDIS_FAILURE_MODE != "db":
+                raise StoreUnavailable() from exc
+            logger.warning(
+                "Redis is unavailable (%s); idempotency key %s (scope %s) is handled by "
+                "the db strategy",
+                exc,
+                attempt.key,
+                attempt.scope,
+                extra={
+                    "idempotency_scope": attempt.scope,
+                    "idempotency_key": attempt.key,
+                    "idempotency_outcome": "redis_fallback",
+                    "idempotency_strategy": self.name,
+                },
+            )
+            with self.fallback.session(attempt) as fallback_outcome:
+                yield fallback_outcome
+            return
+        if not isinstance(outcome, RedisClaim):
+            yield outcome
+            return
+        try:
+            if attempt.atomic:
+                with transaction.atomic(using=attempt.database):
+                    outcome.in_transaction = True
+                    try:
+                        yield outcome
+                    finally:
+                        outcome.in_transaction = False
+            else:
+                yield outcome
+        except LeaseLost:
+            raise  # not ours any more: nothing to release
+        except BaseException:
+            # The view failed, or the COMMIT failed after the response was stored:
+            # give the key back so that a retry runs the view again.
+            outcome.delete()
+            raise
+        if outcome.released:
+            outcome.delete()
+        elif outcome.pending is not None:
+            outcome._store(outcome.pending)
