@@ -1,0 +1,285 @@
+"""Real servers and real races for the end-to-end tests.
+
+``scratch_database`` makes a fresh, migrated and seeded database (PostgreSQL or
+SQLite); ``example_server`` runs the example payments API under gunicorn against
+it; ``race`` fires many requests at one moment from real threads.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import closing, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from .services import POSTGRES_URL
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _example_env(database_url: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("DJANGO_", "IDEMPOTENCY_", "REDIS_", "CELERY_", "PSP_"))
+    }
+    env.update(
+        DJANGO_SETTINGS_MODULE="example_project.settings",
+        DATABASE_URL=database_url,
+        EXAMPLE_BASELINE_ROUTES="1",
+        PYTHONPATH=str(ROOT),
+    )
+    env.update(extra or {})
+    return env
+
+
+def manage(database_url: str, *args: str, env: Mapping[str, str] | None = None) -> str:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), *args],
+        env=_example_env(database_url, env),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+    return result.stdout
+
+
+def _pg_admin(sql: str) -> None:
+    import psycopg
+
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        conn.execute(sql)
+
+
+@contextmanager
+def scratch_database(kind: str) -> Iterator[str]:
+    """A new database with the example project migrated and seeded; dropped afterwards."""
+    if kind == "postgres":
+        name = f"idem_scratch_{uuid.uuid4().hex[:12]}"
+        _pg_admin(f'CREATE DATABASE "{name}"')
+        base = urlsplit(POSTGRES_URL)
+        url = base._replace(path="/" + name).geturl()
+        try:
+            manage(url, "migrate", "--noinput", "-v", "0")
+            manage(url, "seed_demo")
+            yield url
+        finally:
+            _pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    elif kind == "sqlite":
+        with tempfile.TemporaryDirectory(prefix="idem-scratch-") as tmp:
+            url = f"sqlite:///{tmp}/db.sqlite3"
+            manage(url, "migrate", "--noinput", "-v", "0")
+            manage(url, "seed_demo")
+            yield url
+    else:  # pragma: no cover
+        raise ValueError(kind)
+
+
+def query_scalar(database_url: str, sql: str, params: tuple[Any, ...] = ()) -> Any:
+    """One value from the scratch database (placeholders: %s)."""
+    parts = urlsplit(database_url)
+    if parts.scheme == "sqlite":
+        with closing(sqlite3.connect(parts.path)) as conn:
+            row = conn.execute(sql.replace("%s", "?"), params).fetchone()
+    else:
+        import psycopg
+
+        with psycopg.connect(database_url) as conn:
+            row = conn.execute(sql, params).fetchone()  # type: ignore[arg-type]
+    return None if row is None else row[0]
+
+
+def count_rows(database_url: str, table: str, where: str = "1=1") -> int:
+    return int(query_scalar(database_url, f"SELECT COUNT(*) FROM {table} WHERE {where}"))
+
+
+@dataclass
+class ExampleServer:
+    url: str
+    port: int
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def worker_pids(self) -> list[int]:
+        out = subprocess.run(
+            ["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True, check=False
+        ).stdout
+        return [int(pid) for pid in out.split()]
+
+
+@contextmanager
+def example_server(
+    database_url: str,
+    *,
+    strategy: str = "db",
+    psp_delay_ms: int = 0,
+    lock_timeout: float = 60,
+    workers: int = 3,
+    threads: int = 8,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 60,
+) -> Iterator[ExampleServer]:
+    """The example payments API under gunicorn (gthread workers) on a free port."""
+    port = free_port()
+    server_env = _example_env(
+        database_url,
+        {
+            "IDEMPOTENCY_STRATEGY": strategy,
+            "PSP_DELAY_MS": str(psp_delay_ms),
+            "IDEMPOTENCY_LOCK_TIMEOUT": str(lock_timeout),
+            **(env or {}),
+        },
+    )
+    log = tempfile.NamedTemporaryFile(prefix="idem-gunicorn-", suffix=".log", delete=False)  # noqa: SIM115
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "example_project.wsgi",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            str(workers),
+            "--worker-class",
+            "gthread",
+            "--threads",
+            str(threads),
+            "--timeout",
+            str(int(timeout)),
+            "--graceful-timeout",
+            "5",
+            "--no-control-socket",
+        ],
+        env=server_env,
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    server = ExampleServer(f"http://127.0.0.1:{port}", port, process, Path(log.name), server_env)
+    try:
+        _wait_ready(server)
+        yield server
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(5)
+        log.close()
+        os.unlink(log.name)
+
+
+def _wait_ready(server: ExampleServer, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError("gunicorn exited:\n" + server.log())
+        try:
+            status, _ = request(server.url + "/api/charges/", method="GET", token="alice-token")
+        except OSError:
+            time.sleep(0.1)
+            continue
+        if status == 200:
+            return
+        time.sleep(0.1)
+    raise RuntimeError("gunicorn did not answer:\n" + server.log())
+
+
+def request(
+    url: str,
+    *,
+    method: str = "POST",
+    key: str | None = None,
+    token: str | None = "alice-token",
+    body: Any = None,
+    headers: Mapping[str, str] | None = None,
+    timeout: float = 60,
+) -> tuple[int, Any]:
+    """One HTTP request; returns (status, parsed JSON or raw text) and keeps response headers
+    in the returned body under ``"_headers"`` when it is a JSON object."""
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    send_headers = {"Content-Type": "application/json", **(headers or {})}
+    if token:
+        send_headers["Authorization"] = f"Token {token}"
+    if key is not None:
+        send_headers["Idempotency-Key"] = key
+    payload = None if body is None else json.dumps(body).encode()
+    try:
+        conn.request(method, parts.path + (f"?{parts.query}" if parts.query else ""), payload, send_headers)
+        response = conn.getresponse()
+        raw = response.read()
+        try:
+            data: Any = json.loads(raw)
+        except ValueError:
+            data = raw.decode(errors="replace")
+        if isinstance(data, dict):
+            data["_headers"] = {k.lower(): v for k, v in response.getheaders()}
+        return response.status, data
+    finally:
+        conn.close()
+
+
+def race(
+    url: str,
+    *,
+    n: int = 20,
+    key: str | None = "race-key",
+    token: str = "alice-token",
+    body: Any = None,
+    stagger: float = 0.0,
+) -> list[tuple[int, Any]]:
+    """``n`` threads send the same request at the same moment (a barrier releases them)."""
+    barrier = threading.Barrier(n)
+    results: list[tuple[int, Any] | BaseException] = [RuntimeError("no result")] * n
+
+    def client(index: int) -> None:
+        try:
+            barrier.wait(30)
+            if stagger:
+                time.sleep(stagger * index)
+            results[index] = request(url, key=key, token=token, body=body)
+        except BaseException as exc:  # reported below
+            results[index] = exc
+
+    workers = [threading.Thread(target=client, args=(i,)) for i in range(n)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(120)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        raise RuntimeError(f"{len(errors)} clients failed: {errors[0]!r}")
+    return results  # type: ignore[return-value]

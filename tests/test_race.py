@@ -1,0 +1,145 @@
+"""End-to-end races: real gunicorn workers, real databases, real threads on one key.
+
+Every test counts the side effect (rows in ``payments_charge``) afterwards. The
+naive SELECT-then-INSERT control runs under the same harness and double-charges,
+which shows the harness can catch the bug the app prevents.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from .harness import count_rows, example_server, race, request, scratch_database
+
+pytestmark = [pytest.mark.server, pytest.mark.django_db(transaction=False)]
+
+CHARGE = {"amount": 1999, "currency": "EUR"}
+CLIENTS = 20
+
+
+def _replayed(result: tuple[int, Any]) -> bool:
+    status, body = result
+    return isinstance(body, dict) and body["_headers"].get("idempotent-replayed") == "true"
+
+
+def _summary(results: list[tuple[int, Any]]) -> Counter[str]:
+    return Counter(f"{status}{' replay' if _replayed((status, body)) else ''}" for status, body in results)
+
+
+BACKENDS = [
+    pytest.param("postgres", "db", marks=pytest.mark.postgres, id="postgres-db"),
+    pytest.param("postgres", "advisory_lock", marks=pytest.mark.postgres, id="postgres-advisory_lock"),
+    pytest.param("sqlite", "db", id="sqlite-db"),
+]
+
+
+@pytest.mark.parametrize(("backend", "strategy"), BACKENDS)
+def test_concurrent_retries_charge_exactly_once(backend: str, strategy: str) -> None:
+    with scratch_database(backend) as db, example_server(db, strategy=strategy, psp_delay_ms=300) as server:
+        results = race(server.url + "/api/charges/", n=CLIENTS, key="pay-1", body=CHARGE)
+        summary = _summary(results)
+        fresh = [body for status, body in results if status == 201 and not _replayed((status, body))]
+        assert len(fresh) == 1, summary
+        assert set(summary) <= {"201", "201 replay", "409"}, summary
+        if strategy == "advisory_lock":
+            assert summary["409"] == 0, "duplicates wait for the lock and get the replay"
+        # Every replay is the first response, byte for byte in meaning.
+        for status, body in results:
+            if status == 201:
+                assert body["id"] == fresh[0]["id"]
+                assert body["psp_reference"] == fresh[0]["psp_reference"]
+        # A retry after the race replays too.
+        status, body = request(server.url + "/api/charges/", key="pay-1", body=CHARGE)
+        assert (status, body["id"]) == (201, fresh[0]["id"])
+        assert body["_headers"]["idempotent-replayed"] == "true"
+        assert count_rows(db, "payments_charge") == 1
+        assert "Traceback" not in server.log()
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [pytest.param("postgres", marks=pytest.mark.postgres), "sqlite"],
+)
+def test_naive_select_then_insert_double_charges(backend: str) -> None:
+    """The control: the same race against hand-written SELECT-then-INSERT idempotency."""
+    with scratch_database(backend) as db, example_server(db, psp_delay_ms=300) as server:
+        race(server.url + "/baseline/naive-charges/", n=CLIENTS, key="pay-1", body=CHARGE)
+        charges = count_rows(db, "payments_charge")
+    assert charges > 1, "the harness must be able to observe a double charge"
+
+
+@pytest.mark.postgres
+def test_view_slower_than_lock_timeout_is_not_run_twice() -> None:
+    """The lease is renewed while the view runs, so a duplicate arriving after the lock
+    timeout gets 409 instead of taking the key over and charging again."""
+    with scratch_database("postgres") as db, example_server(
+        db, psp_delay_ms=3000, lock_timeout=1
+    ) as server:
+        url = server.url + "/api/charges/"
+        first: list[tuple[int, Any]] = []
+        runner = threading.Thread(target=lambda: first.append(request(url, key="slow", body=CHARGE)))
+        runner.start()
+        time.sleep(1.8)  # well past the 1 s lock timeout, while the provider call still runs
+        during = [request(url, key="slow", body=CHARGE) for _ in range(3)]
+        runner.join(30)
+        after = request(url, key="slow", body=CHARGE)
+        assert [status for status, _ in during] == [409, 409, 409]
+        assert all(body["_headers"].get("retry-after") for _, body in during)
+        assert first[0][0] == 201 and not _replayed(first[0])
+        assert after[0] == 201 and _replayed(after)
+        assert after[1]["id"] == first[0][1]["id"]
+        assert count_rows(db, "payments_charge") == 1
+        assert "Traceback" not in server.log()
+
+
+@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres), "sqlite"])
+def test_key_left_by_a_killed_worker_is_taken_over_once(backend: str) -> None:
+    """kill -9 the worker mid-request: its claim stays in progress until the lock timeout,
+    then exactly one retry takes it over; the dead worker's transaction never committed."""
+    with scratch_database(backend) as db, example_server(
+        db, psp_delay_ms=4000, lock_timeout=1, workers=1, threads=4
+    ) as server:
+        url = server.url + "/api/charges/"
+        outcome: list[object] = []
+
+        def doomed() -> None:
+            try:
+                outcome.append(request(url, key="crash", body=CHARGE))
+            except OSError as exc:
+                outcome.append(exc)
+
+        runner = threading.Thread(target=doomed)
+        runner.start()
+        deadline = time.monotonic() + 10
+        while count_rows(db, "django_idempotency_idempotencykey", "key = 'crash'") == 0:
+            assert time.monotonic() < deadline, "the claim never appeared"
+            time.sleep(0.05)
+        (worker,) = server.worker_pids()
+        os.kill(worker, signal.SIGKILL)
+        runner.join(30)
+        assert isinstance(outcome[0], OSError) or outcome[0][0] >= 500  # type: ignore[index]
+        assert count_rows(db, "payments_charge") == 0
+
+        killed_at = time.monotonic()
+        deadline = killed_at + 20
+        while True:  # the master respawns the worker
+            try:
+                if request(url, method="GET")[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "gunicorn did not respawn its worker"
+            time.sleep(0.1)
+        time.sleep(max(0.0, killed_at + 1.3 - time.monotonic()))  # the dead lease is now stale
+        retries = race(url, n=8, key="crash", body=CHARGE)
+        summary = _summary(retries)
+        assert summary["201"] == 1, summary
+        assert set(summary) <= {"201", "201 replay", "409"}, summary
+        assert count_rows(db, "payments_charge") == 1
