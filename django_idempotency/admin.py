@@ -1,22 +1,212 @@
-"""A read-only admin for IdempotencyKey (disable with IDEMPOTENCY['ADMIN_ENABLED'] = False)."""
+"""A read-only admin for the idempotency records.
+
+Nobody adds or edits a key here: the list and the detail page need the *view*
+permission; the two actions (release stuck in-progress keys, purge expired keys)
+need the *delete* permission and go through the manager's methods.
+``IDEMPOTENCY["ADMIN_ENABLED"] = False`` leaves the models unregistered.
+"""
 
 from __future__ import annotations
 
+import binascii
+import codecs
+import json
+import re
+from datetime import timedelta
 from typing import Any
 
-from django.contrib import admin
-from django.http import HttpRequest
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.db import models
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
 
+from . import models as idempotency_models
 from .conf import conf
 from .models import IdempotencyKey
 
+#: Characters of a stored body shown on the detail page; the rest is cut off.
+BODY_DISPLAY_LIMIT = 64 * 1024
+#: Bytes of a binary body shown as hex.
+BINARY_DISPLAY_LIMIT = 512
+#: Larger bodies are not parsed as JSON (only their beginning is shown as text).
+JSON_PARSE_LIMIT = 2 * 1024 * 1024
+
+RESPONSE_CLASSES = {
+    "2xx": (200, 300),
+    "3xx": (300, 400),
+    "4xx": (400, 500),
+    "5xx": (500, 600),
+}
+
+
+# -- rendering a stored response --------------------------------------------------------------
+
+
+def _content_type(headers: Any) -> str:
+    if isinstance(headers, dict):
+        for name, value in headers.items():
+            if str(name).lower() == "content-type":
+                return str(value).lower()
+    return ""
+
+
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def _hexdump(data: bytes) -> str:
+    lines = []
+    for offset in range(0, len(data), 16):
+        chunk = data[offset : offset + 16]
+        hexed = binascii.hexlify(chunk, " ").decode("ascii")
+        text = "".join(chr(b) if 0x20 <= b < 0x7F else "." for b in chunk)
+        lines.append(f"{offset:08x}  {hexed:<47}  {text}")
+    return "\n".join(lines)
+
+
+def render_body(body: bytes | memoryview | None, headers: Any = None) -> tuple[str, str]:
+    """``(kind, text)`` for a stored body: JSON indented, text as is, binary as hex.
+
+    ``text`` is plain (not yet escaped) and at most about :data:`BODY_DISPLAY_LIMIT`
+    characters long; ``kind`` says what was done, e.g. ``"JSON, 120 bytes"``.
+    """
+    data = bytes(body or b"")
+    size = len(data)
+    if not data:
+        return (str(_("empty")), "")
+    content_type = _content_type(headers)
+    text: str | None = None
+    kind = ""
+    if size <= JSON_PARSE_LIMIT and ("json" in content_type or data[:1] in (b"{", b"[")):
+        try:
+            parsed = json.loads(data)
+        except (ValueError, UnicodeDecodeError):
+            pass
+        else:
+            text = json.dumps(parsed, indent=2, ensure_ascii=False)
+            kind = "JSON"
+    truncated = False
+    if text is None:
+        head = data[: BODY_DISPLAY_LIMIT * 4]
+        try:
+            # Incremental: a multi-byte character cut at the end of ``head`` is not an error.
+            text = codecs.getincrementaldecoder("utf-8")().decode(head, final=len(head) == size)
+            kind = "text"
+            truncated = len(head) < size
+        except UnicodeDecodeError:
+            text = None
+        if text is not None and _CONTROL.search(text):
+            text = None  # valid UTF-8, but control characters: show it as binary
+    if text is None:
+        shown = data[:BINARY_DISPLAY_LIMIT]
+        note = f"binary, {size} bytes"
+        if size > len(shown):
+            note += f", first {len(shown)} shown"
+        return (note, _hexdump(shown))
+    note = f"{kind}, {size} bytes"
+    if truncated or len(text) > BODY_DISPLAY_LIMIT:
+        text = text[:BODY_DISPLAY_LIMIT]
+        note += f", truncated to the first {BODY_DISPLAY_LIMIT} characters"
+    return (note, text)
+
+
+# -- list filters -----------------------------------------------------------------------------
+
+
+class ExpiredFilter(admin.SimpleListFilter):
+    """Expired keys are no longer replayed and wait for the purge."""
+
+    title = _("expired")
+    parameter_name = "expired"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [("yes", _("Yes")), ("no", _("No"))]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        now = timezone.now()
+        if self.value() == "yes":
+            return queryset.filter(expires_at__lte=now)
+        if self.value() == "no":
+            return queryset.filter(expires_at__gt=now)
+        return queryset
+
+
+class ResponseClassFilter(admin.SimpleListFilter):
+    title = _("response status")
+    parameter_name = "response_class"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [(name, name) for name in RESPONSE_CLASSES] + [("none", _("No response yet"))]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if value == "none":
+            return queryset.filter(response_status__isnull=True)
+        if value in RESPONSE_CLASSES:
+            low, high = RESPONSE_CLASSES[value]
+            return queryset.filter(response_status__gte=low, response_status__lt=high)
+        return queryset
+
+
+# -- IdempotencyKey ---------------------------------------------------------------------------
+
 
 class IdempotencyKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ("key", "scope", "status", "response_status", "created_at", "expires_at")
-    list_filter = ("status",)
-    search_fields = ("=key", "=scope")
+    list_display = (
+        "scope",
+        "key",
+        "status",
+        "response_status",
+        "created_at",
+        "expires_at",
+        "expired",
+    )
+    list_display_links = ("key",)
+    list_filter = ("status", ExpiredFilter, ResponseClassFilter)
+    search_fields = ("key", "scope")
     date_hierarchy = "created_at"
     ordering = ("-created_at",)
+    list_per_page = 50
+    show_full_result_count = False  # a COUNT(*) over millions of rows on every page is slow
+    actions = ["release_stuck_keys", "purge_expired_keys"]
+    fieldsets = (
+        (None, {"fields": ("scope", "key", "status", "expired", "lease")}),
+        (
+            _("Request"),
+            {"fields": ("request_method", "request_path", "fingerprint", "claim_token")},
+        ),
+        (
+            _("Stored response"),
+            {"fields": ("response_status", "stored_headers", "stored_body")},
+        ),
+        (_("Times"), {"fields": ("created_at", "locked_at", "completed_at", "expires_at")}),
+    )
+    readonly_fields = (
+        "scope",
+        "key",
+        "status",
+        "expired",
+        "lease",
+        "request_method",
+        "request_path",
+        "fingerprint",
+        "claim_token",
+        "response_status",
+        "stored_headers",
+        "stored_body",
+        "created_at",
+        "locked_at",
+        "completed_at",
+        "expires_at",
+    )
+
+    # -- permissions: read-only; the actions need "delete" ---------------------------------
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -24,6 +214,172 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if obj is not None:
+            # No per-record delete button: deleting a live completed key would let
+            # a retry run its side effect again. The actions below are the way.
+            return False
+        return super().has_delete_permission(request)
 
-if conf.ADMIN_ENABLED:
-    admin.site.register(IdempotencyKey, IdempotencyKeyAdmin)
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        found = super().get_actions(request)
+        found.pop("delete_selected", None)
+        return found
+
+    # -- columns and fields ---------------------------------------------------------------
+
+    @admin.display(boolean=True, description=_("expired"), ordering="expires_at")
+    def expired(self, obj: IdempotencyKey) -> bool:
+        return obj.is_expired
+
+    @admin.display(description=_("lease"))
+    def lease(self, obj: IdempotencyKey) -> str:
+        if obj.status != IdempotencyKey.Status.IN_PROGRESS:
+            return "-"
+        return _lease_text(obj)
+
+    @admin.display(description=_("stored headers"))
+    def stored_headers(self, obj: IdempotencyKey) -> SafeString | str:
+        headers = obj.response_headers
+        if not isinstance(headers, dict) or not headers:
+            return "-"
+        rows = format_html_join(
+            "\n",
+            "<tr><th>{}</th><td>{}</td></tr>",
+            ((str(name), str(value)) for name, value in sorted(headers.items())),
+        )
+        return format_html('<table class="idempotency-headers">{}</table>', rows)
+
+    @admin.display(description=_("stored body"))
+    def stored_body(self, obj: IdempotencyKey) -> SafeString | str:
+        if obj.response_body is None and obj.response_status is None:
+            return "-"
+        kind, text = render_body(obj.response_body, obj.response_headers)
+        return format_html(
+            '<p class="help">{}</p>'
+            '<pre class="idempotency-body" style="max-height:40em;overflow:auto;'
+            'white-space:pre-wrap;word-break:break-all">{}</pre>',
+            kind,
+            text,
+        )
+
+    # -- actions --------------------------------------------------------------------------
+
+    @admin.action(permissions=["delete"], description=_("Release selected stuck in-progress keys"))
+    def release_stuck_keys(
+        self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]
+    ) -> HttpResponse | None:
+        """Ask first; on confirmation delete the selected in-progress keys.
+
+        A released key may be claimed again by a retry. If its original request is in
+        fact still running, that request fails to store its response (its claim
+        token is gone) and rolls its writes back, so the side effect still runs once.
+        """
+        stuck = list(queryset.filter(status=IdempotencyKey.Status.IN_PROGRESS))
+        if request.POST.get("post") == "yes":
+            released = IdempotencyKey.objects.release_stuck(
+                [obj.pk for obj in stuck], using=queryset.db
+            )
+            self.message_user(
+                request,
+                ngettext(
+                    "Released %(count)d in-progress key.",
+                    "Released %(count)d in-progress keys.",
+                    released,
+                )
+                % {"count": released},
+                messages.SUCCESS if released else messages.WARNING,
+            )
+            return None
+        skipped = queryset.exclude(status=IdempotencyKey.Status.IN_PROGRESS).count()
+        opts = self.model._meta
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Release stuck idempotency keys?"),
+            "subtitle": None,
+            "opts": opts,
+            "app_label": opts.app_label,
+            "stuck": [(obj, _lease_text(obj)) for obj in stuck],
+            "skipped": skipped,
+            "queryset": queryset,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "action_name": "release_stuck_keys",
+            "media": self.media,
+        }
+        return TemplateResponse(
+            request,
+            "admin/django_idempotency/idempotencykey/release_confirmation.html",
+            context,
+        )
+
+    @admin.action(permissions=["delete"], description=_("Purge selected expired keys"))
+    def purge_expired_keys(self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]) -> None:
+        """Delete the selected keys that have expired; the others are left alone."""
+        pks = list(queryset.values_list("pk", flat=True))
+        deleted = IdempotencyKey.objects.delete_expired_pks(pks, using=queryset.db)
+        kept = len(pks) - deleted
+        text = ngettext(
+            "Purged %(count)d expired key.", "Purged %(count)d expired keys.", deleted
+        ) % {"count": deleted}
+        if kept:
+            text += " " + ngettext(
+                "%(kept)d key has not expired and was kept.",
+                "%(kept)d keys have not expired and were kept.",
+                kept,
+            ) % {"kept": kept}
+        self.message_user(request, text, messages.SUCCESS if deleted else messages.WARNING)
+
+
+def _lease_text(obj: IdempotencyKey) -> str:
+    """How old the in-progress lease is, and whether it counts as abandoned."""
+    if obj.locked_at is None:
+        return str(_("no lease"))
+    age = timezone.now() - obj.locked_at
+    seconds = max(int(age.total_seconds()), 0)
+    text = f"renewed {timedelta(seconds=seconds)} ago"
+    if age.total_seconds() >= conf.LOCK_TIMEOUT:
+        text += f" (stale: older than LOCK_TIMEOUT = {conf.LOCK_TIMEOUT:g}s)"
+    return text
+
+
+# -- IdempotencyOutbox (when the model exists) ------------------------------------------------
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Every field shown, nothing changeable."""
+
+    def get_list_display(self, request: HttpRequest) -> list[str]:  # type: ignore[override]
+        return [f.name for f in self.model._meta.concrete_fields][:8]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [f.name for f in self.model._meta.concrete_fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+def outbox_model() -> type[models.Model] | None:
+    """``IdempotencyOutbox`` if this version of the models has it."""
+    model = getattr(idempotency_models, "IdempotencyOutbox", None)
+    if isinstance(model, type) and issubclass(model, models.Model):
+        return model
+    return None
+
+
+def register(site: admin.AdminSite) -> None:
+    """Register the models on ``site`` unless ``IDEMPOTENCY["ADMIN_ENABLED"]`` is False."""
+    if not conf.ADMIN_ENABLED:
+        return
+    site.register(IdempotencyKey, IdempotencyKeyAdmin)
+    outbox = outbox_model()
+    if outbox is not None:
+        site.register(outbox, ReadOnlyAdmin)
+
+
+register(admin.site)

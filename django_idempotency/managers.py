@@ -350,3 +350,26 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
             yield deleted
             if len(pks) < batch_size:
                 return
+
+    def delete_expired_pks(
+        self,
+        pks: list[int],
+        *,
+        now: datetime | None = None,
+        using: str = "default",
+        batch_size: int = 1000,
+    ) -> int:
+        """Delete those of ``pks`` that have expired (the admin's purge action).
+
+        A key that is not expired (any more: a retry may have renewed it) is left
+        alone. Runs one short transaction per ``batch_size`` keys; returns how many
+        rows were deleted.
+        """
+        cutoff = now or timezone.now()
+        total = 0
+        for start in range(0, len(pks), batch_size):
+            chunk = pks[start : start + batch_size]
+            with transaction.atomic(using=using):
+                deleted, _ = self.using(using).filter(pk__in=chunk, expires_at__lte=cutoff).delete()
+            total += deleted
+        return total

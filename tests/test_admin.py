@@ -1,0 +1,304 @@
+"""The admin: read-only pages, filters, escaping and truncation, and the two actions."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib import admin
+from django.contrib.auth.models import Permission
+from django.test import Client, RequestFactory, override_settings
+from django.urls import reverse
+from django.utils import timezone
+
+from django_idempotency import admin as idem_admin
+from django_idempotency import models as idem_models
+from django_idempotency.keys import fingerprint
+from django_idempotency.models import IdempotencyKey
+from tests.factories import CompletedKeyFactory, ExpiredKeyFactory, IdempotencyKeyFactory
+from tests.testapp.models import SideEffect
+
+pytestmark = pytest.mark.django_db
+
+CHANGELIST = "admin:django_idempotency_idempotencykey_changelist"
+CHANGE = "admin:django_idempotency_idempotencykey_change"
+
+
+def staff_client(django_user_model: Any, *codenames: str) -> Client:
+    user = django_user_model.objects.create_user("staff", password="pw", is_staff=True)
+    user.user_permissions.add(
+        *Permission.objects.filter(
+            content_type__app_label="django_idempotency", codename__in=codenames
+        )
+    )
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def run_action(client: Client, action: str, keys: list[IdempotencyKey], **extra: str) -> Any:
+    data = {"action": action, "_selected_action": [str(k.pk) for k in keys], **extra}
+    return client.post(reverse(CHANGELIST), data, follow=True)
+
+
+# -- registration ---------------------------------------------------------------------------
+
+
+def test_registered_on_the_default_site() -> None:
+    assert isinstance(admin.site._registry[IdempotencyKey], idem_admin.IdempotencyKeyAdmin)
+
+
+def test_admin_enabled_false_registers_nothing() -> None:
+    site = admin.AdminSite(name="idem-off")
+    with override_settings(IDEMPOTENCY={"ADMIN_ENABLED": False}):
+        idem_admin.register(site)
+    assert site._registry == {}
+    idem_admin.register(site)
+    assert IdempotencyKey in site._registry
+
+
+def test_outbox_is_registered_read_only_when_the_model_exists(
+    monkeypatch: pytest.MonkeyPatch, admin_client: Client
+) -> None:
+    monkeypatch.delattr(idem_models, "IdempotencyOutbox", raising=False)
+    site = admin.AdminSite(name="idem-no-outbox")
+    idem_admin.register(site)
+    assert list(site._registry) == [IdempotencyKey]
+
+    # Any model stands in for the outbox: the guard looks the name up at registration.
+    monkeypatch.setattr(idem_models, "IdempotencyOutbox", SideEffect, raising=False)
+    site = admin.AdminSite(name="idem-outbox")
+    idem_admin.register(site)
+    model_admin = site._registry[SideEffect]
+    request = admin_client.get("/").wsgi_request
+    assert isinstance(model_admin, idem_admin.ReadOnlyAdmin)
+    assert not model_admin.has_add_permission(request)
+    assert not model_admin.has_change_permission(request)
+    assert not model_admin.has_delete_permission(request)
+    assert model_admin.get_readonly_fields(request) == ["id", "label", "created_at"]
+
+
+# -- permissions ----------------------------------------------------------------------------
+
+
+def test_staff_without_view_permission_is_refused(django_user_model: Any) -> None:
+    client = staff_client(django_user_model)
+    assert client.get(reverse(CHANGELIST)).status_code == 403
+
+
+def test_view_permission_lists_and_shows_but_cannot_act(django_user_model: Any) -> None:
+    key = IdempotencyKeyFactory()
+    client = staff_client(django_user_model, "view_idempotencykey")
+    page = client.get(reverse(CHANGELIST))
+    assert page.status_code == 200
+    assert key.key in page.content.decode()
+    assert "release_stuck_keys" not in page.content.decode()
+    assert client.get(reverse(CHANGE, args=[key.pk])).status_code == 200
+
+    response = run_action(client, "release_stuck_keys", [key], post="yes")
+    assert response.status_code == 200
+    assert IdempotencyKey.objects.filter(pk=key.pk).exists()
+
+
+def test_nobody_adds_edits_or_deletes_one_record(admin_client: Client) -> None:
+    key = CompletedKeyFactory()
+    add = reverse("admin:django_idempotency_idempotencykey_add")
+    assert admin_client.get(add).status_code == 403
+    change = reverse(CHANGE, args=[key.pk])
+    response = admin_client.post(change, {"scope": "user:evil", "key": "x", "status": "completed"})
+    assert response.status_code == 403
+    key.refresh_from_db()
+    assert key.scope != "user:evil"
+    delete = reverse("admin:django_idempotency_idempotencykey_delete", args=[key.pk])
+    assert admin_client.post(delete, {"post": "yes"}).status_code == 403
+    assert IdempotencyKey.objects.filter(pk=key.pk).exists()
+    page = admin_client.get(reverse(CHANGELIST)).content.decode()
+    assert 'value="delete_selected"' not in page
+
+
+# -- list, filters, search ----------------------------------------------------------------
+
+
+def test_list_columns_filters_and_search(admin_client: Client) -> None:
+    ok = CompletedKeyFactory(key="key-ok", response_status=201)
+    client_error = ExpiredKeyFactory(key="key-4xx", response_status=422)
+    server_error = CompletedKeyFactory(key="key-5xx", response_status=503)
+    running = IdempotencyKeyFactory(key="key-running", scope="tenant:acme")
+
+    def keys(**params: str) -> set[str]:
+        response = admin_client.get(reverse(CHANGELIST), params)
+        assert response.status_code == 200
+        return {obj.key for obj in response.context["cl"].result_list}
+
+    assert keys() == {ok.key, client_error.key, server_error.key, running.key}
+    assert keys(expired="yes") == {client_error.key}
+    assert keys(expired="no") == {ok.key, server_error.key, running.key}
+    assert keys(response_class="2xx") == {ok.key}
+    assert keys(response_class="4xx") == {client_error.key}
+    assert keys(response_class="5xx") == {server_error.key}
+    assert keys(response_class="none") == {running.key}
+    assert keys(status__exact="in_progress") == {running.key}
+    assert keys(q="key-5xx") == {server_error.key}
+    assert keys(q="tenant:acme") == {running.key}
+
+    page = admin_client.get(reverse(CHANGELIST)).content.decode()
+    for column in (
+        "column-scope",
+        "column-key",
+        "column-status",
+        "column-response_status",
+        "column-created_at",
+        "column-expires_at",
+        "column-expired",
+    ):
+        assert column in page
+    assert '<nav class="toplinks">' in page  # the date hierarchy
+    assert 'id="changelist-search"' in page
+    assert 'alt="True"' in page  # the expired column of key-4xx
+
+
+def test_date_hierarchy_drills_down(admin_client: Client) -> None:
+    old = IdempotencyKeyFactory(created_at=timezone.now() - timedelta(days=400))
+    new = IdempotencyKeyFactory()
+    now = timezone.now()
+    response = admin_client.get(reverse(CHANGELIST), {"created_at__year": str(now.year)})
+    shown = {obj.pk for obj in response.context["cl"].result_list}
+    assert new.pk in shown
+    assert old.pk not in shown
+
+
+# -- the detail page -----------------------------------------------------------------------
+
+
+def test_detail_shows_headers_and_indented_json(admin_client: Client) -> None:
+    key = CompletedKeyFactory(
+        response_headers={"Content-Type": "application/json", "Location": "/charges/7"},
+        response_body=b'{"id":7,"amount":1250,"nested":{"ok":true}}',
+    )
+    page = admin_client.get(reverse(CHANGE, args=[key.pk])).content.decode()
+    assert "<th>Location</th><td>/charges/7</td>" in page
+    assert "{\n  &quot;id&quot;: 7,\n  &quot;amount&quot;: 1250,\n  &quot;nested&quot;: {" in page
+    assert "JSON, 43 bytes" in page
+    assert 'name="_save"' not in page  # read-only: no save button
+
+
+def test_detail_escapes_everything(admin_client: Client) -> None:
+    key = CompletedKeyFactory(
+        key="<b>k</b>",
+        scope="user:<i>1</i>",
+        request_path="/x?<script>alert(1)</script>",
+        response_headers={"Content-Type": "text/html", "X-<evil>": "<img src=x onerror=alert(1)>"},
+        response_body=b"<script>alert('body')</script>",
+    )
+    page = admin_client.get(reverse(CHANGE, args=[key.pk])).content.decode()
+    assert "<script>alert" not in page
+    assert "<img src=x" not in page
+    assert "&lt;script&gt;alert(&#x27;body&#x27;)&lt;/script&gt;" in page
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page
+    assert "X-&lt;evil&gt;" in page
+    assert "&lt;b&gt;k&lt;/b&gt;" in page
+    listing = admin_client.get(reverse(CHANGELIST)).content.decode()
+    assert "<b>k</b>" not in listing
+
+
+def test_detail_shows_binary_as_hex_with_its_size(admin_client: Client) -> None:
+    body = bytes(range(256)) * 8
+    key = CompletedKeyFactory(
+        response_headers={"Content-Type": "application/octet-stream"}, response_body=body
+    )
+    page = admin_client.get(reverse(CHANGE, args=[key.pk])).content.decode()
+    assert "binary, 2048 bytes, first 512 shown" in page
+    assert "00000000  00 01 02 03 04 05 06 07 08 09 0a 0b 0c 0d 0e 0f" in page
+    assert "000001f0" in page
+    assert "00000200" not in page
+
+
+def test_detail_truncates_a_large_body(admin_client: Client) -> None:
+    limit = idem_admin.BODY_DISPLAY_LIMIT
+    body = json.dumps({"items": ["x" * 100] * 2000}).encode()
+    key = CompletedKeyFactory(response_body=body)
+    page = admin_client.get(reverse(CHANGE, args=[key.pk])).content.decode()
+    assert f"JSON, {len(body)} bytes, truncated to the first {limit} characters" in page
+    assert page.count("x" * 100) < 2000
+
+
+# -- render_body on its own --------------------------------------------------------------------
+
+
+def test_render_body_kinds() -> None:
+    assert idem_admin.render_body(None) == ("empty", "")
+    assert idem_admin.render_body(b"[1, 2]") == ("JSON, 6 bytes", "[\n  1,\n  2\n]")
+    assert idem_admin.render_body(b"plain text") == ("text, 10 bytes", "plain text")
+    assert idem_admin.render_body(memoryview(b"{not json")) == ("text, 9 bytes", "{not json")
+    kind, text = idem_admin.render_body(b"\x00\x01abc")
+    assert kind == "binary, 5 bytes"
+    assert text.startswith("00000000  00 01 61 62 63")
+    # A multi-byte character cut by the display limit is still text.
+    body = ("é" * (idem_admin.BODY_DISPLAY_LIMIT * 3)).encode()
+    kind, text = idem_admin.render_body(body, {"Content-Type": "text/plain"})
+    assert kind.startswith(f"text, {len(body)} bytes, truncated")
+    assert text == "é" * idem_admin.BODY_DISPLAY_LIMIT
+
+
+# -- actions -----------------------------------------------------------------------------------
+
+
+def test_release_action_asks_then_releases_only_in_progress_keys(admin_client: Client) -> None:
+    stuck = IdempotencyKeyFactory(locked_at=timezone.now() - timedelta(minutes=10), key="<stuck>")
+    done = CompletedKeyFactory()
+
+    confirm = run_action(admin_client, "release_stuck_keys", [stuck, done])
+    assert confirm.templates[0].name == (
+        "admin/django_idempotency/idempotencykey/release_confirmation.html"
+    )
+    page = confirm.content.decode()
+    assert "&lt;stuck&gt;" in page
+    assert "<stuck>" not in page
+    assert "stale: older than LOCK_TIMEOUT" in page
+    assert "1 selected key is not in progress and will be left alone." in page
+    assert IdempotencyKey.objects.filter(pk=stuck.pk).exists()  # nothing yet
+
+    done_page = run_action(admin_client, "release_stuck_keys", [stuck, done], post="yes")
+    assert "Released 1 in-progress key." in done_page.content.decode()
+    assert not IdempotencyKey.objects.filter(pk=stuck.pk).exists()
+    assert IdempotencyKey.objects.filter(pk=done.pk).exists()
+
+
+def test_release_confirmation_with_nothing_to_release(admin_client: Client) -> None:
+    done = CompletedKeyFactory()
+    page = run_action(admin_client, "release_stuck_keys", [done]).content.decode()
+    assert "nothing to release" in page
+    assert IdempotencyKey.objects.filter(pk=done.pk).exists()
+
+
+def test_a_released_key_runs_again(admin_client: Client, client: Client) -> None:
+    """After the release a retry claims the key afresh (the point of releasing it)."""
+    headers = {"HTTP_IDEMPOTENCY_KEY": "retry-me"}
+    request = RequestFactory().post("/t/fn/", b"{}", "application/json", **headers)
+    stuck = IdempotencyKeyFactory(
+        scope="anonymous", key="retry-me", fingerprint=fingerprint(request)
+    )
+    assert client.post("/t/fn/", b"{}", "application/json", **headers).status_code == 409
+    run_action(admin_client, "release_stuck_keys", [stuck], post="yes")
+    assert client.post("/t/fn/", b"{}", "application/json", **headers).status_code == 201
+    assert SideEffect.objects.count() == 1
+
+
+def test_purge_action_deletes_only_expired_keys(django_user_model: Any) -> None:
+    client = staff_client(django_user_model, "view_idempotencykey", "delete_idempotencykey")
+    old = ExpiredKeyFactory()
+    live = CompletedKeyFactory()
+    page = run_action(client, "purge_expired_keys", [old, live]).content.decode()
+    assert "Purged 1 expired key. 1 key has not expired and was kept." in page
+    assert not IdempotencyKey.objects.filter(pk=old.pk).exists()
+    assert IdempotencyKey.objects.filter(pk=live.pk).exists()
+
+
+def test_delete_expired_pks_in_batches() -> None:
+    expired = ExpiredKeyFactory.create_batch(5)
+    live = CompletedKeyFactory()
+    pks = [k.pk for k in expired] + [live.pk]
+    assert IdempotencyKey.objects.delete_expired_pks(pks, batch_size=2) == 5
+    assert list(IdempotencyKey.objects.values_list("pk", flat=True)) == [live.pk]
