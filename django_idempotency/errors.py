@@ -41,6 +41,16 @@ class InvalidKey(IdempotencyError):
     default_detail = "The Idempotency-Key must be 1 to 255 visible ASCII characters."
 
 
+class InvalidBody(IdempotencyError):
+    status = 400
+    slug = "invalid-body"
+    title = "Unreadable request body"
+    default_detail = (
+        "The request body could not be parsed (a malformed multipart body, or too many "
+        "fields or files), so it cannot be fingerprinted."
+    )
+
+
 class RequestTooLarge(IdempotencyError):
     status = 413
     slug = "request-too-large"

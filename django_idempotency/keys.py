@@ -7,11 +7,12 @@ import hmac
 import json
 from urllib.parse import parse_qsl
 
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.http import HttpRequest
+from django.http.multipartparser import MultiPartParserError
 from django.http.request import RawPostDataException
 
-from .errors import InvalidKey, RequestTooLarge
+from .errors import InvalidBody, InvalidKey, RequestTooLarge
 
 MAX_KEY_LENGTH = 255
 MAX_SCOPE_LENGTH = 255
@@ -110,7 +111,20 @@ def preload_body(request: HttpRequest) -> None:
         pass
 
 
+def _parsed_form(request: HttpRequest) -> None:
+    """Parse the form body, turning Django's parser errors into problem errors
+    (otherwise a malformed multipart body would be a 500)."""
+    try:
+        request.POST  # noqa: B018 - parses POST and FILES
+    except RequestDataTooBig as exc:
+        raise RequestTooLarge() from exc
+    except (MultiPartParserError, SuspiciousOperation) as exc:
+        # malformed multipart, too many fields (TooManyFieldsSent) or files (TooManyFilesSent)
+        raise InvalidBody() from exc
+
+
 def _form_digest(request: HttpRequest) -> bytes:
+    _parsed_form(request)
     digest = hashlib.sha256()
     for name, value in sorted(request.POST.lists()):
         digest.update(json.dumps([name, value]).encode())
