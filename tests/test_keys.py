@@ -1,0 +1,250 @@
+"""Header parsing, request fingerprints and downstream keys (django_idempotency.keys)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.test import RequestFactory, override_settings
+from django.test.client import BOUNDARY, MULTIPART_CONTENT, encode_multipart
+
+from django_idempotency.errors import InvalidBody, InvalidKey, RequestTooLarge
+from django_idempotency.keys import (
+    MAX_KEY_LENGTH,
+    bounded_scope,
+    canonical_body,
+    downstream_key,
+    fingerprint,
+    parse_key,
+    preload_body,
+)
+
+rf = RequestFactory()
+
+
+# -- parse_key ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("abc", "abc"),
+        ("  abc\t", "abc"),
+        ("8e03978e-40d5-43e8-bc93-6894a57f9324", "8e03978e-40d5-43e8-bc93-6894a57f9324"),
+        ('"abc"', "abc"),
+        ('  "abc"  ', "abc"),
+        (r'"a\"b"', 'a"b'),
+        (r'"a\\b"', "a\\b"),
+        ("a\"b'c", "a\"b'c"),  # a bare key may contain a quote after its first character
+        ("!#$%&'*+-.^_`|~", "!#$%&'*+-.^_`|~"),
+        ("k" * MAX_KEY_LENGTH, "k" * MAX_KEY_LENGTH),
+        ('"' + "k" * MAX_KEY_LENGTH + '"', "k" * MAX_KEY_LENGTH),
+    ],
+)
+def test_parse_key_accepts(raw: str, expected: str) -> None:
+    assert parse_key(raw) == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        ("", "empty"),
+        ("   ", "empty"),
+        ('""', "empty"),
+        ('"abc', "no closing quote"),
+        ('"abc\\"', "no closing quote"),
+        ('"abc"def', "text after"),
+        ('"abc";p=1', "text after"),
+        ('"a\\nb"', "invalid escape"),
+        ('"abc\\', "invalid escape"),
+        ('"a b"', "visible ASCII"),
+        ("a b", "visible ASCII"),
+        ("a\x00b", "visible ASCII"),
+        ("a\x7fb", "visible ASCII"),
+        ("ab\x1b", "visible ASCII"),
+        ('"a\tb"', "not ASCII"),
+        ("clé", "visible ASCII"),
+        ('"clé"', "not ASCII"),
+        ("k" * (MAX_KEY_LENGTH + 1), "longer than 255"),
+        ('"' + "k" * (MAX_KEY_LENGTH + 1) + '"', "longer than 255"),
+    ],
+)
+def test_parse_key_rejects(raw: str, reason: str) -> None:
+    with pytest.raises(InvalidKey) as info:
+        parse_key(raw)
+    assert reason in info.value.detail
+    assert info.value.status == 400
+    assert info.value.type_uri.endswith("/invalid-key")
+
+
+# -- canonical bodies and fingerprints ------------------------------------------------------
+
+
+def post(path: str, body: bytes | str, content_type: str = "application/json", **extra: str):  # type: ignore[no-untyped-def]
+    return rf.generic("POST", path, body, content_type=content_type, **extra)
+
+
+def test_json_key_order_and_whitespace_do_not_matter() -> None:
+    a = post("/pay/", '{"amount": 100, "currency": "EUR", "meta": {"b": 1, "a": [1, 2]}}')
+    b = post("/pay/", '{"meta":{"a":[1,2],"b":1},"currency":"EUR","amount":100}')
+    c = post("/pay/", '{\n  "currency" : "EUR",\n  "amount" : 100,\n "meta": {"a":[1, 2],"b":1}}\n')
+    assert fingerprint(a) == fingerprint(b) == fingerprint(c)
+
+
+def test_json_suffix_media_types_and_charset_are_canonicalised() -> None:
+    a = post("/pay/", '{"a": 1, "b": 2}', "application/merge-patch+json")
+    b = post("/pay/", '{"b":2,"a":1}', "application/merge-patch+json; charset=utf-8")
+    assert fingerprint(a) == fingerprint(b)
+
+
+def test_different_body_method_path_or_query_differ() -> None:
+    base = fingerprint(post("/pay/?a=1", '{"amount": 100}'))
+    assert fingerprint(post("/pay/?a=1", '{"amount": 101}')) != base
+    assert fingerprint(post("/pay/?a=1", '{"amount": "100"}')) != base
+    assert (
+        fingerprint(rf.generic("PATCH", "/pay/?a=1", '{"amount": 100}', "application/json")) != base
+    )
+    assert fingerprint(post("/pay/other/?a=1", '{"amount": 100}')) != base
+    assert fingerprint(post("/pay/?a=2", '{"amount": 100}')) != base
+    assert fingerprint(post("/pay/", '{"amount": 100}')) != base
+    assert fingerprint(post("/pay/?a=1", '{"amount": 100}')) == base
+
+
+def test_query_order_does_not_matter_but_values_do() -> None:
+    a = fingerprint(post("/pay/?a=1&b=2&c=", "{}"))
+    assert fingerprint(post("/pay/?c=&b=2&a=1", "{}")) == a
+    assert fingerprint(post("/pay/?a=1&b=3&c=", "{}")) != a
+    assert fingerprint(post("/pay/?a=1&b=2", "{}")) != a
+
+
+def test_invalid_json_is_fingerprinted_as_bytes() -> None:
+    assert canonical_body("application/json", b"{not json") == b"{not json"
+    a = fingerprint(post("/pay/", "{not json"))
+    assert fingerprint(post("/pay/", "{not json")) == a
+    assert fingerprint(post("/pay/", "{not  json")) != a
+
+
+def test_other_media_types_are_taken_byte_for_byte() -> None:
+    a = fingerprint(post("/pay/", "a b", "text/plain"))
+    assert fingerprint(post("/pay/", "a  b", "text/plain")) != a
+    assert fingerprint(post("/pay/", "a b", "text/plain")) == a
+
+
+def test_form_bodies_ignore_field_order() -> None:
+    form = "application/x-www-form-urlencoded"
+    a = fingerprint(post("/pay/", "amount=100&currency=EUR&note=", form))
+    assert fingerprint(post("/pay/", "currency=EUR&note=&amount=100", form)) == a
+    assert fingerprint(post("/pay/", "currency=EUR&note=&amount=101", form)) != a
+    assert fingerprint(post("/pay/", "currency=EUR&amount=100", form)) != a
+
+
+def _multipart(data: dict[str, object], boundary: str = BOUNDARY):  # type: ignore[no-untyped-def]
+    body = encode_multipart(boundary, data)
+    return rf.generic(
+        "POST", "/upload/", body, content_type=f"multipart/form-data; boundary={boundary}"
+    )
+
+
+def test_multipart_fingerprint_ignores_the_boundary_and_sees_the_files() -> None:
+    def upload(content: bytes, name: str = "receipt.pdf") -> SimpleUploadedFile:
+        return SimpleUploadedFile(name, content, content_type="application/pdf")
+
+    a = _multipart({"amount": "100", "file": upload(b"%PDF-1 receipt")})
+    b = _multipart({"file": upload(b"%PDF-1 receipt"), "amount": "100"}, boundary="OtherBoundary42")
+    other_content = _multipart({"amount": "100", "file": upload(b"%PDF-1 receipt 2")})
+    other_name = _multipart({"amount": "100", "file": upload(b"%PDF-1 receipt", "other.pdf")})
+    other_field = _multipart({"amount": "101", "file": upload(b"%PDF-1 receipt")})
+    assert a.META["CONTENT_TYPE"] != b.META["CONTENT_TYPE"]
+    printed = fingerprint(a)
+    assert fingerprint(b) == printed
+    assert fingerprint(other_content) != printed
+    assert fingerprint(other_name) != printed
+    assert fingerprint(other_field) != printed
+    # the uploaded file can still be read by the view after fingerprinting
+    assert a.FILES["file"].read() == b"%PDF-1 receipt"
+
+
+def test_multipart_content_type_constant_is_multipart() -> None:
+    assert MULTIPART_CONTENT.startswith("multipart/form-data")
+
+
+def test_fingerprint_is_hex_sha256() -> None:
+    value = fingerprint(post("/pay/", "{}"))
+    assert len(value) == 64
+    int(value, 16)
+
+
+def test_fingerprint_leaves_the_body_readable() -> None:
+    request = post("/pay/", '{"amount": 1}')
+    fingerprint(request)
+    assert json.loads(request.body) == {"amount": 1}
+
+
+@override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=10)
+def test_body_over_the_upload_limit_is_request_too_large() -> None:
+    with pytest.raises(RequestTooLarge) as info:
+        fingerprint(post("/pay/", '{"amount": 100000}'))
+    assert info.value.status == 413
+    with pytest.raises(RequestTooLarge):
+        preload_body(post("/pay/", '{"amount": 100000}'))
+
+
+@override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=10)
+def test_multipart_over_the_upload_limit_is_request_too_large() -> None:
+    request = _multipart({"note": "x" * 100})
+    preload_body(request)  # multipart is left to the form parser
+    with pytest.raises(RequestTooLarge):
+        fingerprint(request)
+
+
+# -- downstream keys and scopes -------------------------------------------------------------
+
+
+def test_downstream_key_is_stable_per_scope_key_and_name() -> None:
+    first = downstream_key("s3cret", "user:1", "k1", "psp")
+    assert downstream_key("s3cret", "user:1", "k1", "psp") == first
+    assert len(first) == 64
+    others = {
+        downstream_key("s3cret", "user:2", "k1", "psp"),
+        downstream_key("s3cret", "user:1", "k2", "psp"),
+        downstream_key("s3cret", "user:1", "k1", "mail"),
+        downstream_key("s3cret", "user:1", "k1"),
+        downstream_key("other", "user:1", "k1", "psp"),
+        # the separator keeps ("user:1", "k1") apart from ("user:1k", "1")
+        downstream_key("s3cret", "user:1k", "1", "psp"),
+    }
+    assert first not in others
+    assert len(others) == 6
+
+
+def test_bounded_scope() -> None:
+    assert bounded_scope("user:1") == "user:1"
+    assert bounded_scope("x" * 255) == "x" * 255
+    long = bounded_scope("x" * 256)
+    assert long.startswith("sha256:") and len(long) <= 255
+    assert bounded_scope("x" * 256) == long != bounded_scope("y" * 256)
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    ["multipart/form-data", "multipart/form-data; boundary=", "multipart/form-data; boundary=é"],
+)
+def test_malformed_multipart_is_an_invalid_body(content_type: str) -> None:
+    request = rf.generic("POST", "/upload/", b"--x\r\nnot a part\r\n", content_type=content_type)
+    with pytest.raises(InvalidBody) as info:
+        fingerprint(request)
+    assert info.value.status == 400
+
+
+@override_settings(DATA_UPLOAD_MAX_NUMBER_FIELDS=2)
+def test_multipart_with_too_many_fields_is_an_invalid_body() -> None:
+    with pytest.raises(InvalidBody):
+        fingerprint(_multipart({"a": "1", "b": "2", "c": "3"}))
+
+
+@override_settings(DATA_UPLOAD_MAX_NUMBER_FILES=1)
+def test_multipart_with_too_many_files_is_an_invalid_body() -> None:
+    files = {f"f{i}": SimpleUploadedFile(f"{i}.txt", b"x") for i in range(3)}
+    with pytest.raises(InvalidBody):
+        fingerprint(_multipart(files))
