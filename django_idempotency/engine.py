@@ -159,7 +159,7 @@ class IdempotentRequest:
 
     def __enter__(self) -> Outcome:
         self._session = self.strategy.session(self.attempt)
-        outcome = self._session.__enter__()
+        outcome: Outcome = self._session.__enter__()
         self.outcome = outcome
         info = RequestIdempotency(self.scope, self.key, self.fingerprint)
         self.request.idempotency = info  # type: ignore[attr-defined]

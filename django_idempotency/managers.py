@@ -18,7 +18,8 @@ from django.utils import timezone
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
-    from .models import IdempotencyKey
+    from .models import IdempotencyKey  # noqa: F401 - named in a string annotation
+
     from .responses import StoredResponse
 
 IN_PROGRESS = "in_progress"
@@ -64,7 +65,7 @@ class _Statements:
                 "expires_at",
             )
         ]
-        columns = ", ".join(q(f.column) for f in self.insert_fields)  # type: ignore[union-attr]
+        columns = ", ".join(q(f.column) for f in self.insert_fields)  # type: ignore[union-attr,arg-type]
         marks = ", ".join(["%s"] * len(self.insert_fields))
         self.claim = (
             f"INSERT INTO {table} ({columns}) VALUES ({marks}) "
@@ -103,7 +104,9 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
         return statements
 
     def _prep(self, connection: BaseDatabaseWrapper, name: str, value: Any) -> Any:
-        return self.model._meta.get_field(name).get_db_prep_save(value, connection)  # type: ignore[union-attr]
+        field = self.model._meta.get_field(name)
+        assert isinstance(field, models.Field)
+        return field.get_db_prep_save(value, connection)
 
     # -- claim -----------------------------------------------------------------------------
 
@@ -192,7 +195,9 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
                 ClaimState.COMPLETED,
                 pk=pk,
                 response=StoredResponse(
-                    status=int(response_status), headers=dict(headers or {}), body=bytes(body or b"")
+                    status=int(response_status or 0),
+                    headers=dict(headers or {}),
+                    body=bytes(body or b""),
                 ),
             )
         raise RuntimeError(f"could not claim idempotency key {key!r} after repeated races")
@@ -235,7 +240,7 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
     def _owner_update(self, using: str, statement: str, params: list[Any]) -> bool:
         with connections[using].cursor() as cursor:
             cursor.execute(statement, params)
-            return cursor.rowcount == 1
+            return bool(cursor.rowcount == 1)
 
     def renew(self, pk: int, token: uuid.UUID, *, using: str = "default") -> bool:
         """Extend the lease; False when the claim was taken over or is gone."""

@@ -12,8 +12,8 @@ from rest_framework.request import Request
 
 from .conf import conf
 from .engine import IdempotentRequest, Options, default_scope
-from .keys import preload_body
 from .errors import IdempotencyError
+from .keys import preload_body
 from .responses import problem_response
 
 
@@ -68,7 +68,7 @@ class IdempotencyMixin:
     def get_idempotency_scope(self, request: Request) -> str:
         """Whose key this is: the authenticated user by default. Override for tenants
         or API clients; requests of different scopes never see each other's keys."""
-        return default_scope(request)  # type: ignore[arg-type]
+        return default_scope(request)
 
     # -- the request path ------------------------------------------------------------------
 
@@ -100,7 +100,7 @@ class IdempotencyMixin:
             return
         try:
             idem = IdempotentRequest.from_request(
-                request,  # type: ignore[arg-type]
+                request,
                 self.get_idempotency_scope,  # type: ignore[arg-type]
                 self.get_idempotency_options(request),
             )

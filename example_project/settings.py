@@ -56,7 +56,9 @@ def database_from_url(url: str) -> dict[str, Any]:
 
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "example-insecure-secret-key-change-me")
 DEBUG = env_flag("DJANGO_DEBUG", default=False)
-ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver").split(",")
+ALLOWED_HOSTS = os.environ.get(
+    "DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver"
+).split(",")
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -238,7 +238,9 @@ def request(
         send_headers["Idempotency-Key"] = key
     payload = None if body is None else json.dumps(body).encode()
     try:
-        conn.request(method, parts.path + (f"?{parts.query}" if parts.query else ""), payload, send_headers)
+        conn.request(
+            method, parts.path + (f"?{parts.query}" if parts.query else ""), payload, send_headers
+        )
         response = conn.getresponse()
         raw = response.read()
         try:

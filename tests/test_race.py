@@ -25,27 +25,36 @@ CLIENTS = 20
 
 
 def _replayed(result: tuple[int, Any]) -> bool:
-    status, body = result
+    _status, body = result
     return isinstance(body, dict) and body["_headers"].get("idempotent-replayed") == "true"
 
 
 def _summary(results: list[tuple[int, Any]]) -> Counter[str]:
-    return Counter(f"{status}{' replay' if _replayed((status, body)) else ''}" for status, body in results)
+    return Counter(
+        f"{status}{' replay' if _replayed((status, body)) else ''}" for status, body in results
+    )
 
 
 BACKENDS = [
     pytest.param("postgres", "db", marks=pytest.mark.postgres, id="postgres-db"),
-    pytest.param("postgres", "advisory_lock", marks=pytest.mark.postgres, id="postgres-advisory_lock"),
+    pytest.param(
+        "postgres", "advisory_lock", marks=pytest.mark.postgres, id="postgres-advisory_lock"
+    ),
     pytest.param("sqlite", "db", id="sqlite-db"),
 ]
 
 
 @pytest.mark.parametrize(("backend", "strategy"), BACKENDS)
 def test_concurrent_retries_charge_exactly_once(backend: str, strategy: str) -> None:
-    with scratch_database(backend) as db, example_server(db, strategy=strategy, psp_delay_ms=300) as server:
+    with (
+        scratch_database(backend) as db,
+        example_server(db, strategy=strategy, psp_delay_ms=300) as server,
+    ):
         results = race(server.url + "/api/charges/", n=CLIENTS, key="pay-1", body=CHARGE)
         summary = _summary(results)
-        fresh = [body for status, body in results if status == 201 and not _replayed((status, body))]
+        fresh = [
+            body for status, body in results if status == 201 and not _replayed((status, body))
+        ]
         assert len(fresh) == 1, summary
         assert set(summary) <= {"201", "201 replay", "409"}, summary
         if strategy == "advisory_lock":
@@ -79,12 +88,15 @@ def test_naive_select_then_insert_double_charges(backend: str) -> None:
 def test_view_slower_than_lock_timeout_is_not_run_twice() -> None:
     """The lease is renewed while the view runs, so a duplicate arriving after the lock
     timeout gets 409 instead of taking the key over and charging again."""
-    with scratch_database("postgres") as db, example_server(
-        db, psp_delay_ms=3000, lock_timeout=1
-    ) as server:
+    with (
+        scratch_database("postgres") as db,
+        example_server(db, psp_delay_ms=3000, lock_timeout=1) as server,
+    ):
         url = server.url + "/api/charges/"
         first: list[tuple[int, Any]] = []
-        runner = threading.Thread(target=lambda: first.append(request(url, key="slow", body=CHARGE)))
+        runner = threading.Thread(
+            target=lambda: first.append(request(url, key="slow", body=CHARGE))
+        )
         runner.start()
         time.sleep(1.8)  # well past the 1 s lock timeout, while the provider call still runs
         during = [request(url, key="slow", body=CHARGE) for _ in range(3)]
@@ -99,13 +111,16 @@ def test_view_slower_than_lock_timeout_is_not_run_twice() -> None:
         assert "Traceback" not in server.log()
 
 
-@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres), "sqlite"])
+@pytest.mark.parametrize(
+    "backend", [pytest.param("postgres", marks=pytest.mark.postgres), "sqlite"]
+)
 def test_key_left_by_a_killed_worker_is_taken_over_once(backend: str) -> None:
     """kill -9 the worker mid-request: its claim stays in progress until the lock timeout,
     then exactly one retry takes it over; the dead worker's transaction never committed."""
-    with scratch_database(backend) as db, example_server(
-        db, psp_delay_ms=4000, lock_timeout=1, workers=1, threads=4
-    ) as server:
+    with (
+        scratch_database(backend) as db,
+        example_server(db, psp_delay_ms=4000, lock_timeout=1, workers=1, threads=4) as server,
+    ):
         url = server.url + "/api/charges/"
         outcome: list[object] = []
 

@@ -147,6 +147,6 @@ class AdvisoryLockStrategy(Strategy):
             return InFlight()
         return Replay(
             StoredResponse(
-                status=int(response_status), headers=dict(headers or {}), body=bytes(body or b"")
+                status=int(response_status or 0), headers=dict(headers or {}), body=bytes(body or b"")
             )
         )

@@ -3,7 +3,9 @@ from django.db import models
 
 
 class Charge(models.Model):
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="charges")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="charges"
+    )
     amount = models.PositiveIntegerField(help_text="In the currency's minor unit (cents).")
     currency = models.CharField(max_length=3)
     psp_reference = models.CharField(max_length=80, help_text="The payment provider's reference.")

@@ -1,10 +1,9 @@
 from __future__ import annotations
 
 import json
-from typing import Any
-
 from collections.abc import Callable
 from functools import wraps
+from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -33,7 +32,9 @@ class ChargeViewBase(generics.ListCreateAPIView):
 
     def perform_create(self, serializer: ChargeSerializer) -> None:
         data = serializer.validated_data
-        reference = psp.charge(data["amount"], data["currency"], idempotency_key=self.provider_key())
+        reference = psp.charge(
+            data["amount"], data["currency"], idempotency_key=self.provider_key()
+        )
         serializer.save(user=self.request.user, psp_reference=reference)
 
 
@@ -53,7 +54,9 @@ def api_user_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpRe
         if found is not None:
             request.user = found[0]
         if not request.user.is_authenticated:
-            return JsonResponse({"detail": "Authentication credentials were not provided."}, status=401)
+            return JsonResponse(
+                {"detail": "Authentication credentials were not provided."}, status=401
+            )
         return view(request, *args, **kwargs)
 
     return wrapper
@@ -70,7 +73,7 @@ def refund(request: HttpRequest) -> JsonResponse:
         charge_id = int(payload["charge"])
         amount = int(payload["amount"])
     except (ValueError, KeyError, TypeError):
-        return JsonResponse({"detail": "Send {\"charge\": <id>, \"amount\": <int>}."}, status=400)
+        return JsonResponse({"detail": 'Send {"charge": <id>, "amount": <int>}.'}, status=400)
     charge = Charge.objects.filter(pk=charge_id, user=request.user).first()
     if charge is None:
         return JsonResponse({"detail": "No such charge."}, status=404)
