@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
     from .models import IdempotencyKey  # noqa: F401 - named in a string annotation
-
     from .responses import StoredResponse
 
 IN_PROGRESS = "in_progress"
