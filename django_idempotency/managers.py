@@ -199,7 +199,9 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
                     body=bytes(body or b""),
                 ),
             )
-        raise RuntimeError(f"could not claim idempotency key {key!r} after repeated races")
+        # The row kept changing under us (released, purged or taken over each time):
+        # the key is busy, and the client is told to retry.
+        return ClaimResult(ClaimState.IN_PROGRESS)
 
     def _take_over(
         self,

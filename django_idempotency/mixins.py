@@ -75,7 +75,8 @@ class IdempotencyMixin:
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         self._idempotency = None
         try:
-            preload_body(request)
+            if conf.HEADER in request.headers:
+                preload_body(request)
             # The claim's context (transaction, lease) is entered in initial() and left
             # here; an error from finish() passes through it first, so the view's writes
             # are rolled back before the problem response is built.

@@ -74,7 +74,10 @@ class DatabaseClaim(Claimed):
         except DatabaseError:
             logger.exception(
                 "could not release idempotency key; it will be taken over after the lock timeout",
-                extra={"idempotency_scope": self.attempt.scope, "idempotency_key": self.attempt.key},
+                extra={
+                    "idempotency_scope": self.attempt.scope,
+                    "idempotency_key": self.attempt.key,
+                },
             )
 
 
