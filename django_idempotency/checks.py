@@ -39,6 +39,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     messages.extend(_check_database_and_strategy())
     messages.extend(_check_headers())
     messages.extend(_check_choices())
+    messages.extend(_check_redis())
     return messages
 
 
@@ -174,3 +175,37 @@ def _check_choices() -> list[CheckMessage]:
             )
         )
     return messages
+
+
+REDIS_STRATEGIES = {"redis", "hybrid"}
+
+
+def _check_redis() -> list[CheckMessage]:
+    """The redis and hybrid strategies need a Redis to talk to (E011), and a cache
+    alias must name a django-redis cache (E012). Nothing here connects to Redis."""
+    if conf.STRATEGY not in REDIS_STRATEGIES:
+        return []
+    alias = conf.REDIS_CACHE_ALIAS
+    if not alias and not conf.REDIS_URL:
+        return [
+            Error(
+                f"The {conf.STRATEGY} strategy needs IDEMPOTENCY['REDIS_URL'] or "
+                "IDEMPOTENCY['REDIS_CACHE_ALIAS'].",
+                hint="Set REDIS_URL (e.g. 'redis://127.0.0.1:6379/0', with REDIS_CLUSTER "
+                "for a Redis Cluster) or name a django-redis cache in REDIS_CACHE_ALIAS.",
+                id=ID + "E011",
+            )
+        ]
+    if alias:
+        backend = str(getattr(settings, "CACHES", {}).get(alias, {}).get("BACKEND", ""))
+        if not backend.startswith("django_redis."):
+            found = f"its BACKEND is {backend!r}" if backend else "it is not in CACHES"
+            return [
+                Error(
+                    f"IDEMPOTENCY['REDIS_CACHE_ALIAS'] is {alias!r}, but {found}.",
+                    hint="Name a cache whose BACKEND is 'django_redis.cache.RedisCache', "
+                    "or set REDIS_URL instead.",
+                    id=ID + "E012",
+                )
+            ]
+    return []

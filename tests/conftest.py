@@ -7,6 +7,8 @@ from django.db import connections
 
 from . import services
 
+pytest_plugins = ["tests.conftest_redis"]
+
 _CHECKS: dict[str, Callable[[], bool]] = {
     "postgres": lambda: connections["default"].vendor == "postgresql",
     "redis": lambda: services.answers(services.REDIS_URL, 6379),
