@@ -1,0 +1,139 @@
+"""``manage.py purge_idempotency_keys`` on PostgreSQL and on SQLite."""
+
+from __future__ import annotations
+
+import io
+import re
+from datetime import timedelta
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.utils import timezone
+
+from django_idempotency.durations import format_duration, parse_duration
+from django_idempotency.models import IdempotencyKey
+from tests.factories import CompletedKeyFactory, ExpiredKeyFactory, IdempotencyKeyFactory
+
+DATABASES = [pytest.param("default", marks=pytest.mark.postgres, id="postgres"), "sqlite"]
+
+
+class TTY(io.StringIO):
+    """A captured stdout that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def purge(*args: str, stdout: io.StringIO | None = None) -> str:
+    out = stdout or io.StringIO()
+    call_command("purge_idempotency_keys", *args, stdout=out)
+    return out.getvalue()
+
+
+def make_keys(
+    using: str, *, expired: int, live: int = 2, expired_ago: timedelta | None = None
+) -> None:
+    extra = {}
+    if expired_ago is not None:
+        extra["expires_at"] = timezone.now() - expired_ago
+    ExpiredKeyFactory.create_batch(expired, _using=using, **extra)
+    CompletedKeyFactory.create_batch(live, _using=using)
+    IdempotencyKeyFactory(_using=using)  # in progress, not expired
+
+
+@pytest.mark.django_db(databases=["default", "sqlite"])
+@pytest.mark.parametrize("using", DATABASES)
+def test_deletes_expired_keys_only_in_batches(using: str) -> None:
+    make_keys(using, expired=7)
+    output = purge("--database", using, "--batch-size", "3")
+    assert output == output.strip() + "\n"  # one summary line, no progress when not a tty
+    assert (
+        f"Deleted 7 expired idempotency keys from database {using!r} in 3 batches of up to 3"
+        in output
+    )
+    remaining = IdempotencyKey.objects.using(using)
+    assert remaining.count() == 3
+    assert not remaining.filter(expires_at__lte=timezone.now()).exists()
+
+
+@pytest.mark.django_db(databases=["default", "sqlite"])
+@pytest.mark.parametrize("using", DATABASES)
+def test_dry_run_counts_and_deletes_nothing(using: str) -> None:
+    make_keys(using, expired=4)
+    output = purge("--database", using, "--dry-run")
+    assert output == f"Would delete 4 expired idempotency keys from database {using!r}.\n"
+    assert IdempotencyKey.objects.using(using).count() == 7
+
+
+@pytest.mark.django_db(databases=["default", "sqlite"])
+@pytest.mark.parametrize("using", DATABASES)
+def test_older_than_keeps_recently_expired_keys(using: str) -> None:
+    ExpiredKeyFactory.create_batch(2, _using=using, expires_at=timezone.now() - timedelta(days=10))
+    recent = ExpiredKeyFactory(_using=using, expires_at=timezone.now() - timedelta(hours=1))
+    output = purge("--database", using, "--older-than", "7d")
+    assert "Deleted 2 expired idempotency keys (expired more than 1w ago)" in output
+    assert list(IdempotencyKey.objects.using(using).values_list("pk", flat=True)) == [recent.pk]
+    assert "Would delete 1 " in purge("--database", using, "--older-than", "30m", "--dry-run")
+    assert "Would delete 0 " in purge("--database", using, "--older-than", "90m", "--dry-run")
+
+
+@pytest.mark.django_db(databases=["default", "sqlite"])
+@pytest.mark.parametrize("using", DATABASES)
+def test_progress_only_on_a_terminal(using: str) -> None:
+    make_keys(using, expired=5)
+    out = TTY()
+    purge("--database", using, "--batch-size", "2", stdout=out)
+    text = out.getvalue()
+    assert text.count("\rdeleted ") == 3
+    assert "\rdeleted 5 rows in 3 batches" in text
+    assert text.rstrip("\n").splitlines()[-1].startswith("Deleted 5 expired idempotency keys")
+
+
+@pytest.mark.django_db(databases=["default", "sqlite"])
+def test_nothing_to_delete() -> None:
+    output = purge("--database", "sqlite")
+    assert "Deleted 0 expired idempotency keys from database 'sqlite' in 0 batches" in output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--batch-size", "0"], "argument --batch-size: must be between 1 and 100000, not 0"),
+        (["--batch-size", "many"], "argument --batch-size: must be a whole number, not 'many'"),
+        (["--older-than", "soon"], "argument --older-than: invalid duration 'soon'"),
+        (["--older-than=-1d"], "invalid duration '-1d'"),
+        (["--older-than", ""], "empty duration"),
+        (["--database", "nope"], "unknown database alias 'nope'"),
+    ],
+)
+def test_bad_arguments_are_command_errors(args: list[str], message: str) -> None:
+    with pytest.raises(CommandError, match=re.escape(message)):
+        purge(*args)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("90s", 90),
+        ("2h", 7200),
+        ("7d", 604800),
+        ("1w", 604800),
+        ("1h30m", 5400),
+        ("45", 45),
+        ("0.5h", 1800),
+        (" 2H ", 7200),
+    ],
+)
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert parse_duration(text) == timedelta(seconds=seconds)
+
+
+@pytest.mark.parametrize("text", ["", "h", "1x", "1h1h", "1h-", "d7", "1 h"])
+def test_parse_duration_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match="duration"):
+        parse_duration(text)
+
+
+def test_format_duration() -> None:
+    assert format_duration(timedelta(hours=26, seconds=5)) == "1d2h5s"
+    assert format_duration(timedelta(0)) == "0s"
