@@ -80,7 +80,10 @@ def _check_numbers() -> list[CheckMessage]:
                 id=ID + "W002",
             )
         )
-    methods = conf.METHODS
+    try:
+        methods = conf.METHODS
+    except TypeError:  # not a list of names, e.g. None
+        methods = frozenset()
     if not methods or not methods <= {"POST", "PUT", "PATCH", "DELETE", "GET"}:
         messages.append(
             Error(
