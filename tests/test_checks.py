@@ -1,0 +1,165 @@
+"""System checks on ``settings.IDEMPOTENCY`` (django_idempotency.checks)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.core.checks import CheckMessage, Error, Warning, run_checks
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.db import connections
+from django.test import override_settings
+
+from django_idempotency.checks import check_settings
+
+
+def ids(messages: list[CheckMessage]) -> list[str]:
+    return [m.id or "" for m in messages]
+
+
+def only(messages: list[CheckMessage], check_id: str) -> CheckMessage:
+    """The single message with ``check_id``; it must carry a hint."""
+    found = [m for m in messages if m.id == f"django_idempotency.{check_id}"]
+    assert len(found) == 1, ids(messages)
+    assert found[0].hint, f"{check_id} has no hint"
+    return found[0]
+
+
+def run(idempotency: Any) -> list[CheckMessage]:
+    with override_settings(IDEMPOTENCY=idempotency):
+        return check_settings()
+
+
+# -- good configuration is quiet ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "idempotency",
+    [
+        None,
+        {},
+        {"STRATEGY": "db", "DATABASE": "sqlite"},
+        {"TTL": 3600, "LOCK_TIMEOUT": 30, "HEARTBEAT_INTERVAL": 5, "METHODS": ["POST", "PUT"]},
+        {"STORED_HEADERS": ["Content-Type", "Location", "X-Request-Id"], "RETRY_AFTER": 2},
+        {"REDIS_FAILURE_MODE": "fail_closed", "HYBRID_DB_CHECK": "after_loss"},
+        {"STRATEGY": "django_idempotency.strategies.db.DatabaseStrategy"},
+    ],
+)
+def test_good_configuration_is_quiet(idempotency: Any) -> None:
+    assert run(idempotency) == []
+
+
+@pytest.mark.postgres
+def test_advisory_lock_on_postgresql_is_quiet() -> None:
+    assert run({"STRATEGY": "advisory_lock", "DATABASE": "default"}) == []
+
+
+def test_the_checks_are_registered() -> None:
+    with override_settings(IDEMPOTENCY={"TTL": 0}):
+        assert "django_idempotency.E002" in ids(run_checks())
+        with pytest.raises(SystemCheckError, match="E002"):
+            call_command("check")
+    call_command("check")  # the test settings pass
+
+
+# -- each check fires ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [["STRATEGY", "db"], "db", 42])
+def test_e001_not_a_dict(value: Any) -> None:
+    messages = run(value)
+    assert isinstance(only(messages, "E001"), Error)
+    assert len(messages) == 1
+
+
+def test_w001_unknown_setting() -> None:
+    messages = run({"STRATEGY": "db", "LOCK_TIMEOUTS": 5, "ttl": 3})
+    found = [m for m in messages if m.id == "django_idempotency.W001"]
+    assert len(found) == 2
+    assert all(isinstance(m, Warning) and "LOCK_TIMEOUT" in (m.hint or "") for m in found)
+    assert "'LOCK_TIMEOUTS'" in found[0].msg and "'ttl'" in found[1].msg
+
+
+@pytest.mark.parametrize(
+    "idempotency",
+    [
+        {"TTL": 0},
+        {"TTL": -5},
+        {"LOCK_TIMEOUT": 0},
+        {"LOCK_TIMEOUT": "soon"},
+        {"LOCK_TIMEOUT": None},
+        {"MAX_STORED_BODY_SIZE": 0},
+        {"MAX_STORED_BODY_SIZE": "big"},
+    ],
+)
+def test_e002_numbers_must_be_positive(idempotency: dict[str, Any]) -> None:
+    (name,) = idempotency
+    message = only(run(idempotency), "E002")
+    assert isinstance(message, Error)
+    assert name in message.msg
+
+
+@pytest.mark.parametrize(
+    "idempotency",
+    [
+        {"LOCK_TIMEOUT": 10, "HEARTBEAT_INTERVAL": 10},
+        {"LOCK_TIMEOUT": 10, "HEARTBEAT_INTERVAL": 30},
+        {"HEARTBEAT_INTERVAL": 0},
+        {"HEARTBEAT_INTERVAL": -1},
+        {"HEARTBEAT_INTERVAL": "often"},
+    ],
+)
+def test_e003_heartbeat_shorter_than_lock_timeout(idempotency: dict[str, Any]) -> None:
+    assert isinstance(only(run(idempotency), "E003"), Error)
+
+
+def test_w002_ttl_shorter_than_lock_timeout() -> None:
+    message = only(run({"TTL": 10, "LOCK_TIMEOUT": 60}), "W002")
+    assert isinstance(message, Warning)
+
+
+@pytest.mark.parametrize("methods", [[], ["POST", "FETCH"], "POST", ["OPTIONS"], None, 5])
+def test_e004_methods(methods: Any) -> None:
+    assert isinstance(only(run({"METHODS": methods}), "E004"), Error)
+
+
+def test_e005_unknown_database_alias() -> None:
+    message = only(run({"DATABASE": "nowhere"}), "E005")
+    assert "'nowhere'" in message.msg
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    ["no_such_strategy", "no.such.Strategy", "django_idempotency.conf.IdempotencySettings"],
+)
+def test_e006_unloadable_strategy(strategy: str) -> None:
+    message = only(run({"STRATEGY": strategy}), "E006")
+    assert "pip install django-idempotency[redis]" in (message.hint or "")
+
+
+def test_e007_advisory_lock_needs_postgresql() -> None:
+    message = only(run({"STRATEGY": "advisory_lock", "DATABASE": "sqlite"}), "E007")
+    assert "sqlite" in message.msg
+    assert "'db'" in (message.hint or "")
+
+
+def test_e008_db_strategy_needs_postgresql_or_sqlite(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(connections["sqlite"], "vendor", "mysql")
+    message = only(run({"STRATEGY": "db", "DATABASE": "sqlite"}), "E008")
+    assert "mysql" in message.msg
+    assert "ON CONFLICT" in (message.hint or "")
+
+
+def test_w003_header_stored_and_never_stored() -> None:
+    message = only(run({"STORED_HEADERS": ["Content-Type", "set-cookie", "Authorization"]}), "W003")
+    assert isinstance(message, Warning)
+    assert "authorization, set-cookie" in message.msg
+
+
+def test_e009_redis_failure_mode() -> None:
+    assert isinstance(only(run({"REDIS_FAILURE_MODE": "ignore"}), "E009"), Error)
+
+
+def test_e010_hybrid_db_check() -> None:
+    assert isinstance(only(run({"HYBRID_DB_CHECK": "never"}), "E010"), Error)

@@ -1,0 +1,82 @@
+"""Lazy, typed settings (django_idempotency.conf)."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.test import override_settings
+from pytest_django.fixtures import Settings
+
+from django_idempotency.conf import DEFAULTS, conf
+
+
+def test_defaults() -> None:
+    with override_settings(IDEMPOTENCY={}):
+        assert conf.STRATEGY == "db"
+        assert conf.DATABASE == "default"
+        assert conf.HEADER == "Idempotency-Key"
+        assert frozenset({"POST", "PATCH"}) == conf.METHODS
+        assert conf.REQUIRED is False
+        assert conf.TTL == 86400.0
+        assert conf.LOCK_TIMEOUT == 60.0
+        assert conf.HEARTBEAT_INTERVAL == 20.0  # LOCK_TIMEOUT / 3
+        assert conf.RETRY_AFTER is None
+        assert conf.ATOMIC is True
+        assert conf.STORE_SERVER_ERRORS is False
+        assert "location" in conf.STORED_HEADERS and "content-type" in conf.STORED_HEADERS
+        assert "set-cookie" in conf.NEVER_STORED_HEADERS
+        assert "authorization" in conf.NEVER_STORED_HEADERS
+        assert conf.MAX_STORED_BODY_SIZE == 1024 * 1024
+        assert conf.SCOPE_FUNCTION is None
+        assert conf.DOWNSTREAM_KEY_SECRET == settings.SECRET_KEY
+        assert conf.REDIS_FAILURE_MODE == "db"
+        assert conf.HYBRID_DB_CHECK == "always"
+        assert conf.OUTBOX_BATCH_SIZE == 1000
+
+
+def test_every_default_has_a_typed_property() -> None:
+    with override_settings(IDEMPOTENCY={}):
+        for name in DEFAULTS:
+            getattr(conf, name)
+
+
+def test_missing_setting_means_defaults() -> None:
+    with override_settings():
+        del settings.IDEMPOTENCY
+        assert not hasattr(settings, "IDEMPOTENCY")
+        assert conf.STRATEGY == "db"
+        assert conf.user_settings == {}
+
+
+def test_override_settings_takes_effect_at_once() -> None:
+    assert conf.LOCK_TIMEOUT == 60.0
+    with override_settings(IDEMPOTENCY={"LOCK_TIMEOUT": 9, "METHODS": ["post", "put"]}):
+        assert conf.LOCK_TIMEOUT == 9.0
+        assert conf.HEARTBEAT_INTERVAL == 3.0
+        assert frozenset({"POST", "PUT"}) == conf.METHODS
+        with override_settings(IDEMPOTENCY={"HEARTBEAT_INTERVAL": "0.5"}):
+            assert conf.LOCK_TIMEOUT == 60.0
+            assert conf.HEARTBEAT_INTERVAL == 0.5
+    assert conf.LOCK_TIMEOUT == 60.0
+    assert frozenset({"POST", "PATCH"}) == conf.METHODS
+
+
+def test_settings_fixture_changes_take_effect(settings: Settings) -> None:
+    settings.IDEMPOTENCY = {"STORED_HEADERS": ["X-Kept"], "DOWNSTREAM_KEY_SECRET": "abc"}
+    assert frozenset({"x-kept"}) == conf.STORED_HEADERS
+    assert conf.DOWNSTREAM_KEY_SECRET == "abc"
+
+
+def test_nothing_is_written_into_settings() -> None:
+    user = {"TTL": 5}
+    with override_settings(IDEMPOTENCY=user):
+        for name in DEFAULTS:
+            getattr(conf, name)
+        assert settings.IDEMPOTENCY == {"TTL": 5}
+        assert user == {"TTL": 5}
+        assert conf.user_settings == {"TTL": 5}
+    with override_settings():
+        del settings.IDEMPOTENCY
+        for name in DEFAULTS:
+            getattr(conf, name)
+        assert not hasattr(settings, "IDEMPOTENCY")
+    assert not any(hasattr(settings, name) for name in DEFAULTS)
