@@ -18,7 +18,10 @@ from django.utils import timezone
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
-    from .models import IdempotencyKey  # noqa: F401 - named in a string annotation
+    from .models import (
+        IdempotencyKey,  # noqa: F401 - named in a string annotation
+        IdempotencyOutbox,  # noqa: F401 - named in a string annotation
+    )
     from .responses import StoredResponse
 
 IN_PROGRESS = "in_progress"
@@ -379,3 +382,298 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
                 deleted, _ = self.using(using).filter(pk__in=chunk, expires_at__lte=cutoff).delete()
             total += deleted
         return total
+
+
+# -- the hybrid strategy's outbox ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KeyRecord:
+    """What the database knows about one (scope, key): a row of IdempotencyKey or of the
+    outbox, read by :meth:`IdempotencyOutboxManager.lookup`."""
+
+    source: str  # "outbox" or "key"
+    pk: int
+    status: str
+    fingerprint: str
+    expires_at: datetime
+    response: StoredResponse | None = None
+    claim_token: uuid.UUID | None = None
+    locked_at: datetime | None = None
+
+    @property
+    def completed(self) -> bool:
+        return self.status == COMPLETED
+
+    def ttl_seconds(self, now: datetime | None = None) -> float:
+        """Seconds this record is still replayed."""
+        return max((self.expires_at - (now or timezone.now())).total_seconds(), 0.0)
+
+    def is_stale(self, lock_timeout: float, now: datetime | None = None) -> bool:
+        """An in-progress claim whose lease was not renewed for ``lock_timeout`` seconds."""
+        if self.status != IN_PROGRESS:
+            return False
+        cutoff = (now or timezone.now()) - timedelta(seconds=lock_timeout)
+        return self.locked_at is None or self.locked_at <= cutoff
+
+
+@dataclass(frozen=True)
+class DrainResult:
+    """One drain transaction: rows moved into IdempotencyKey, and expired rows dropped."""
+
+    drained: int = 0
+    discarded: int = 0
+
+    @property
+    def rows(self) -> int:
+        return self.drained + self.discarded
+
+
+class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
+    """The outbox of the ``hybrid`` strategy: add a row, look a key up, drain in batches."""
+
+    _add_sql: dict[tuple[str, str], tuple[str, list[models.Field[Any, Any]]]]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._add_sql = {}
+
+    def _add_statement(
+        self, connection: BaseDatabaseWrapper
+    ) -> tuple[str, list[models.Field[Any, Any]]]:
+        cache_key = (connection.alias, connection.vendor)
+        cached = self._add_sql.get(cache_key)
+        if cached is not None:
+            return cached
+        q = connection.ops.quote_name
+        opts = self.model._meta
+        table = q(opts.db_table)
+        fields: list[models.Field[Any, Any]] = [
+            opts.get_field(name)  # type: ignore[misc]
+            for name in (
+                "scope",
+                "key",
+                "fingerprint",
+                "request_method",
+                "request_path",
+                "response_status",
+                "response_headers",
+                "response_body",
+                "created_at",
+                "expires_at",
+            )
+        ]
+        columns = [q(str(f.column)) for f in fields]
+        updates = ", ".join(
+            f"{column} = EXCLUDED.{column}"
+            for column, f in zip(columns, fields, strict=True)
+            if f.name not in {"scope", "key"}
+        )
+        # A live row for the key wins (the conflict leaves it and returns nothing); an
+        # expired one that was never drained is replaced.
+        statement = (
+            f"INSERT INTO {table} ({', '.join(columns)}) "
+            f"VALUES ({', '.join(['%s'] * len(fields))}) "
+            f"ON CONFLICT ({q('scope')}, {q('key')}) DO UPDATE SET {updates} "
+            f"WHERE {table}.{q('expires_at')} <= EXCLUDED.{q('created_at')} "
+            f"RETURNING {q('id')}"
+        )
+        self._add_sql[cache_key] = (statement, fields)
+        return statement, fields
+
+    def add(
+        self,
+        scope: str,
+        key: str,
+        fingerprint: str,
+        response: StoredResponse,
+        *,
+        ttl: float,
+        method: str = "",
+        path: str = "",
+        using: str = "default",
+    ) -> bool:
+        """Insert the completed response; False when a live row for (scope, key) exists.
+
+        One ``INSERT … ON CONFLICT (scope, key) DO UPDATE … WHERE expired RETURNING``:
+        when another transaction inserted the key and has not committed yet, this one
+        waits for it, and then returns False if it committed. Run it in the view's
+        transaction, so that the row commits together with the view's writes.
+        """
+        connection = connections[using]
+        statement, fields = self._add_statement(connection)
+        now = timezone.now()
+        values = {
+            "scope": scope,
+            "key": key,
+            "fingerprint": fingerprint,
+            "request_method": method,
+            "request_path": path,
+            "response_status": response.status,
+            "response_headers": response.headers,
+            "response_body": response.body,
+            "created_at": now,
+            "expires_at": now + timedelta(seconds=ttl),
+        }
+        params = [f.get_db_prep_save(values[f.name], connection) for f in fields]
+        with connection.cursor() as cursor:
+            cursor.execute(statement, params)
+            return cursor.fetchone() is not None
+
+    def lookup(
+        self, scope: str, key: str, *, using: str = "default", outbox_only: bool = False
+    ) -> KeyRecord | None:
+        """The live record of (scope, key): an undrained outbox row first (it is the newer
+        one), else the IdempotencyKey row, in progress or completed. Expired rows count
+        as absent. Two indexed reads at most; no write.
+        """
+        from .models import IdempotencyKey
+        from .responses import StoredResponse
+
+        now = timezone.now()
+        row = (
+            self.using(using)
+            .filter(scope=scope, key=key, expires_at__gt=now)
+            .values_list(
+                "pk",
+                "fingerprint",
+                "expires_at",
+                "response_status",
+                "response_headers",
+                "response_body",
+            )
+            .first()
+        )
+        if row is not None:
+            pk, fingerprint, expires_at, status, headers, body = row
+            return KeyRecord(
+                source="outbox",
+                pk=pk,
+                status=COMPLETED,
+                fingerprint=fingerprint,
+                expires_at=expires_at,
+                response=StoredResponse(
+                    status=int(status), headers=dict(headers or {}), body=bytes(body or b"")
+                ),
+            )
+        if outbox_only:
+            return None
+        key_row = (
+            IdempotencyKey.objects.using(using)
+            .filter(scope=scope, key=key, expires_at__gt=now)
+            .values_list(
+                "pk",
+                "status",
+                "fingerprint",
+                "expires_at",
+                "claim_token",
+                "locked_at",
+                "response_status",
+                "response_headers",
+                "response_body",
+            )
+            .first()
+        )
+        if key_row is None:
+            return None
+        key_pk, state, key_print, key_expires, token, locked_at, code, key_headers, key_body = (
+            key_row
+        )
+        response = None
+        if state == COMPLETED and code is not None:
+            response = StoredResponse(
+                status=int(code), headers=dict(key_headers or {}), body=bytes(key_body or b"")
+            )
+        return KeyRecord(
+            source="key",
+            pk=key_pk,
+            status=state,
+            fingerprint=key_print,
+            expires_at=key_expires,
+            response=response,
+            claim_token=token,
+            locked_at=locked_at,
+        )
+
+    def drain(self, batch_size: int = 1000, *, using: str = "default") -> DrainResult:
+        """Move up to ``batch_size`` rows into IdempotencyKey, in one transaction.
+
+        ``SELECT … ORDER BY id LIMIT n FOR UPDATE SKIP LOCKED`` (on PostgreSQL; SQLite
+        has one writer at a time and a plain SELECT) picks rows no other drainer holds;
+        one ``INSERT … ON CONFLICT (scope, key) DO UPDATE`` writes them as completed
+        keys with fresh claim tokens (which also fences out a ``db`` claim of the same
+        key that is still running); one ``DELETE`` removes them. Expired rows are only
+        deleted. A crash before the commit rolls all of it back, and running it again
+        writes the same rows again: several drainers at once, or one run after a crash,
+        neither lose nor duplicate a row.
+        """
+        from .models import IdempotencyKey
+
+        now = timezone.now()
+        with transaction.atomic(using=using):
+            rows = list(
+                self.using(using)
+                .select_for_update(skip_locked=True)
+                .order_by("pk")
+                .only(
+                    "pk",
+                    "scope",
+                    "key",
+                    "fingerprint",
+                    "request_method",
+                    "request_path",
+                    "response_status",
+                    "response_headers",
+                    "response_body",
+                    "created_at",
+                    "expires_at",
+                )[:batch_size]
+            )
+            if not rows:
+                return DrainResult()
+            live = [row for row in rows if row.expires_at > now]
+            if live:
+                IdempotencyKey.objects.using(using).bulk_create(
+                    [
+                        IdempotencyKey(
+                            scope=row.scope,
+                            key=row.key,
+                            fingerprint=row.fingerprint,
+                            status=COMPLETED,
+                            claim_token=uuid.uuid4(),
+                            locked_at=None,
+                            request_method=row.request_method,
+                            request_path=row.request_path,
+                            response_status=row.response_status,
+                            response_headers=row.response_headers,
+                            response_body=bytes(row.response_body or b""),
+                            created_at=row.created_at,
+                            completed_at=row.created_at,
+                            expires_at=row.expires_at,
+                        )
+                        for row in live
+                    ],
+                    batch_size=batch_size,
+                    update_conflicts=True,
+                    unique_fields=["scope", "key"],
+                    update_fields=[
+                        "fingerprint",
+                        "status",
+                        "claim_token",
+                        "locked_at",
+                        "request_method",
+                        "request_path",
+                        "response_status",
+                        "response_headers",
+                        "response_body",
+                        "created_at",
+                        "completed_at",
+                        "expires_at",
+                    ],
+                )
+            self.using(using).filter(pk__in=[row.pk for row in rows]).delete()
+        return DrainResult(drained=len(live), discarded=len(rows) - len(live))
+
+    def pending(self, *, using: str = "default") -> int:
+        """Rows waiting to be drained."""
+        return self.using(using).count()

@@ -6,7 +6,7 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from .managers import IdempotencyKeyManager
+from .managers import IdempotencyKeyManager, IdempotencyOutboxManager
 
 
 class IdempotencyKey(models.Model):
@@ -54,3 +54,40 @@ class IdempotencyKey(models.Model):
     @property
     def is_expired(self) -> bool:
         return self.expires_at <= timezone.now()
+
+
+class IdempotencyOutbox(models.Model):
+    """A completed response written by the ``hybrid`` strategy, waiting to be drained.
+
+    The row is inserted in the same transaction as the view's own writes, so it
+    exists exactly when they committed. ``IdempotencyOutbox.objects.drain()`` (the
+    ``drain_outbox`` Celery task) moves rows into :class:`IdempotencyKey` in
+    batches. Until then the row itself answers replays and blocks a second
+    commit for the same key through the unique constraint on (scope, key).
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    scope = models.CharField(_("scope"), max_length=255)
+    key = models.CharField(_("key"), max_length=255)
+    fingerprint = models.CharField(_("fingerprint"), max_length=64)
+    request_method = models.CharField(_("request method"), max_length=16, blank=True)
+    request_path = models.TextField(_("request path"), blank=True)
+    response_status = models.PositiveSmallIntegerField(_("response status"))
+    response_headers = models.JSONField(_("response headers"), default=dict, blank=True)
+    response_body = models.BinaryField(_("response body"), default=b"", blank=True)
+    created_at = models.DateTimeField(_("created at"), default=timezone.now)
+    expires_at = models.DateTimeField(_("expires at"))
+
+    objects = IdempotencyOutboxManager()
+
+    class Meta:
+        verbose_name = _("idempotency outbox row")
+        verbose_name_plural = _("idempotency outbox")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["scope", "key"], name="idempotency_outbox_scope_key_uniq"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.scope} / {self.key} (outbox)"
