@@ -129,8 +129,10 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
         The loser reads the row in a second statement (a CTE would not see a
         concurrent winner under READ COMMITTED) and learns whether the key is in
         progress, completed (with its stored response) or used for another request.
-        A lease older than ``lock_timeout`` and an expired record are taken over by
-        a conditional UPDATE on the old claim token.
+        A lease older than ``lock_timeout`` and an expired *completed* record are
+        taken over by a conditional UPDATE on the old claim token that re-checks
+        staleness. An in-progress record is governed by its lease alone: its TTL
+        may pass while a heartbeat keeps the lease alive.
         """
         connection = connections[using]
         sql = self._sql(connection)
@@ -180,9 +182,19 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
             stale = status == IN_PROGRESS and (
                 locked_at is None or locked_at <= now - timedelta(seconds=lock_timeout)
             )
-            if expires_at <= now or stale:
+            expired = status == COMPLETED and expires_at <= now
+            if expired or stale:
                 if self._take_over(
-                    pk, old_token, token, fingerprint, now, ttl, method, path, using
+                    pk,
+                    old_token,
+                    token,
+                    fingerprint,
+                    now,
+                    ttl=ttl,
+                    lock_timeout=lock_timeout,
+                    method=method,
+                    path=path,
+                    using=using,
                 ):
                     return ClaimResult(ClaimState.CLAIMED, pk=pk, token=token, taken_over=True)
                 continue  # someone else moved first: read again
@@ -213,15 +225,29 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
         token: uuid.UUID,
         fingerprint: str,
         now: datetime,
+        *,
         ttl: float,
+        lock_timeout: float,
         method: str,
         path: str,
         using: str,
     ) -> bool:
-        """Replace a stale or expired claim, only if its token is still ``old_token``."""
+        """Replace a stale or expired claim, only if its token is still ``old_token``
+        and it is *still* stale or expired.
+
+        The token alone is not enough: it does not change when the owner renews or
+        completes, so an owner that was slow rather than dead could otherwise lose a
+        renewed lease, or a stored response, to a claimant that read the row just before.
+        """
+        stale_before = now - timedelta(seconds=lock_timeout)
         updated = (
             self.using(using)
             .filter(pk=pk, claim_token=old_token)
+            .filter(
+                models.Q(status=COMPLETED, expires_at__lte=now)
+                | models.Q(status=IN_PROGRESS, locked_at__isnull=True)
+                | models.Q(status=IN_PROGRESS, locked_at__lte=stale_before)
+            )
             .update(
                 claim_token=token,
                 fingerprint=fingerprint,
