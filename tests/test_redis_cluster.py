@@ -1,0 +1,132 @@
+"""The Redis store and the ``redis`` strategy on a private 6-node Redis Cluster
+(3 primaries, 3 replicas), started once per test session."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+import pytest
+import redis
+from redis.cluster import RedisCluster
+
+from django_idempotency import redis_store
+from django_idempotency.redis_store import RedisStore, get_client, get_store
+from django_idempotency.responses import StoredResponse
+from django_idempotency.strategies.base import Attempt, Claimed, InFlight, Replay
+from django_idempotency.strategies.redis import RedisStrategy
+
+from .redis_servers import RedisClusterNodes
+
+pytestmark = pytest.mark.redis_cluster
+
+RESPONSE = StoredResponse(201, {"Content-Type": "application/json"}, b'{"ok": true}')
+
+
+@pytest.fixture
+def cluster_client(redis_cluster: RedisClusterNodes) -> Any:
+    client = RedisCluster.from_url(redis_cluster.url, socket_timeout=2, socket_connect_timeout=2)
+    yield client
+    client.close()
+
+
+def _keys_per_primary(cluster: RedisClusterNodes, prefix: str) -> dict[int, int]:
+    counts = {}
+    for port in cluster.primaries():
+        node = redis.Redis(host="127.0.0.1", port=port, socket_timeout=2)
+        counts[port] = sum(1 for _ in node.scan_iter(match=f"{prefix}:*", count=1000))
+        node.close()
+    return counts
+
+
+def test_keys_spread_over_all_three_primaries(
+    redis_cluster: RedisClusterNodes, cluster_client: Any
+) -> None:
+    prefix = f"spread-{uuid.uuid4().hex[:8]}"
+    store = RedisStore(cluster_client, prefix)
+    tokens = {}
+    for i in range(300):
+        tokens[i] = uuid.uuid4().hex
+        assert store.claim(f"user:{i % 7}", f"key-{i}", "fp", tokens[i], 60_000)[0]
+    # The Lua scripts run on whichever primary owns each key's slot.
+    for i in range(0, 300, 3):
+        assert store.renew(f"user:{i % 7}", f"key-{i}", tokens[i], 60_000)
+        assert store.complete(f"user:{i % 7}", f"key-{i}", tokens[i], RESPONSE, 60_000)
+        assert store.get(f"user:{i % 7}", f"key-{i}").response == RESPONSE  # type: ignore[union-attr]
+    counts = _keys_per_primary(redis_cluster, prefix)
+    assert len(counts) == 3
+    assert sum(counts.values()) == 300
+    assert min(counts.values()) >= 60, counts  # about 100 each; a hash tag per key, not one slot
+
+
+def test_strategy_works_through_redis_cluster(
+    redis_cluster: RedisClusterNodes, redis_settings: Any
+) -> None:
+    redis_settings(redis_cluster.url, REDIS_CLUSTER=True)
+    assert isinstance(get_client(), RedisCluster)
+    strategy = RedisStrategy()
+    attempt = Attempt("user:1", uuid.uuid4().hex, "fp", ttl=60, lock_timeout=5, atomic=False)
+    with strategy.session(attempt) as claim:
+        assert isinstance(claim, Claimed)
+        assert claim.renew()
+        with strategy.session(attempt) as duplicate:
+            assert isinstance(duplicate, InFlight)
+        claim.complete(RESPONSE)
+    with strategy.session(attempt) as replay:
+        assert isinstance(replay, Replay) and replay.response == RESPONSE
+    assert 55_000 < get_store().pttl(attempt.scope, attempt.key) <= 60_000
+
+
+def test_twenty_threads_claim_one_key_on_the_cluster(
+    redis_cluster: RedisClusterNodes, redis_settings: Any
+) -> None:
+    redis_settings(redis_cluster.url, REDIS_CLUSTER=True)
+    strategy = RedisStrategy()
+    attempt = Attempt("user:1", uuid.uuid4().hex, "fp", ttl=60, lock_timeout=5, atomic=False)
+    barrier = threading.Barrier(20)
+    seen: list[str] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            barrier.wait(10)
+            with strategy.session(attempt) as outcome:
+                with lock:
+                    seen.append(
+                        type(outcome).__name__ if not isinstance(outcome, Claimed) else "Claimed"
+                    )
+                if isinstance(outcome, Claimed):
+                    time.sleep(0.1)
+                    outcome.complete(RESPONSE)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not errors
+    summary = Counter(seen)
+    assert summary["Claimed"] == 1, summary
+    assert set(summary) <= {"Claimed", "InFlight", "Replay"}, summary
+    assert sum(summary.values()) == 20
+
+
+def test_unreachable_cluster_is_redis_unavailable(redis_settings: Any) -> None:
+    from .redis_servers import closed_port_url
+
+    redis_settings(closed_port_url(), REDIS_CLUSTER=True, REDIS_FAILURE_MODE="fail_closed")
+    started = time.monotonic()
+    with pytest.raises(redis_store.RedisUnavailable):
+        get_client()
+    assert time.monotonic() - started < 2
+    from django_idempotency.errors import StoreUnavailable
+
+    attempt = Attempt("user:1", "k", "fp", ttl=60, lock_timeout=5, atomic=False)
+    with pytest.raises(StoreUnavailable), RedisStrategy().session(attempt):
+        pass

@@ -1,0 +1,385 @@
+"""The ``redis`` strategy through the test views and directly, on real Redis servers.
+
+Redis failures are real: a loopback port where nothing listens (refused), a socket that
+accepts and never answers (hung), or a private ``redis-server`` killed mid-request.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+from django.core.checks import run_checks
+from django.test import Client
+from rest_framework.test import APIClient
+
+from django_idempotency.errors import LeaseLost, StoreUnavailable
+from django_idempotency.lease import keeper
+from django_idempotency.models import IdempotencyKey
+from django_idempotency.redis_store import get_store
+from django_idempotency.responses import PROBLEM_CONTENT_TYPE, StoredResponse
+from django_idempotency.strategies import load_strategy
+from django_idempotency.strategies.base import Attempt, Claimed, InFlight, Mismatch, Replay
+from django_idempotency.strategies.redis import RedisClaim, RedisStrategy
+from tests.testapp.models import SideEffect
+
+from .factories import UserFactory
+from .redis_servers import Blackhole, RedisServer, closed_port_url
+
+pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def api(db: None) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(UserFactory())
+    return client
+
+
+@pytest.fixture
+def on_shared_redis(redis_settings: Any, shared_redis_url: str) -> dict[str, Any]:
+    return redis_settings(shared_redis_url)  # type: ignore[no-any-return]
+
+
+def _post(client: Client, path: str, key: str, body: dict[str, Any]) -> Any:
+    return client.post(
+        path, json.dumps(body), content_type="application/json", HTTP_IDEMPOTENCY_KEY=key
+    )
+
+
+def _attempt(
+    key: str, *, fingerprint: str = "fp", lock_timeout: float = 5, atomic: bool = True
+) -> Attempt:
+    return Attempt(
+        scope="user:1",
+        key=key,
+        fingerprint=fingerprint,
+        ttl=60,
+        lock_timeout=lock_timeout,
+        method="POST",
+        path="/t/",
+        atomic=atomic,
+    )
+
+
+def test_strategy_is_registered_under_its_name() -> None:
+    assert isinstance(load_strategy("redis"), RedisStrategy)
+    assert load_strategy("redis").name == "redis"
+
+
+# -- through the views ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/t/drf/", "/t/fn/"])
+def test_first_request_runs_the_view_and_retries_replay_it(
+    path: str, api: APIClient, on_shared_redis: dict[str, Any]
+) -> None:
+    key = uuid.uuid4().hex
+    first = _post(api, path, key, {"amount": 1})
+    assert first.status_code == 201
+    assert SideEffect.objects.count() == 1
+    again = _post(api, path, key, {"amount": 1})
+    assert again.status_code == 201
+    assert again["Idempotent-Replayed"] == "true"
+    assert again.content == first.content
+    if path == "/t/fn/":  # the function view sets these headers
+        assert again["Location"] == "/somewhere/1"
+        assert "Set-Cookie" not in again and "X-Request-Private" not in again
+    assert SideEffect.objects.count() == 1
+    # The key lives in Redis, not in the database.
+    assert IdempotencyKey.objects.count() == 0
+    other = _post(api, path, key, {"amount": 2})
+    assert other.status_code == 422
+    assert other["Content-Type"] == PROBLEM_CONTENT_TYPE
+    assert other.json()["status"] == 422
+    assert SideEffect.objects.count() == 1
+
+
+def test_server_error_releases_the_key_and_undoes_the_writes(
+    api: APIClient, on_shared_redis: dict[str, Any]
+) -> None:
+    key = uuid.uuid4().hex
+    failed = _post(api, "/t/drf/", key, {"status": 500})
+    assert failed.status_code == 500
+    assert SideEffect.objects.count() == 0, "the view's writes were rolled back"
+    assert get_store().record_key("x", "y")  # the store is configured
+    retry = _post(api, "/t/drf/", key, {"status": 500})
+    assert retry.status_code == 500 and not retry.has_header("Idempotent-Replayed")
+
+
+def test_a_client_error_is_stored_and_replayed(
+    api: APIClient, on_shared_redis: dict[str, Any]
+) -> None:
+    key = uuid.uuid4().hex
+    first = _post(api, "/t/drf/", key, {"invalid": True})
+    assert first.status_code == 400
+    again = _post(api, "/t/drf/", key, {"invalid": True})
+    assert again.status_code == 400 and again["Idempotent-Replayed"] == "true"
+    assert again.content == first.content
+    assert SideEffect.objects.count() == 1, "the view ran once"
+
+
+def test_a_duplicate_during_the_view_gets_409(
+    api: APIClient, on_shared_redis: dict[str, Any]
+) -> None:
+    key = uuid.uuid4().hex
+    results: list[Any] = []
+    runner = threading.Thread(
+        target=lambda: results.append(_post(api, "/t/drf/", key, {"sleep": 0.8}))
+    )
+    runner.start()
+    deadline = time.monotonic() + 5
+    prefix = on_shared_redis["REDIS_KEY_PREFIX"]
+    while not list(get_store().client.scan_iter(match=f"{prefix}:*")):  # claimed
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    other_scope = _post(APIClient(), "/t/fn/", key, {})  # anonymous: another scope, runs
+    assert other_scope.status_code == 201
+    busy = _post(api, "/t/drf/", key, {"sleep": 0.8})
+    runner.join(10)
+    assert busy.status_code == 409
+    assert busy["Content-Type"] == PROBLEM_CONTENT_TYPE and busy.has_header("Retry-After")
+    assert results[0].status_code == 201
+    assert SideEffect.objects.filter(label="drf").count() == 1
+
+
+# -- the strategy directly ---------------------------------------------------------------------
+
+
+def test_session_outcomes(on_shared_redis: dict[str, Any]) -> None:
+    strategy = RedisStrategy()
+    attempt = _attempt(uuid.uuid4().hex, atomic=False)
+    with strategy.session(attempt) as outcome:
+        assert isinstance(outcome, RedisClaim) and not outcome.taken_over
+        with strategy.session(attempt) as duplicate:
+            assert isinstance(duplicate, InFlight)
+        with strategy.session(_attempt(attempt.key, fingerprint="other", atomic=False)) as other:
+            assert isinstance(other, Mismatch)
+        outcome.complete(StoredResponse(201, {}, b"done"))
+    with strategy.session(attempt) as replay:
+        assert isinstance(replay, Replay) and replay.response.body == b"done"
+    record = get_store().get(attempt.scope, attempt.key)
+    assert record is not None and record.completed
+    assert 55_000 < get_store().pttl(attempt.scope, attempt.key) <= 60_000, "lives attempt.ttl"
+
+
+def test_lease_is_lock_timeout_and_the_heartbeat_keeps_it(on_shared_redis: dict[str, Any]) -> None:
+    strategy = RedisStrategy()
+    attempt = _attempt(uuid.uuid4().hex, lock_timeout=0.4, atomic=False)
+    store = get_store()
+    with strategy.session(attempt) as claim:
+        assert isinstance(claim, Claimed)
+        assert 0 < store.pttl(attempt.scope, attempt.key) <= 400
+        with keeper.keep(claim, 0.1) as lease:
+            time.sleep(1.0)  # 2.5 leases
+            assert lease.renewals >= 5 and not lease.lost
+            with strategy.session(attempt) as duplicate:
+                assert isinstance(duplicate, InFlight)
+        claim.release()
+    assert store.get(attempt.scope, attempt.key) is None
+
+
+def test_lost_lease_is_fenced_and_the_views_writes_roll_back(
+    on_shared_redis: dict[str, Any],
+) -> None:
+    strategy = RedisStrategy()
+    attempt = _attempt(uuid.uuid4().hex, lock_timeout=0.1)
+
+    def stale_owner() -> None:
+        with strategy.session(attempt) as claim:
+            assert isinstance(claim, RedisClaim)
+            SideEffect.objects.create(label="stale owner")
+            time.sleep(0.3)  # no heartbeat: the lease expires
+            with strategy.session(_attempt(attempt.key, atomic=False)) as second:
+                assert isinstance(second, RedisClaim)
+                assert not claim.renew()
+                assert not claim.delete(), "a late release does not free the new key"
+                second.complete(StoredResponse(201, {}, b"fresh"))
+            claim.complete(StoredResponse(201, {}, b"stale"))
+
+    with pytest.raises(LeaseLost):
+        stale_owner()
+    assert SideEffect.objects.count() == 0
+    record = get_store().get(attempt.scope, attempt.key)
+    assert record is not None and record.response is not None and record.response.body == b"fresh"
+
+
+@pytest.mark.postgres
+def test_failed_commit_undoes_the_completion(on_shared_redis: dict[str, Any]) -> None:
+    """A COMMIT that fails after the response was stored deletes the record again, so
+    that the retry runs the view (a deferred constraint is checked at COMMIT)."""
+    from django.db import IntegrityError, connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE TEMPORARY TABLE deferred_check (n int UNIQUE DEFERRABLE INITIALLY DEFERRED)"
+        )
+    strategy = RedisStrategy()
+    attempt = _attempt(uuid.uuid4().hex)
+
+    def view() -> None:
+        with strategy.session(attempt) as claim:
+            assert isinstance(claim, RedisClaim)
+            SideEffect.objects.create(label="doomed")
+            with connection.cursor() as cursor:
+                cursor.execute("INSERT INTO deferred_check VALUES (1), (1)")
+            claim.complete(StoredResponse(201, {}, b"x"))
+            assert get_store().get(attempt.scope, attempt.key).completed  # type: ignore[union-attr]
+
+    with pytest.raises(IntegrityError):  # at COMMIT
+        view()
+    assert SideEffect.objects.count() == 0
+    assert get_store().get(attempt.scope, attempt.key) is None
+    with strategy.session(attempt) as retry:
+        assert isinstance(retry, RedisClaim)
+        retry.release()
+
+
+def test_racing_sessions_have_one_owner(on_shared_redis: dict[str, Any]) -> None:
+    strategy = RedisStrategy()
+    attempt = _attempt(uuid.uuid4().hex, atomic=False)
+    barrier = threading.Barrier(20)
+    outcomes: list[Any] = []
+    lock = threading.Lock()
+
+    def run() -> None:
+        barrier.wait(10)
+        with strategy.session(attempt) as outcome:
+            with lock:
+                outcomes.append(outcome)
+            if isinstance(outcome, Claimed):
+                time.sleep(0.2)
+                outcome.complete(StoredResponse(201, {}, b"once"))
+
+    threads = [threading.Thread(target=run) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sum(isinstance(o, Claimed) for o in outcomes) == 1
+    assert all(isinstance(o, (Claimed, InFlight, Replay)) for o in outcomes)
+    assert len(outcomes) == 20
+
+
+# -- when Redis fails ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/t/drf/", "/t/fn/"])
+def test_fallback_to_the_db_strategy_when_redis_refuses(
+    path: str, api: APIClient, redis_settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    redis_settings(closed_port_url(), REDIS_FAILURE_MODE="db")
+    key = uuid.uuid4().hex
+    with caplog.at_level(logging.WARNING, logger="django_idempotency"):
+        started = time.monotonic()
+        first = _post(api, path, key, {"amount": 1})
+        elapsed = time.monotonic() - started
+    assert first.status_code == 201, first.content
+    assert elapsed < 2
+    assert any("Redis is unavailable" in r.getMessage() for r in caplog.records)
+    # The db strategy holds the key meanwhile, and replays it.
+    assert IdempotencyKey.objects.filter(key=key, status="completed").count() == 1
+    again = _post(api, path, key, {"amount": 1})
+    assert again.status_code == 201 and again["Idempotent-Replayed"] == "true"
+    assert SideEffect.objects.count() == 1
+
+
+@pytest.mark.parametrize("path", ["/t/drf/", "/t/fn/"])
+def test_fail_closed_answers_503_problem_json(
+    path: str, api: APIClient, redis_settings: Any
+) -> None:
+    redis_settings(closed_port_url(), REDIS_FAILURE_MODE="fail_closed")
+    started = time.monotonic()
+    response = _post(api, path, uuid.uuid4().hex, {"amount": 1})
+    assert time.monotonic() - started < 2
+    assert response.status_code == 503
+    assert response["Content-Type"] == PROBLEM_CONTENT_TYPE
+    problem = response.json()
+    assert problem["status"] == 503
+    assert problem["type"] == StoreUnavailable().type_uri
+    assert SideEffect.objects.count() == 0, "the view did not run"
+    assert IdempotencyKey.objects.count() == 0
+
+
+@pytest.mark.parametrize(("mode", "status"), [("fail_closed", 503), ("db", 201)])
+def test_a_hung_redis_is_given_up_after_the_socket_timeout(
+    mode: str, status: int, api: APIClient, redis_settings: Any
+) -> None:
+    hole = Blackhole()
+    try:
+        redis_settings(hole.url, REDIS_FAILURE_MODE=mode, REDIS_SOCKET_TIMEOUT=0.2)
+        started = time.monotonic()
+        response = _post(api, "/t/drf/", uuid.uuid4().hex, {"amount": 1})
+        elapsed = time.monotonic() - started
+    finally:
+        hole.close()
+    assert response.status_code == status, response.content
+    assert elapsed < 1.0, f"took {elapsed:.2f}s with a 0.2s socket timeout"
+
+
+def test_redis_dying_during_the_view_rolls_back_and_answers_503(
+    api: APIClient, redis_settings: Any, running_private_redis: RedisServer
+) -> None:
+    server = running_private_redis
+    redis_settings(server.url, REDIS_FAILURE_MODE="db")
+    strategy = RedisStrategy()
+    attempt = _attempt(uuid.uuid4().hex)
+
+    def view() -> None:
+        with strategy.session(attempt) as claim:
+            assert isinstance(claim, RedisClaim)
+            SideEffect.objects.create(label="charged")
+            server.kill()
+            claim.complete(StoredResponse(201, {}, b"lost"))
+
+    with pytest.raises(StoreUnavailable):
+        view()
+    assert SideEffect.objects.count() == 0
+    server.start()
+    # Through the view: the retry runs once Redis is back.
+    key = uuid.uuid4().hex
+    assert _post(api, "/t/drf/", key, {"amount": 1}).status_code == 201
+    assert _post(api, "/t/drf/", key, {"amount": 1})["Idempotent-Replayed"] == "true"
+
+
+# -- system checks ------------------------------------------------------------------------------
+
+
+def _ids(settings: Any, idempotency: dict[str, Any]) -> set[str]:
+    settings.IDEMPOTENCY = idempotency
+    return {m.id for m in run_checks() if m.id and m.id.startswith("django_idempotency.")}
+
+
+def test_check_e011_redis_strategy_without_a_redis(settings: Any) -> None:
+    assert "django_idempotency.E011" in _ids(settings, {"STRATEGY": "redis"})
+    assert "django_idempotency.E011" in _ids(settings, {"STRATEGY": "hybrid"})
+    assert "django_idempotency.E011" not in _ids(
+        settings, {"STRATEGY": "redis", "REDIS_URL": "redis://x"}
+    )
+    assert "django_idempotency.E011" not in _ids(settings, {"STRATEGY": "db"})
+    settings.IDEMPOTENCY = {"STRATEGY": "redis"}
+    (error,) = [m for m in run_checks() if m.id == "django_idempotency.E011"]
+    assert "REDIS_URL" in error.msg and error.hint
+
+
+def test_check_e012_cache_alias_must_be_django_redis(settings: Any) -> None:
+    settings.CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "redis": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": "redis://127.0.0.1:6379/15",
+        },
+    }
+    assert "django_idempotency.E012" in _ids(
+        settings, {"STRATEGY": "redis", "REDIS_CACHE_ALIAS": "default"}
+    )
+    assert "django_idempotency.E012" in _ids(
+        settings, {"STRATEGY": "redis", "REDIS_CACHE_ALIAS": "missing"}
+    )
+    ids = _ids(settings, {"STRATEGY": "redis", "REDIS_CACHE_ALIAS": "redis"})
+    assert not ids & {"django_idempotency.E011", "django_idempotency.E012"}
