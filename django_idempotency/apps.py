@@ -1,3 +1,5 @@
+import importlib.util
+
 from django.apps import AppConfig
 from django.utils.translation import gettext_lazy as _
 
@@ -9,3 +11,11 @@ class IdempotencyConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
+        from .conf import conf
+
+        # Prometheus metrics only when asked for and installed (check W004 says when
+        # they are asked for but prometheus_client is missing).
+        if conf.METRICS and importlib.util.find_spec("prometheus_client") is not None:
+            from . import metrics
+
+            metrics.install()

@@ -40,6 +40,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     messages.extend(_check_headers())
     messages.extend(_check_choices())
     messages.extend(_check_redis())
+    messages.extend(_check_metrics())
     return messages
 
 
@@ -211,4 +212,20 @@ def _check_redis() -> list[CheckMessage]:
                     id=ID + "E012",
                 )
             ]
+    return []
+
+
+def _check_metrics() -> list[CheckMessage]:
+    """METRICS is on but prometheus_client is not installed (W004): no metrics are exported."""
+    import importlib.util
+
+    if conf.METRICS and importlib.util.find_spec("prometheus_client") is None:
+        return [
+            Warning(
+                "IDEMPOTENCY['METRICS'] is on, but prometheus_client is not installed, "
+                "so no metrics are exported.",
+                hint="pip install django-idempotency[prometheus], or set METRICS to False.",
+                id=ID + "W004",
+            )
+        ]
     return []

@@ -72,6 +72,8 @@ DEFAULTS: Mapping[str, Any] = {
     "DOWNSTREAM_KEY_SECRET": None,
     # Register IdempotencyKey in the Django admin.
     "ADMIN_ENABLED": True,
+    # Export Prometheus metrics (needs `pip install django-idempotency[prometheus]`).
+    "METRICS": False,
     # redis / hybrid strategies: a django-redis cache alias or a URL, and timeouts.
     "REDIS_CACHE_ALIAS": None,
     "REDIS_URL": None,
@@ -174,6 +176,10 @@ class IdempotencySettings:
     @property
     def ADMIN_ENABLED(self) -> bool:  # noqa: N802
         return bool(self._get("ADMIN_ENABLED"))
+
+    @property
+    def METRICS(self) -> bool:  # noqa: N802
+        return bool(self._get("METRICS"))
 
     @property
     def REDIS_CACHE_ALIAS(self) -> str | None:  # noqa: N802

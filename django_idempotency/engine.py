@@ -9,6 +9,7 @@ The DRF mixin and the function-view decorator are thin adapters over
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
@@ -34,6 +35,24 @@ from .strategies import get_strategy
 from .strategies.base import Attempt, Claimed, InFlight, Mismatch, Outcome, Replay, Strategy
 
 logger = logging.getLogger("django_idempotency")
+
+#: ``(strategy name, outcome, seconds)``, called after each claim when set
+#: (``django_idempotency.metrics`` sets it). None keeps the claim path free of timing.
+ClaimTimer = Callable[[str, str, float], None]
+claim_timer: ClaimTimer | None = None
+
+
+def outcome_name(outcome: Outcome | None) -> str:
+    """A short label for an outcome: claimed, taken_over, in_flight, replay, mismatch."""
+    if isinstance(outcome, Claimed):
+        return "taken_over" if outcome.taken_over else "claimed"
+    if isinstance(outcome, InFlight):
+        return "in_flight"
+    if isinstance(outcome, Replay):
+        return "replay"
+    if isinstance(outcome, Mismatch):
+        return "mismatch"
+    return "error"
 
 
 @dataclass(frozen=True)
@@ -159,7 +178,18 @@ class IdempotentRequest:
 
     def __enter__(self) -> Outcome:
         self._session = self.strategy.session(self.attempt)
-        outcome: Outcome = self._session.__enter__()
+        timer = claim_timer
+        outcome: Outcome
+        if timer is None:
+            outcome = self._session.__enter__()
+        else:
+            started = time.perf_counter()
+            try:
+                outcome = self._session.__enter__()
+            except BaseException:
+                timer(self.strategy.name, "error", time.perf_counter() - started)
+                raise
+            timer(self.strategy.name, outcome_name(outcome), time.perf_counter() - started)
         self.outcome = outcome
         info = RequestIdempotency(self.scope, self.key, self.fingerprint)
         self.request.idempotency = info  # type: ignore[attr-defined]
