@@ -130,3 +130,31 @@ def test_unreachable_cluster_is_redis_unavailable(redis_settings: Any) -> None:
     attempt = Attempt("user:1", "k", "fp", ttl=60, lock_timeout=5, atomic=False)
     with pytest.raises(StoreUnavailable), RedisStrategy().session(attempt):
         pass
+
+
+@pytest.mark.server
+@pytest.mark.postgres
+def test_race_through_the_example_server_on_the_cluster(redis_cluster: RedisClusterNodes) -> None:
+    from .harness import count_rows, example_server, race, request, scratch_database
+
+    key = f"pay-{uuid.uuid4().hex[:8]}"
+    charge = {"amount": 1999, "currency": "EUR"}
+    with (
+        scratch_database("postgres") as db,
+        example_server(
+            db, strategy="redis", psp_delay_ms=300, env={"REDIS_CLUSTER_URL": redis_cluster.url}
+        ) as server,
+    ):
+        url = server.url + "/api/charges/"
+        results = race(url, n=20, key=key, body=charge)
+        statuses = Counter(
+            f"{s}{' replay' if b['_headers'].get('idempotent-replayed') == 'true' else ''}"
+            for s, b in results
+        )
+        assert statuses["201"] == 1, statuses
+        assert set(statuses) <= {"201", "201 replay", "409"}, statuses
+        status, body = request(url, key=key, body=charge)
+        assert status == 201 and body["_headers"]["idempotent-replayed"] == "true"
+        assert count_rows(db, "payments_charge") == 1
+        assert count_rows(db, "django_idempotency_idempotencykey") == 0
+        assert "Traceback" not in server.log()

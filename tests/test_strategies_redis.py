@@ -383,3 +383,40 @@ def test_check_e012_cache_alias_must_be_django_redis(settings: Any) -> None:
     )
     ids = _ids(settings, {"STRATEGY": "redis", "REDIS_CACHE_ALIAS": "redis"})
     assert not ids & {"django_idempotency.E011", "django_idempotency.E012"}
+
+
+# -- end to end: the example API under gunicorn ------------------------------------------------
+
+
+@pytest.mark.server
+@pytest.mark.postgres
+def test_race_through_the_example_server_charges_once(running_private_redis: RedisServer) -> None:
+    from .harness import count_rows, example_server, race, request, scratch_database
+
+    key = f"pay-{uuid.uuid4().hex[:8]}"
+    charge = {"amount": 1999, "currency": "EUR"}
+    with (
+        scratch_database("postgres") as db,
+        example_server(
+            db, strategy="redis", psp_delay_ms=300, env={"REDIS_URL": running_private_redis.url}
+        ) as server,
+    ):
+        url = server.url + "/api/charges/"
+        results = race(url, n=20, key=key, body=charge)
+        fresh = [
+            b for s, b in results if s == 201 and b["_headers"].get("idempotent-replayed") != "true"
+        ]
+        replays = [
+            b for s, b in results if s == 201 and b["_headers"].get("idempotent-replayed") == "true"
+        ]
+        conflicts = [b for s, b in results if s == 409]
+        assert len(fresh) == 1, [s for s, _ in results]
+        assert len(fresh) + len(replays) + len(conflicts) == 20
+        assert all(b["id"] == fresh[0]["id"] for b in replays)
+        status, body = request(url, key=key, body=charge)
+        assert status == 201 and body["_headers"]["idempotent-replayed"] == "true"
+        assert body["id"] == fresh[0]["id"]
+        assert count_rows(db, "payments_charge") == 1
+        # The key is in Redis, not in the database.
+        assert count_rows(db, "django_idempotency_idempotencykey") == 0
+        assert "Traceback" not in server.log()
