@@ -44,31 +44,42 @@ class ClaimResult:
     response: StoredResponse | None = None
 
 
+#: The columns of the claim's INSERT, in the order of :meth:`_Statements.claim_params`.
+CLAIM_COLUMNS = (
+    "scope",
+    "key",
+    "fingerprint",
+    "status",
+    "claim_token",
+    "locked_at",
+    "request_method",
+    "request_path",
+    "response_headers",
+    "created_at",
+    "expires_at",
+)
+
+
 class _Statements:
-    """SQL for one table on one backend, built once."""
+    """SQL for one table on one backend, built once, and the parameters that go with it.
+
+    The parameters are adapted with the model's own fields, through
+    ``get_db_prep_value(prepared=True)``: every value here is made by this module
+    and already has the field's Python type (an aware datetime from
+    ``timezone.now()``, a ``uuid.UUID``, a dict, bytes, str), so the generic
+    ``get_prep_value`` step of ``get_db_prep_save`` would only repeat checks; the
+    backend's adaptation (``connection.ops``) is still applied.
+    """
 
     def __init__(self, model: type[models.Model], connection: BaseDatabaseWrapper) -> None:
         q = connection.ops.quote_name
         opts = model._meta
         table = q(opts.db_table)
-        self.insert_fields = [
-            opts.get_field(name)
-            for name in (
-                "scope",
-                "key",
-                "fingerprint",
-                "status",
-                "claim_token",
-                "locked_at",
-                "request_method",
-                "request_path",
-                "response_headers",
-                "created_at",
-                "expires_at",
-            )
-        ]
-        columns = ", ".join(q(f.column) for f in self.insert_fields)  # type: ignore[union-attr,arg-type]
-        marks = ", ".join(["%s"] * len(self.insert_fields))
+        self.fields: dict[str, models.Field[Any, Any]] = {}
+        for field in opts.concrete_fields:
+            self.fields[field.name] = field
+        columns = ", ".join(q(str(self.fields[name].column)) for name in CLAIM_COLUMNS)
+        marks = ", ".join(["%s"] * len(CLAIM_COLUMNS))
         self.claim = (
             f"INSERT INTO {table} ({columns}) VALUES ({marks}) "
             f"ON CONFLICT ({q('scope')}, {q('key')}) DO NOTHING RETURNING {q('id')}"
@@ -88,6 +99,43 @@ class _Statements:
             f"WHERE {q('id')} = %s AND {q('claim_token')} = %s AND {q('status')} = %s"
         )
 
+    def prep(self, name: str, value: Any, connection: BaseDatabaseWrapper) -> Any:
+        """``value`` (already of field ``name``'s Python type) as the backend takes it."""
+        return self.fields[name].get_db_prep_value(value, connection, prepared=True)
+
+    def claim_params(
+        self,
+        connection: BaseDatabaseWrapper,
+        *,
+        scope: str,
+        key: str,
+        fingerprint: str,
+        token: uuid.UUID,
+        now: datetime,
+        expires_at: datetime,
+        method: str,
+        path: str,
+    ) -> list[Any]:
+        """The parameters of :attr:`claim`, in :data:`CLAIM_COLUMNS` order."""
+        at = self.prep("created_at", now, connection)  # locked_at and created_at alike
+        return [
+            scope,
+            key,
+            fingerprint,
+            IN_PROGRESS,
+            self.prep("claim_token", token, connection),
+            at,
+            method,
+            path,
+            self.prep("response_headers", {}, connection),
+            at,
+            self.prep("expires_at", expires_at, connection),
+        ]
+
+    def owner_params(self, connection: BaseDatabaseWrapper, pk: int, token: uuid.UUID) -> list[Any]:
+        """The WHERE parameters shared by renew, complete and release."""
+        return [pk, self.prep("claim_token", token, connection), IN_PROGRESS]
+
 
 class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
     _statements: dict[tuple[str, str], _Statements]
@@ -104,11 +152,6 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
         if statements is None:
             statements = self._statements[cache_key] = _Statements(self.model, connection)
         return statements
-
-    def _prep(self, connection: BaseDatabaseWrapper, name: str, value: Any) -> Any:
-        field = self.model._meta.get_field(name)
-        assert isinstance(field, models.Field)
-        return field.get_db_prep_save(value, connection)
 
     # -- claim -----------------------------------------------------------------------------
 
@@ -139,20 +182,17 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
         for _attempt in range(5):
             now = timezone.now()
             token = uuid.uuid4()
-            values = {
-                "scope": scope,
-                "key": key,
-                "fingerprint": fingerprint,
-                "status": IN_PROGRESS,
-                "claim_token": token,
-                "locked_at": now,
-                "request_method": method,
-                "request_path": path,
-                "response_headers": {},
-                "created_at": now,
-                "expires_at": now + timedelta(seconds=ttl),
-            }
-            params = [f.get_db_prep_save(values[f.name], connection) for f in sql.insert_fields]  # type: ignore[union-attr]
+            params = sql.claim_params(
+                connection,
+                scope=scope,
+                key=key,
+                fingerprint=fingerprint,
+                token=token,
+                now=now,
+                expires_at=now + timedelta(seconds=ttl),
+                method=method,
+                path=path,
+            )
             with connection.cursor() as cursor:
                 cursor.execute(sql.claim, params)
                 row = cursor.fetchone()
@@ -267,22 +307,23 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
 
     # -- the owner's statements ------------------------------------------------------------
 
-    def _owner_update(self, using: str, statement: str, params: list[Any]) -> bool:
-        with connections[using].cursor() as cursor:
+    def _owner_update(
+        self, connection: BaseDatabaseWrapper, statement: str, params: list[Any]
+    ) -> bool:
+        with connection.cursor() as cursor:
             cursor.execute(statement, params)
             return bool(cursor.rowcount == 1)
 
     def renew(self, pk: int, token: uuid.UUID, *, using: str = "default") -> bool:
         """Extend the lease; False when the claim was taken over or is gone."""
         connection = connections[using]
+        sql = self._sql(connection)
         return self._owner_update(
-            using,
-            self._sql(connection).renew,
+            connection,
+            sql.renew,
             [
-                self._prep(connection, "locked_at", timezone.now()),
-                pk,
-                self._prep(connection, "claim_token", token),
-                IN_PROGRESS,
+                sql.prep("locked_at", timezone.now(), connection),
+                *sql.owner_params(connection, pk, token),
             ],
         )
 
@@ -297,31 +338,27 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
     ) -> bool:
         """Store the response; False when ``token`` is no longer the claim's (fencing)."""
         connection = connections[using]
+        sql = self._sql(connection)
         now = timezone.now()
         return self._owner_update(
-            using,
-            self._sql(connection).complete,
+            connection,
+            sql.complete,
             [
                 COMPLETED,
                 response.status,
-                self._prep(connection, "response_headers", response.headers),
-                self._prep(connection, "response_body", response.body),
-                self._prep(connection, "completed_at", now),
-                self._prep(connection, "expires_at", now + timedelta(seconds=ttl)),
-                pk,
-                self._prep(connection, "claim_token", token),
-                IN_PROGRESS,
+                sql.prep("response_headers", response.headers, connection),
+                sql.prep("response_body", response.body, connection),
+                sql.prep("completed_at", now, connection),
+                sql.prep("expires_at", now + timedelta(seconds=ttl), connection),
+                *sql.owner_params(connection, pk, token),
             ],
         )
 
     def release(self, pk: int, token: uuid.UUID, *, using: str = "default") -> bool:
         """Delete an in-progress claim so the client may retry; only for its own token."""
         connection = connections[using]
-        return self._owner_update(
-            using,
-            self._sql(connection).release,
-            [pk, self._prep(connection, "claim_token", token), IN_PROGRESS],
-        )
+        sql = self._sql(connection)
+        return self._owner_update(connection, sql.release, sql.owner_params(connection, pk, token))
 
     # -- operations ------------------------------------------------------------------------
 
