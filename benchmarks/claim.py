@@ -26,7 +26,7 @@ temporary directory (WAL, ``synchronous=NORMAL``, as the example project).
 
     .venv/bin/python benchmarks/claim.py [--rounds 5] [--pg-iterations 1000]
         [--sqlite-iterations 3000] [--only db-postgres,db-sqlite,advisory-postgres]
-        [--profile db-sqlite] [--json results.json]
+        [--profile 'db-sqlite:manager claim/complete'] [--json results.json]
 """
 
 from __future__ import annotations
@@ -574,7 +574,9 @@ def main() -> int:
     parser.add_argument("--sqlite-iterations", type=int, default=3000)
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--only", default="db-postgres,db-sqlite,advisory-postgres")
-    parser.add_argument("--profile", default="", help="cProfile this case's library loop instead")
+    parser.add_argument(
+        "--profile", default="", help="CASE[:VARIANT]: cProfile one loop instead of measuring"
+    )
     parser.add_argument("--json", default="", help="also write the results here")
     args = parser.parse_args()
     wanted = set(args.only.split(","))
@@ -656,11 +658,11 @@ def main() -> int:
                 )
             )
         if args.profile:
-            case = next(c for c in cases if c.name == args.profile)
-            for variant in case.variants:
-                if not variant.baseline and not variant.name.startswith("raw"):
-                    profile(case, variant.name)
-                    break
+            case_name, _, variant_name = args.profile.partition(":")
+            case = next(c for c in cases if c.name == case_name)
+            if not variant_name:
+                variant_name = next(v.name for v in case.variants if not v.baseline)
+            profile(case, variant_name)
             return 0
         results: list[dict[str, Any]] = []
         for case in cases:
