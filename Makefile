@@ -42,7 +42,11 @@ lint: $(VENV)/.test
 docs: $(VENV)/.test
 	$(BIN)/mkdocs build --strict
 
+## Claim throughput and the example API under wrk, each against a baseline of the same run
+## (PostgreSQL on 127.0.0.1:5432; figures and method in docs/benchmarks.md)
 bench: $(VENV)/.test
+	@command -v wrk >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
+		{ (apt-get update -qq && apt-get install -y -qq wrk) >/dev/null 2>&1 || echo "could not install wrk"; }
 	$(BIN)/python benchmarks/claim.py
 	$(BIN)/python benchmarks/e2e.py
 
