@@ -19,3 +19,7 @@ class IdempotencyConfig(AppConfig):
             from . import metrics
 
             metrics.install()
+
+        # OpenAPI documentation of the protocol, when drf-spectacular is in use.
+        if self.apps is not None and self.apps.is_installed("drf_spectacular"):
+            from .contrib import spectacular  # noqa: F401  (registers the view extension)

@@ -1,0 +1,241 @@
+"""OpenAPI documentation of the Idempotency-Key protocol with drf-spectacular.
+
+Every DRF view that uses :class:`~django_idempotency.mixins.IdempotencyMixin`
+gets, on the methods that honour the header:
+
+* the ``Idempotency-Key`` request header parameter (required when the view
+  requires it);
+* the ``400``, ``409`` and ``422`` ``application/problem+json`` responses, with
+  ``Retry-After`` on the ``409``;
+* the ``Idempotent-Replayed`` header on its success responses.
+
+This module is loaded by the app when ``drf_spectacular`` is in
+``INSTALLED_APPS``; its :class:`IdempotencyViewExtension` then applies the above
+to each such view, on top of whatever schema class the view uses. Alternatively
+(for example to keep the extension off), set
+``REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"] =
+"django_idempotency.contrib.spectacular.IdempotencyAutoSchema"``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from drf_spectacular.extensions import OpenApiViewExtension
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.plumbing import ResolvedComponent, get_class
+
+from ..conf import conf
+from ..errors import PROBLEM_BASE, FingerprintMismatch, InvalidKey, RequestInProgress
+from ..keys import MAX_KEY_LENGTH
+from ..mixins import IdempotencyMixin
+from ..responses import PROBLEM_CONTENT_TYPE, REPLAYED_HEADER
+
+PROBLEM_COMPONENT = "IdempotencyProblem"
+
+PROBLEM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "RFC 9457 problem details.",
+    "properties": {
+        "type": {"type": "string", "format": "uri", "example": PROBLEM_BASE + "key-reused"},
+        "title": {"type": "string"},
+        "status": {"type": "integer"},
+        "detail": {"type": "string"},
+    },
+    "required": ["type", "title", "status", "detail"],
+}
+
+#: The problem responses added to each idempotent operation: code → (description, error).
+PROBLEMS: dict[str, tuple[str, type[Exception]]] = {
+    "400": (
+        "The Idempotency-Key header is missing (where required) or invalid.",
+        InvalidKey,
+    ),
+    "409": (
+        "A request with the same Idempotency-Key is still in progress; retry after "
+        "Retry-After seconds.",
+        RequestInProgress,
+    ),
+    "422": (
+        "The Idempotency-Key was already used with a different request.",
+        FingerprintMismatch,
+    ),
+}
+
+
+def idempotency_settings(view: Any) -> tuple[frozenset[str], bool]:
+    """The methods that honour the header on ``view``, and whether it is required."""
+    options = None
+    getter = getattr(view, "get_idempotency_options", None)
+    if getter is not None:
+        try:
+            options = getter(getattr(view, "request", None))
+        except Exception:  # a hook that needs a real request: fall back to the attributes
+            options = None
+    methods = options.methods if options is not None else None
+    required = options.required if options is not None else None
+    if methods is None:
+        attribute = getattr(view, "idempotency_methods", None)
+        methods = frozenset(m.upper() for m in attribute) if attribute is not None else None
+    if required is None:
+        required = getattr(view, "idempotency_required", None)
+    return (
+        methods if methods is not None else conf.METHODS,
+        bool(required) if required is not None else conf.REQUIRED,
+    )
+
+
+class IdempotencySchemaMixin:
+    """Adds the Idempotency-Key parameter, problem responses and replay header to an
+    operation of a view that uses ``IdempotencyMixin``; other views are untouched."""
+
+    view: Any
+    method: str
+    registry: Any
+
+    def get_operation(self, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
+        operation: dict[str, Any] | None = super().get_operation(*args, **kwargs)  # type: ignore[misc]
+        if operation is None or not isinstance(self.view, IdempotencyMixin):
+            return operation
+        methods, required = idempotency_settings(self.view)
+        if self.method.upper() not in methods:
+            return operation
+        self._add_key_parameter(operation, required)
+        self._add_problem_responses(operation)
+        self._add_replayed_header(operation)
+        return operation
+
+    def _add_key_parameter(self, operation: dict[str, Any], required: bool) -> None:
+        header = conf.HEADER
+        parameters = operation.setdefault("parameters", [])
+        if any(
+            p.get("in") == "header" and str(p.get("name", "")).lower() == header.lower()
+            for p in parameters
+        ):
+            return  # documented by hand already
+        parameters.append(
+            {
+                "in": "header",
+                "name": header,
+                "required": required,
+                "schema": {"type": "string", "minLength": 1, "maxLength": MAX_KEY_LENGTH},
+                "description": (
+                    "A unique key per operation (a UUID, for example), sent again unchanged "
+                    "with every retry of the same request. The first request with a key runs; "
+                    "a retry gets the stored response (with Idempotent-Replayed: true); a "
+                    "concurrent duplicate gets 409; the same key with a different request "
+                    "gets 422."
+                    + ("" if required else " Optional: without it the request is not deduplicated.")
+                ),
+            }
+        )
+
+    def _problem_ref(self) -> dict[str, str]:
+        component = ResolvedComponent(  # type: ignore[no-untyped-call]
+            name=PROBLEM_COMPONENT,
+            type=ResolvedComponent.SCHEMA,
+            object=PROBLEM_COMPONENT,
+            schema=PROBLEM_SCHEMA,
+        )
+        self.registry.register_on_missing(component)
+        return component.ref
+
+    def _add_problem_responses(self, operation: dict[str, Any]) -> None:
+        responses = operation.setdefault("responses", {})
+        ref = self._problem_ref()
+        for code, (description, error) in PROBLEMS.items():
+            if code in responses:
+                continue  # the view documents this status itself
+            response: dict[str, Any] = {
+                "description": description,
+                "content": {
+                    PROBLEM_CONTENT_TYPE: {
+                        "schema": ref,
+                        "example": {
+                            "type": PROBLEM_BASE + error.slug,  # type: ignore[attr-defined]
+                            "title": error.title,  # type: ignore[attr-defined]
+                            "status": int(code),
+                            "detail": error.default_detail,  # type: ignore[attr-defined]
+                        },
+                    }
+                },
+            }
+            if code == "409":
+                response["headers"] = {
+                    "Retry-After": {
+                        "description": "Seconds to wait before retrying with the same key.",
+                        "schema": {"type": "integer"},
+                    }
+                }
+            responses[code] = response
+
+    def _add_replayed_header(self, operation: dict[str, Any]) -> None:
+        for code, response in operation.get("responses", {}).items():
+            if not str(code).startswith("2") or not isinstance(response, dict):
+                continue
+            if "$ref" in response:
+                continue
+            response.setdefault("headers", {})[REPLAYED_HEADER] = {
+                "description": "Present (true) when this is the stored response of an "
+                "earlier request with the same Idempotency-Key.",
+                "schema": {"type": "string", "enum": ["true"]},
+            }
+
+
+class IdempotencyAutoSchema(IdempotencySchemaMixin, AutoSchema):
+    """drf-spectacular's AutoSchema with the Idempotency-Key documentation, for
+    ``REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"]``."""
+
+
+_with_idempotency: dict[type[Any], type[Any]] = {}
+
+
+def with_idempotency(schema_class: type[Any]) -> type[Any]:
+    """``schema_class`` with :class:`IdempotencySchemaMixin` in front (built once per class)."""
+    if issubclass(schema_class, IdempotencySchemaMixin):
+        return schema_class
+    combined = _with_idempotency.get(schema_class)
+    if combined is None:
+        combined = _with_idempotency[schema_class] = type(
+            f"Idempotency{schema_class.__name__}", (IdempotencySchemaMixin, schema_class), {}
+        )
+    return combined
+
+
+def _wrap_handler(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """A copy of a handler whose own ``@extend_schema`` schema gets the mixin too."""
+
+    @functools.wraps(handler)
+    def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return handler(self, *args, **kwargs)
+
+    schema = handler.kwargs["schema"]  # type: ignore[attr-defined]
+    wrapped.kwargs = {**handler.kwargs, "schema": with_idempotency(get_class(schema))}  # type: ignore[attr-defined]
+    return wrapped
+
+
+class IdempotencyViewExtension(OpenApiViewExtension):  # type: ignore[no-untyped-call]
+    """Documents the protocol on every view that uses ``IdempotencyMixin``."""
+
+    target_class = "django_idempotency.mixins.IdempotencyMixin"
+    match_subclasses = True
+
+    def view_replacement(self) -> type[Any]:
+        view: type[Any] = self.target
+        schema_class = get_class(view.schema)
+        if not issubclass(schema_class, AutoSchema):
+            return view  # not a drf-spectacular schema: leave the view alone
+        attrs: dict[str, Any] = {
+            "__module__": view.__module__,
+            "__doc__": view.__doc__,
+            "__qualname__": view.__qualname__,
+            "schema": with_idempotency(schema_class)(),
+        }
+        for name in dir(view):
+            handler = getattr(view, name, None)
+            extra = getattr(handler, "kwargs", None)
+            if callable(handler) and isinstance(extra, dict) and extra.get("schema") is not None:
+                attrs[name] = _wrap_handler(handler)
+        return type(view.__name__, (view,), attrs)
