@@ -6,6 +6,9 @@ IDEMPOTENCY_STRATEGY      db (default), advisory_lock, redis, hybrid
 IDEMPOTENCY_LOCK_TIMEOUT  seconds before an in-progress lease counts as abandoned (default 60)
 PSP_DELAY_MS              how long the fake payment provider takes (default 0)
 EXAMPLE_BASELINE_ROUTES   1 adds /baseline/ routes (benchmarks and the naive race control)
+IDEMPOTENCY_REDIS_PREFIX  the Redis key prefix of the redis and hybrid strategies (default idem)
+CELERY_BROKER_URL         the Celery broker (default: REDIS_URL, else redis://127.0.0.1:6379/0)
+CELERY_TASK_DEFAULT_QUEUE the Celery queue the outbox drain is sent to (default celery)
 """
 
 from __future__ import annotations
@@ -128,6 +131,24 @@ if os.environ.get("REDIS_CLUSTER_URL"):
     IDEMPOTENCY.update(REDIS_URL=os.environ["REDIS_CLUSTER_URL"], REDIS_CLUSTER=True)
 elif os.environ.get("REDIS_URL"):
     IDEMPOTENCY.update(REDIS_URL=os.environ["REDIS_URL"])
+
+if os.environ.get("IDEMPOTENCY_REDIS_PREFIX"):
+    IDEMPOTENCY["REDIS_KEY_PREFIX"] = os.environ["IDEMPOTENCY_REDIS_PREFIX"]
+
+# Celery (example_project/celery.py): the hybrid strategy's outbox drain and the key purge.
+CELERY_BROKER_URL = (
+    os.environ.get("CELERY_BROKER_URL") or os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
+)
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_TASK_DEFAULT_QUEUE", "celery")
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_RESULT_BACKEND = None
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+try:
+    from django_idempotency.tasks import beat_schedule
+except ImportError:  # celery is not installed
+    CELERY_BEAT_SCHEDULE: dict[str, Any] = {}
+else:
+    CELERY_BEAT_SCHEDULE = beat_schedule(drain_every=10, purge_every=3600)
 
 PSP_DELAY_MS = int(os.environ.get("PSP_DELAY_MS", "0"))
 EXAMPLE_BASELINE_ROUTES = env_flag("EXAMPLE_BASELINE_ROUTES")

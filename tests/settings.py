@@ -12,7 +12,7 @@ from pathlib import Path
 
 from example_project.settings import database_from_url
 
-from .services import postgres_url
+from .services import REDIS_URL, postgres_url
 
 SECRET_KEY = "tests-secret-key"
 DEBUG = False
@@ -77,6 +77,17 @@ if _pg:
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     # One test database per run, so that parallel runs on one server do not collide.
     DATABASES["default"]["TEST"] = {"NAME": f"test_idempotency_{os.getpid()}"}
+    # A subprocess of a test run (a Celery worker) connects to the run's test database.
+    if os.environ.get("TEST_DATABASE_NAME"):
+        DATABASES["default"]["NAME"] = os.environ["TEST_DATABASE_NAME"]
+
+# Celery, for the tasks and the hybrid strategy's drain: the shared Redis (DB 15) with a
+# queue of this run's own, which its worker subprocesses are given through the environment.
+CELERY_BROKER_URL = os.environ.get("TEST_CELERY_BROKER_URL", REDIS_URL)
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("TEST_CELERY_QUEUE") or f"idem-tests-{os.getpid()}"
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_RESULT_BACKEND = None
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

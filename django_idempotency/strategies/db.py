@@ -5,6 +5,11 @@ runs, so that every duplicate sees it at once. The view then runs in a
 transaction, and the key's completion is the last statement of that same
 transaction, guarded by the claim token: an owner whose claim was taken over
 rolls its own writes back instead of committing them a second time.
+
+A key that the ``hybrid`` strategy completed and that is still in its outbox
+(not yet drained into IdempotencyKey) is replayed from there: the first
+statement of the view's transaction reads the outbox, so that falling back from
+``hybrid`` to ``db`` (Redis down) never runs a completed request again.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from django.db import DatabaseError, transaction
 
 from ..errors import LeaseLost, StoreUnavailable
 from ..managers import ClaimState
-from ..models import IdempotencyKey
+from ..models import IdempotencyKey, IdempotencyOutbox
 from ..responses import StoredResponse
 from .base import Attempt, Claimed, InFlight, Mismatch, Outcome, Replay, Strategy
 
@@ -83,6 +88,8 @@ class DatabaseClaim(Claimed):
 
 class DatabaseStrategy(Strategy):
     name = "db"
+    #: The Claimed class handed to the view (the hybrid strategy's fallback extends it).
+    claim_class: type[DatabaseClaim] = DatabaseClaim
 
     def claim(self, attempt: Attempt) -> Outcome:
         try:
@@ -100,7 +107,7 @@ class DatabaseStrategy(Strategy):
             raise StoreUnavailable() from exc
         if result.state is ClaimState.CLAIMED:
             assert result.pk is not None and result.token is not None
-            return DatabaseClaim(attempt, result.pk, result.token, result.taken_over)
+            return self.claim_class(attempt, result.pk, result.token, result.taken_over)
         if result.state is ClaimState.MISMATCH:
             return Mismatch()
         if result.state is ClaimState.IN_PROGRESS:
@@ -108,27 +115,52 @@ class DatabaseStrategy(Strategy):
         assert result.response is not None
         return Replay(result.response)
 
+    def settled_in_outbox(self, attempt: Attempt) -> Outcome | None:
+        """Replay or Mismatch when the hybrid strategy's outbox holds the key, else None."""
+        try:
+            record = IdempotencyOutbox.objects.lookup(
+                attempt.scope, attempt.key, using=attempt.database, outbox_only=True
+            )
+        except DatabaseError as exc:
+            raise StoreUnavailable() from exc
+        if record is None or record.response is None:
+            return None
+        if record.fingerprint != attempt.fingerprint:
+            return Mismatch()
+        return Replay(record.response)
+
     @contextmanager
     def session(self, attempt: Attempt) -> Iterator[Outcome]:
         outcome = self.claim(attempt)
         if not isinstance(outcome, DatabaseClaim):
             yield outcome
             return
+        settled: Outcome | None = None
         try:
             if attempt.atomic:
                 with transaction.atomic(using=attempt.database):
-                    outcome.in_transaction = True
-                    try:
-                        yield outcome
-                    finally:
-                        outcome.in_transaction = False
+                    # Read in the view's transaction (no commit of its own), after the
+                    # claim committed: a hybrid commit of the key that came first is seen.
+                    settled = self.settled_in_outbox(attempt)
+                    if settled is None:
+                        outcome.in_transaction = True
+                        try:
+                            yield outcome
+                        finally:
+                            outcome.in_transaction = False
             else:
-                yield outcome
+                settled = self.settled_in_outbox(attempt)
+                if settled is None:
+                    yield outcome
         except LeaseLost:
             raise  # not ours any more: nothing to release
         except BaseException:
             outcome.delete()
             raise
+        if settled is not None:
+            outcome.delete()
+            yield settled
+            return
         if outcome.released:
             outcome.delete()
         elif outcome.pending is not None:

@@ -1,0 +1,172 @@
+"""Celery tasks: drain the hybrid strategy's outbox, purge expired keys (imports ``celery``).
+
+Nothing in the core imports this module; the ``hybrid`` strategy loads it lazily
+to queue a drain after a commit, and does without it when Celery is missing.
+
+Both tasks have stable names, so a beat schedule or another service can name them
+without importing this module::
+
+    django_idempotency.drain_outbox        move outbox rows into IdempotencyKey
+    django_idempotency.purge_expired_keys  delete expired IdempotencyKey rows
+
+Merge :func:`beat_schedule` into the project's schedule (Django settings with the
+``CELERY`` namespace)::
+
+    from django_idempotency.tasks import beat_schedule
+
+    CELERY_BEAT_SCHEDULE = {**beat_schedule(), **your_own_entries}
+
+The drain is also queued after every hybrid commit (at most once per
+``DRAIN_DELAY`` seconds per process); the beat entry is the backstop for a
+message lost while the broker was down.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+from celery import current_app, shared_task
+
+from .conf import conf
+
+logger = logging.getLogger("django_idempotency")
+
+DRAIN_TASK = "django_idempotency.drain_outbox"
+PURGE_TASK = "django_idempotency.purge_expired_keys"
+
+#: Seconds one ``drain_outbox`` run may spend before it hands the rest to a new task.
+DRAIN_TIME_BUDGET = 30.0
+
+
+def beat_schedule(
+    *,
+    drain_every: float = 10.0,
+    purge_every: float = 3600.0,
+    purge_older_than: float = 0.0,
+) -> dict[str, dict[str, Any]]:
+    """Entries for ``CELERY_BEAT_SCHEDULE`` (``beat_schedule`` in Celery's own naming).
+
+    * ``django-idempotency-drain-outbox``: every ``drain_every`` seconds (default 10),
+      so that rows whose after-commit message was lost are drained anyway;
+    * ``django-idempotency-purge-expired-keys``: every ``purge_every`` seconds (default
+      an hour), deleting keys that expired more than ``purge_older_than`` seconds ago.
+
+    Both tasks ignore their results; no result backend is needed.
+    """
+    return {
+        "django-idempotency-drain-outbox": {
+            "task": DRAIN_TASK,
+            "schedule": float(drain_every),
+            "options": {"expires": float(drain_every)},
+        },
+        "django-idempotency-purge-expired-keys": {
+            "task": PURGE_TASK,
+            "schedule": float(purge_every),
+            "kwargs": {"older_than": float(purge_older_than)},
+            "options": {"expires": float(purge_every)},
+        },
+    }
+
+
+@shared_task(name=DRAIN_TASK, ignore_result=True)  # type: ignore[untyped-decorator]
+def drain_outbox(
+    batch_size: int | None = None,
+    time_budget: float | None = None,
+    using: str | None = None,
+) -> dict[str, int]:
+    """Drain the outbox in transactions of ``batch_size`` rows (``OUTBOX_BATCH_SIZE``).
+
+    Stops when a batch comes back short (the outbox is empty, or the rest is held by
+    another drainer) or after ``time_budget`` seconds; in the second case it queues
+    itself again, so that a long backlog never holds one worker for long. Safe to run
+    on several workers at once and to re-run after a crash.
+    """
+    from .models import IdempotencyOutbox
+
+    size = int(batch_size or conf.OUTBOX_BATCH_SIZE)
+    budget = DRAIN_TIME_BUDGET if time_budget is None else float(time_budget)
+    alias = using or conf.DATABASE
+    started = time.monotonic()
+    drained = discarded = transactions = 0
+    more = False
+    while True:
+        result = IdempotencyOutbox.objects.drain(size, using=alias)
+        if result.rows == 0:
+            break
+        transactions += 1
+        drained += result.drained
+        discarded += result.discarded
+        if result.rows < size:
+            break
+        if time.monotonic() - started >= budget:
+            more = True
+            break
+    if transactions:
+        logger.info(
+            "drained %d outbox rows (%d expired) in %d transactions",
+            drained,
+            discarded,
+            transactions,
+            extra={
+                "idempotency_drained": drained,
+                "idempotency_discarded": discarded,
+                "idempotency_transactions": transactions,
+            },
+        )
+    if more:
+        drain_outbox.apply_async(kwargs={"batch_size": size, "time_budget": budget, "using": alias})
+    return {"drained": drained, "discarded": discarded, "transactions": transactions}
+
+
+@shared_task(name=PURGE_TASK, ignore_result=True)  # type: ignore[untyped-decorator]
+def purge_expired_keys(
+    batch_size: int = 1000, older_than: float = 0.0, using: str | None = None
+) -> int:
+    """Delete expired IdempotencyKey rows in batches; returns how many."""
+    from .models import IdempotencyKey
+
+    deleted = IdempotencyKey.objects.delete_expired(
+        batch_size=int(batch_size),
+        older_than=timedelta(seconds=float(older_than)) if older_than else None,
+        using=using or conf.DATABASE,
+    )
+    if deleted:
+        logger.info("purged %d expired idempotency keys", deleted)
+    return deleted
+
+
+# -- queueing a drain after a commit ----------------------------------------------------------
+
+
+def celery_configured() -> bool:
+    """Whether the current Celery app names a broker (a project's app is configured;
+    Celery's fallback app, with no broker set anywhere, is not)."""
+    app = current_app._get_current_object()
+    return bool(
+        app.conf.broker_url or app.conf.broker_write_url or os.environ.get("CELERY_BROKER_URL")
+    )
+
+
+def send_drain(countdown: float) -> None:
+    """Queue ``drain_outbox`` in ``countdown`` seconds, from a daemon thread.
+
+    The request that triggered it never waits for the broker: a broker that is down
+    or slow costs a warning in the log, and the beat entry drains the rows later.
+    """
+
+    def send() -> None:
+        try:
+            drain_outbox.apply_async(countdown=countdown, retry=False)
+        except Exception:
+            logger.warning(
+                "could not queue %s; the beat schedule will drain the outbox",
+                DRAIN_TASK,
+                exc_info=True,
+            )
+
+    threading.Thread(target=send, name="django-idempotency-queue-drain", daemon=True).start()

@@ -1,0 +1,511 @@
+"""The ``hybrid`` strategy on real Redis servers and the real PostgreSQL database.
+
+Redis losses are real: ``FLUSHALL`` on a private ``redis-server``, or a private server
+killed with SIGKILL and started again (without persistence, so its data is gone).
+Side effects are counted in ``SideEffect`` rows (the test views) and ``Charge`` rows
+(the example API).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings as django_settings
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from rest_framework.test import APIClient
+
+from django_idempotency.managers import COMPLETED
+from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
+from django_idempotency.redis_store import get_client, get_store
+from django_idempotency.responses import PROBLEM_CONTENT_TYPE
+from django_idempotency.strategies import load_strategy
+from django_idempotency.strategies.hybrid import EPOCH_SUFFIX, HybridStrategy
+from example_project.payments.models import Charge
+from tests.testapp.models import SideEffect
+
+from . import services
+from .factories import StaleKeyFactory, UserFactory
+from .redis_servers import RedisServer, closed_port_url
+
+pytestmark = [pytest.mark.redis, pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _forget_queued_drains() -> Iterator[None]:
+    """Commits queue drain tasks on this run's own queue (no worker runs here); drop them."""
+    yield
+    import redis
+
+    queue = str(getattr(django_settings, "CELERY_TASK_DEFAULT_QUEUE", ""))
+    if queue.startswith("idem-tests-"):
+        client = redis.Redis.from_url(services.REDIS_URL, socket_timeout=2)
+        try:
+            client.delete(queue, f"_kombu.binding.{queue}")
+        except redis.RedisError:
+            pass
+        finally:
+            client.close()
+
+
+@pytest.fixture
+def hybrid(redis_settings: Any, running_private_redis: RedisServer) -> Any:
+    """``hybrid(**more)``: the hybrid strategy on the private Redis server."""
+
+    def apply(**more: Any) -> dict[str, Any]:
+        more.setdefault("STRATEGY", "hybrid")
+        return redis_settings(running_private_redis.url, **more)  # type: ignore[no-any-return]
+
+    apply(HYBRID_DB_CHECK="always")
+    return apply
+
+
+@pytest.fixture
+def api(db: None) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(UserFactory())
+    return client
+
+
+def _post(client: APIClient, key: str, body: dict[str, Any], path: str = "/t/drf/") -> Any:
+    return client.post(
+        path, json.dumps(body), content_type="application/json", HTTP_IDEMPOTENCY_KEY=key
+    )
+
+
+def _replayed(response: Any) -> bool:
+    return response.headers.get("Idempotent-Replayed") == "true"
+
+
+def _wait_in_progress(scope: str, key: str) -> None:
+    """Until the Redis record of ``key`` is in progress (its owner is inside the view)."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        record = get_store().get(scope, key)
+        if record is not None and record.status == "in_progress":
+            return
+        time.sleep(0.01)
+    raise AssertionError("the first request never claimed the key")
+
+
+def _record(key: str) -> Any:
+    """The Redis record of ``key`` (the test views' scope is the user)."""
+    outbox = IdempotencyOutbox.objects.filter(key=key).first()
+    row = IdempotencyKey.objects.filter(key=key).first()
+    scope = (outbox or row).scope  # type: ignore[union-attr]
+    return get_store().get(scope, key)
+
+
+# -- the hot path ----------------------------------------------------------------------------
+
+
+def test_registered_under_its_name(hybrid: Any) -> None:
+    assert isinstance(load_strategy("hybrid"), HybridStrategy)
+
+
+def test_new_key_runs_once_writes_only_the_outbox_and_replays_from_redis(
+    hybrid: Any, api: APIClient
+) -> None:
+    key = uuid.uuid4().hex
+    first = _post(api, key, {"amount": 5})
+    assert first.status_code == 201 and not _replayed(first)
+    assert SideEffect.objects.count() == 1
+    # The request wrote its outbox row in the view's transaction, and no IdempotencyKey row.
+    assert IdempotencyKey.objects.count() == 0
+    row = IdempotencyOutbox.objects.get(key=key)
+    assert (row.response_status, bytes(row.response_body)) == (201, first.content)
+    record = _record(key)
+    assert record is not None and record.status == COMPLETED
+    assert record.response.body == first.content
+
+    # The replay is served from Redis: no SQL at all.
+    with CaptureQueriesContext(connection) as queries:
+        again = _post(api, key, {"amount": 5})
+    assert again.status_code == 201 and _replayed(again)
+    assert again.content == first.content
+    assert again["Content-Type"] == first["Content-Type"]
+    assert not [q for q in queries.captured_queries if "idempotency" in q["sql"]]
+    assert SideEffect.objects.count() == 1
+
+
+def test_same_key_other_request_is_422(hybrid: Any, api: APIClient) -> None:
+    key = uuid.uuid4().hex
+    assert _post(api, key, {"amount": 5}).status_code == 201
+    other = _post(api, key, {"amount": 6})
+    assert other.status_code == 422
+    assert other["Content-Type"] == PROBLEM_CONTENT_TYPE
+    assert other.json()["status"] == 422
+    assert SideEffect.objects.count() == 1
+
+
+def test_duplicate_while_the_view_runs_is_409(hybrid: Any, api: APIClient) -> None:
+    key = uuid.uuid4().hex
+    user = UserFactory()
+    results: dict[str, Any] = {}
+
+    def slow() -> None:
+        client = APIClient()
+        client.force_authenticate(user)
+        results["slow"] = _post(client, key, {"sleep": 1.0})
+
+    thread = threading.Thread(target=slow)
+    thread.start()
+    _wait_in_progress(f"user:{user.pk}", key)
+    client = APIClient()
+    client.force_authenticate(user)
+    duplicate = _post(client, key, {"sleep": 1.0})
+    thread.join(10)
+    assert duplicate.status_code == 409
+    assert duplicate["Content-Type"] == PROBLEM_CONTENT_TYPE
+    assert int(duplicate["Retry-After"]) >= 1
+    assert results["slow"].status_code == 201
+    assert _replayed(_post(client, key, {"sleep": 1.0}))
+    assert SideEffect.objects.filter(label="drf").count() == 1
+
+
+def test_error_in_the_view_rolls_back_and_releases_the_key(hybrid: Any, api: APIClient) -> None:
+    key = uuid.uuid4().hex
+    with pytest.raises(RuntimeError):
+        _post(api, key, {"raise": True})
+    assert SideEffect.objects.count() == 0
+    assert IdempotencyOutbox.objects.count() == 0
+    retry = _post(api, key, {"raise": False})
+    assert retry.status_code == 201 and not _replayed(retry)
+    assert SideEffect.objects.count() == 1
+
+
+def test_a_client_error_is_stored_and_replayed(hybrid: Any, api: APIClient) -> None:
+    key = uuid.uuid4().hex
+    first = _post(api, key, {"invalid": True})
+    assert first.status_code == 400
+    again = _post(api, key, {"invalid": True})
+    assert again.status_code == 400 and _replayed(again)
+    assert again.content == first.content
+    assert SideEffect.objects.count() == 1
+
+
+def test_example_charge_view_charges_once(hybrid: Any) -> None:
+    user = UserFactory()
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {user.auth_token.key}")
+    key = uuid.uuid4().hex
+    body = {"amount": 1999, "currency": "EUR"}
+    first = _post(client, key, body, path="/api/charges/")
+    assert first.status_code == 201, first.content
+    again = _post(client, key, body, path="/api/charges/")
+    assert again.status_code == 201 and _replayed(again)
+    assert again.json()["id"] == first.json()["id"]
+    assert _post(client, key, {**body, "amount": 1}, path="/api/charges/").status_code == 422
+    assert Charge.objects.count() == 1
+
+
+def test_racing_threads_run_the_view_once(hybrid: Any) -> None:
+    user = UserFactory()
+    key = uuid.uuid4().hex
+    barrier = threading.Barrier(10)
+    statuses: list[int] = []
+
+    def run() -> None:
+        client = APIClient()
+        client.force_authenticate(user)
+        barrier.wait(10)
+        statuses.append(_post(client, key, {"sleep": 0.3}).status_code)
+
+    threads = [threading.Thread(target=run) for _ in range(10)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(set(statuses)) <= [201, 409] and statuses.count(201) >= 1
+    assert SideEffect.objects.count() == 1
+
+
+# -- Redis loses data ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("drained", [False, True], ids=["in-outbox", "drained"])
+def test_flushall_then_retry_replays_from_the_database(
+    hybrid: Any, api: APIClient, running_private_redis: RedisServer, drained: bool
+) -> None:
+    key = uuid.uuid4().hex
+    first = _post(api, key, {"amount": 5})
+    assert first.status_code == 201
+    if drained:
+        assert IdempotencyOutbox.objects.drain(100).drained == 1
+        assert IdempotencyKey.objects.get(key=key).status == COMPLETED
+    get_client().flushall()
+    assert _record(key) is None
+
+    retry = _post(api, key, {"amount": 5})
+    assert retry.status_code == 201 and _replayed(retry)
+    assert retry.content == first.content
+    assert SideEffect.objects.count() == 1
+    # Redis was refilled: the next retry needs no SQL.
+    record = _record(key)
+    assert record is not None and record.status == COMPLETED
+    with CaptureQueriesContext(connection) as queries:
+        assert _replayed(_post(api, key, {"amount": 5}))
+    assert not [q for q in queries.captured_queries if "idempotency" in q["sql"]]
+    assert _post(api, key, {"amount": 6}).status_code == 422
+    assert SideEffect.objects.count() == 1
+
+
+def test_redis_killed_and_restarted_then_retry_replays(
+    hybrid: Any, api: APIClient, running_private_redis: RedisServer
+) -> None:
+    key = uuid.uuid4().hex
+    first = _post(api, key, {"amount": 5})
+    assert first.status_code == 201
+    running_private_redis.kill()
+    running_private_redis.start()  # same port, no persistence: everything is gone
+
+    retry = _post(api, key, {"amount": 5})
+    if retry.status_code == 503 or not _replayed(retry):  # pragma: no cover - diagnostics
+        pytest.fail(f"{retry.status_code} {retry.content!r}")
+    assert retry.content == first.content
+    assert SideEffect.objects.count() == 1
+    assert _replayed(_post(api, key, {"amount": 5}))
+    record = _record(key)
+    assert record is not None and record.status == COMPLETED
+    assert SideEffect.objects.count() == 1
+
+
+def test_redis_losing_a_claim_mid_view_cannot_commit_twice(
+    hybrid: Any, running_private_redis: RedisServer
+) -> None:
+    """A flush while the first owner is in its view lets a second owner in; the outbox's
+    unique constraint refuses the slower commit, whose writes roll back."""
+    user = UserFactory()
+    key = uuid.uuid4().hex
+    results: dict[str, Any] = {}
+
+    def slow() -> None:
+        client = APIClient()
+        client.force_authenticate(user)
+        results["slow"] = _post(client, key, {"sleep": 1.0})
+
+    thread = threading.Thread(target=slow)
+    thread.start()
+    _wait_in_progress(f"user:{user.pk}", key)
+    get_client().flushall()
+    client = APIClient()
+    client.force_authenticate(user)
+    fast = _post(client, key, {"sleep": 1.0})
+    thread.join(10)
+    statuses = sorted([fast.status_code, results["slow"].status_code])
+    assert statuses == [201, 409], statuses
+    loser = fast if fast.status_code == 409 else results["slow"]
+    assert loser.json()["type"].endswith("lease-lost")
+    assert SideEffect.objects.count() == 1
+    assert IdempotencyOutbox.objects.filter(key=key).count() == 1
+    retry = _post(client, key, {"sleep": 1.0})
+    assert retry.status_code == 201 and _replayed(retry)
+
+
+# -- HYBRID_DB_CHECK = "after_loss" ----------------------------------------------------------
+
+
+def test_after_loss_detects_a_flush_and_a_restart(
+    hybrid: Any, api: APIClient, running_private_redis: RedisServer
+) -> None:
+    hybrid(HYBRID_DB_CHECK="after_loss")
+    strategy = load_strategy("hybrid")
+    assert isinstance(strategy, HybridStrategy)
+    store = get_store()
+    client = get_client()
+    marker = store.prefix + EPOCH_SUFFIX
+    run_id = client.info("server")["run_id"]
+
+    assert strategy.loss_suspected(store, 60)  # no marker yet: written now
+    assert json.loads(client.get(marker))["run_id"] == run_id
+    assert strategy.loss_suspected(store, 60)  # within TTL of the marker
+    client.set(marker, json.dumps({"run_id": run_id, "since": time.time() - 120}))
+    assert not strategy.loss_suspected(store, 60)  # quiet: no database check
+    client.set(marker, json.dumps({"run_id": "another-server", "since": time.time() - 120}))
+    assert strategy.loss_suspected(store, 60)  # restart / failover
+
+    # A flush removes the marker: the key is looked up and replayed.
+    key = uuid.uuid4().hex
+    first = _post(api, key, {"amount": 5})
+    client.flushall()
+    retry = _post(api, key, {"amount": 5})
+    assert retry.status_code == 201 and _replayed(retry) and retry.content == first.content
+    assert SideEffect.objects.count() == 1
+
+
+def test_after_loss_without_a_check_still_refuses_a_second_commit(
+    hybrid: Any, api: APIClient
+) -> None:
+    """A loss the marker cannot see (a record deleted by hand): the view runs again, but
+    its commit is refused and rolled back, Redis is refilled, the next retry replays."""
+    hybrid(HYBRID_DB_CHECK="after_loss", TTL=60)
+    store = get_store()
+    client = get_client()
+    run_id = client.info("server")["run_id"]
+    quiet = json.dumps({"run_id": run_id, "since": time.time() - 3600})
+    client.set(store.prefix + EPOCH_SUFFIX, quiet)
+
+    for drained in (False, True):
+        key = uuid.uuid4().hex
+        before = SideEffect.objects.count()
+        first = _post(api, key, {"amount": 5})
+        assert first.status_code == 201
+        if drained:
+            IdempotencyOutbox.objects.drain(100)
+        scope = IdempotencyKey.objects.filter(key=key).values_list("scope", flat=True).first()
+        scope = scope or IdempotencyOutbox.objects.get(key=key).scope
+        client.delete(store.record_key(scope, key))
+
+        refused = _post(api, key, {"amount": 5})
+        assert refused.status_code == 409, refused.content
+        assert refused.json()["type"].endswith("lease-lost")
+        assert SideEffect.objects.count() == before + 1  # the second run was rolled back
+        retry = _post(api, key, {"amount": 5})
+        assert retry.status_code == 201 and _replayed(retry) and retry.content == first.content
+
+
+# -- Redis down -------------------------------------------------------------------------------
+
+
+def test_redis_down_falls_back_to_the_db_strategy(hybrid: Any, api: APIClient) -> None:
+    hybrid(REDIS_URL=closed_port_url())
+    key = uuid.uuid4().hex
+    first = _post(api, key, {"amount": 5})
+    assert first.status_code == 201 and not _replayed(first)
+    row = IdempotencyKey.objects.get(key=key)
+    assert row.status == COMPLETED
+    # The fallback writes the outbox row too (it excludes a hybrid commit of the key).
+    assert IdempotencyOutbox.objects.filter(key=key).count() == 1
+    again = _post(api, key, {"amount": 5})
+    assert again.status_code == 201 and _replayed(again)
+    assert _post(api, key, {"amount": 6}).status_code == 422
+    assert SideEffect.objects.count() == 1
+
+
+def test_redis_down_fail_closed_is_503(hybrid: Any, api: APIClient) -> None:
+    hybrid(REDIS_URL=closed_port_url(), REDIS_FAILURE_MODE="fail_closed")
+    response = _post(api, uuid.uuid4().hex, {"amount": 5})
+    assert response.status_code == 503
+    assert response["Content-Type"] == PROBLEM_CONTENT_TYPE
+    assert response.json()["type"].endswith("store-unavailable")
+    assert SideEffect.objects.count() == 0
+    assert IdempotencyKey.objects.count() == IdempotencyOutbox.objects.count() == 0
+
+
+def test_key_committed_by_hybrid_replays_when_redis_goes_down(hybrid: Any, api: APIClient) -> None:
+    key = uuid.uuid4().hex
+    first = _post(api, key, {"amount": 5})
+    assert first.status_code == 201
+    assert IdempotencyKey.objects.count() == 0  # only in the outbox
+    hybrid(REDIS_URL=closed_port_url())
+    retry = _post(api, key, {"amount": 5})
+    assert retry.status_code == 201 and _replayed(retry) and retry.content == first.content
+    assert _post(api, key, {"amount": 6}).status_code == 422
+    assert SideEffect.objects.count() == 1
+    # The fallback's claim was given back; the outbox row still holds the key.
+    assert IdempotencyKey.objects.count() == 0
+
+
+def test_db_strategy_replays_a_key_found_only_in_the_outbox(hybrid: Any, api: APIClient) -> None:
+    key = uuid.uuid4().hex
+    first = _post(api, key, {"amount": 5})
+    hybrid(STRATEGY="db")
+    retry = _post(api, key, {"amount": 5})
+    assert retry.status_code == 201 and _replayed(retry) and retry.content == first.content
+    assert _post(api, key, {"amount": 6}).status_code == 422
+    assert SideEffect.objects.count() == 1
+
+
+def test_a_db_claim_in_progress_is_left_to_the_db_strategy(hybrid: Any) -> None:
+    """A key that a db claim holds (made while Redis was down) answers 409 while its lease
+    is fresh, then replays; a stale one is taken over through the db strategy."""
+    user = UserFactory()
+    scope = f"user:{user.pk}"
+    body = {"sleep": 1.0}
+    working = hybrid()
+    hybrid(REDIS_URL=closed_port_url())
+    key = uuid.uuid4().hex
+    results: dict[str, Any] = {}
+
+    def slow() -> None:
+        client = APIClient()
+        client.force_authenticate(user)
+        results["slow"] = _post(client, key, body)
+
+    thread = threading.Thread(target=slow)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while not IdempotencyKey.objects.filter(key=key).exists() and time.monotonic() < deadline:
+        time.sleep(0.02)  # the fallback's claim committed; its view is running
+    hybrid(**{k: v for k, v in working.items() if k != "STRATEGY"})
+    client = APIClient()
+    client.force_authenticate(user)
+    duplicate = _post(client, key, body)
+    thread.join(10)
+    assert duplicate.status_code == 409, duplicate.content
+    assert results["slow"].status_code == 201
+    retry = _post(client, key, body)
+    assert retry.status_code == 201 and _replayed(retry)
+    assert retry.content == results["slow"].content
+    assert get_store().get(scope, key).status == COMPLETED  # refilled
+    assert SideEffect.objects.count() == 1
+
+    # A stale db claim (its owner crashed) with this request's fingerprint is taken over.
+    fingerprint = IdempotencyKey.objects.get(key=key).fingerprint
+    stale = StaleKeyFactory(scope=scope, fingerprint=fingerprint)
+    taken = _post(client, stale.key, body)
+    assert taken.status_code == 201 and not _replayed(taken)
+    assert IdempotencyKey.objects.get(key=stale.key).status == COMPLETED
+    assert SideEffect.objects.count() == 2
+
+
+# -- end to end: the example API under gunicorn ---------------------------------------------
+
+
+@pytest.mark.server
+def test_race_through_the_example_server_charges_once(running_private_redis: RedisServer) -> None:
+    from .harness import count_rows, example_server, race, request, scratch_database
+
+    key = f"pay-{uuid.uuid4().hex[:8]}"
+    charge = {"amount": 1999, "currency": "EUR"}
+    with (
+        scratch_database("postgres") as db,
+        example_server(
+            db,
+            strategy="hybrid",
+            psp_delay_ms=300,
+            env={
+                "REDIS_URL": running_private_redis.url,
+                # The drain messages go to the private server too.
+                "CELERY_BROKER_URL": running_private_redis.url,
+            },
+        ) as server,
+    ):
+        url = server.url + "/api/charges/"
+        results = race(url, n=20, key=key, body=charge)
+        fresh = [
+            b for s, b in results if s == 201 and b["_headers"].get("idempotent-replayed") != "true"
+        ]
+        replays = [
+            b for s, b in results if s == 201 and b["_headers"].get("idempotent-replayed") == "true"
+        ]
+        conflicts = [b for s, b in results if s == 409]
+        assert len(fresh) == 1, [s for s, _ in results]
+        assert len(fresh) + len(replays) + len(conflicts) == 20
+        assert all(b["id"] == fresh[0]["id"] for b in replays)
+        # Redis loses everything; the retry is replayed from the outbox.
+        import redis
+
+        redis.Redis.from_url(running_private_redis.url).flushall()
+        status, body = request(url, key=key, body=charge)
+        assert status == 201 and body["_headers"]["idempotent-replayed"] == "true"
+        assert body["id"] == fresh[0]["id"]
+        assert count_rows(db, "payments_charge") == 1
+        assert count_rows(db, "django_idempotency_idempotencyoutbox") == 1
+        assert "Traceback" not in server.log()
