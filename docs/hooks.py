@@ -3,9 +3,10 @@
 * Every problem type in ``django_idempotency.errors`` gets a page at
   ``problems/<slug>/``, the address its ``type`` URI points at (a hand-written
   ``docs/problems/<slug>.md`` takes precedence).
-* ``errors.md`` must have a section ``{#<slug>}`` for every problem type, and
+* ``errors.md`` must have a section ``{#<slug>}`` for every problem type,
   ``settings.md`` a heading for every key of ``conf.DEFAULTS`` (and none for a key
-  that no longer exists). A gap is a warning, so ``mkdocs build --strict`` fails.
+  that no longer exists), and ``api.md`` a row for every system check id in
+  ``checks.py``. A gap is a warning, so ``mkdocs build --strict`` fails.
 """
 
 from __future__ import annotations
@@ -91,6 +92,12 @@ def on_pre_build(config: Any) -> None:
                 cls.slug,
                 cls.__name__,
             )
+
+    checks_py = (ROOT / "django_idempotency" / "checks.py").read_text(encoding="utf-8")
+    api_md = (docs / "api.md").read_text(encoding="utf-8")
+    for check_id in sorted(set(re.findall(r'ID \+ "([EW]\d{3})"', checks_py))):
+        if f"`django_idempotency.{check_id}`" not in api_md:
+            log.warning("api.md does not list the system check django_idempotency.%s", check_id)
 
     from django_idempotency.conf import DEFAULTS
 
