@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
 
 from .strategies.base import Claimed
 
@@ -64,6 +64,9 @@ class LeaseKeeper:
         finally:
             with self._lock:
                 self._leases.discard(lease)
+                idle = not self._leases
+            if idle:
+                self._wake.set()  # so that the keeper gives its connection back now
 
     def _run(self) -> None:
         while True:
@@ -75,6 +78,10 @@ class LeaseKeeper:
                 self._renew(lease)
             with self._lock:
                 pending = [lease.due for lease in self._leases]
+            if not pending:
+                # Idle: close this thread's connection rather than hold it until the next
+                # request (an idle connection also keeps a database from being dropped).
+                connections.close_all()
             timeout = max(min(pending) - time.monotonic(), 0.01) if pending else 60.0
             self._wake.wait(timeout)
             self._wake.clear()
