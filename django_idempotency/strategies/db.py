@@ -137,21 +137,20 @@ class DatabaseStrategy(Strategy):
             return
         settled: Outcome | None = None
         try:
-            if attempt.atomic:
+            # Read after the claim committed, so a hybrid commit of the key that came
+            # first is seen; but before the view's transaction begins: on SQLite a read
+            # fixes the transaction's snapshot, and the view's first write then fails at
+            # once ("database is locked") if any other connection committed in between.
+            settled = self.settled_in_outbox(attempt)
+            if settled is None and attempt.atomic:
                 with transaction.atomic(using=attempt.database):
-                    # Read in the view's transaction (no commit of its own), after the
-                    # claim committed: a hybrid commit of the key that came first is seen.
-                    settled = self.settled_in_outbox(attempt)
-                    if settled is None:
-                        outcome.in_transaction = True
-                        try:
-                            yield outcome
-                        finally:
-                            outcome.in_transaction = False
-            else:
-                settled = self.settled_in_outbox(attempt)
-                if settled is None:
-                    yield outcome
+                    outcome.in_transaction = True
+                    try:
+                        yield outcome
+                    finally:
+                        outcome.in_transaction = False
+            elif settled is None:
+                yield outcome
         except LeaseLost:
             raise  # not ours any more: nothing to release
         except BaseException:
