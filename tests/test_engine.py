@@ -1,0 +1,474 @@
+"""The protocol (django_idempotency.engine): claim, run, store or release, answer.
+
+Most tests call :func:`engine.handle` with a plain callable; the concurrency ones go
+through real requests on threads against ``tests.gates``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import AnonymousUser
+from django.db import connections
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.test import Client, RequestFactory, override_settings
+from django.utils import timezone
+
+from django_idempotency import signals
+from django_idempotency.conf import conf
+from django_idempotency.engine import Options, handle
+from django_idempotency.keys import downstream_key
+from django_idempotency.managers import ClaimState
+from django_idempotency.models import IdempotencyKey
+from django_idempotency.responses import PROBLEM_CONTENT_TYPE, REPLAYED_HEADER
+
+from .gates import gate as the_gate
+from .testapp.models import SideEffect
+
+rf = RequestFactory()
+
+
+def request(
+    key: str | None = "k1", body: object = None, path: str = "/pay/", **extra: Any
+) -> HttpRequest:
+    headers = {"HTTP_IDEMPOTENCY_KEY": key} if key is not None else {}
+    req = rf.post(
+        path,
+        json.dumps(body or {"amount": 100}),
+        content_type="application/json",
+        **headers,
+        **extra,
+    )
+    req.user = AnonymousUser()
+    return req
+
+
+def view(
+    status: int = 201, body: bytes = b'{"id": 1}', **headers: str
+) -> Callable[[], HttpResponse]:
+    def run() -> HttpResponse:
+        SideEffect.objects.create(label="engine")
+        response = HttpResponse(body, status=status, content_type="application/json")
+        for name, value in headers.items():
+            response[name.replace("_", "-")] = value
+        return response
+
+    return run
+
+
+def problem(response: Any, status: int, slug: str) -> dict[str, Any]:
+    assert response.status_code == status
+    assert response["Content-Type"] == PROBLEM_CONTENT_TYPE
+    payload = json.loads(response.content)
+    assert {"type", "title", "status", "detail"} <= set(payload)
+    assert payload["status"] == status
+    assert payload["type"].endswith("/" + slug)
+    assert payload["title"] and payload["detail"]
+    return payload
+
+
+@pytest.fixture
+def recorded() -> Iterator[list[str]]:
+    """The names of the engine's signals, in the order they were sent."""
+    names = [n for n in dir(signals) if isinstance(getattr(signals, n), type(signals.key_claimed))]
+    sent: list[str] = []
+    receivers = []
+    for name in names:
+
+        def receiver(sender: Any, _name: str = name, **kwargs: Any) -> None:
+            assert {"request", "scope", "key", "strategy"} <= set(kwargs)
+            sent.append(_name)
+
+        getattr(signals, name).connect(receiver, weak=False)
+        receivers.append((name, receiver))
+    yield sent
+    for name, receiver in receivers:
+        getattr(signals, name).disconnect(receiver)
+
+
+# -- the protocol through handle() ----------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_claim_store_replay(recorded: list[str]) -> None:
+    first = handle(request(), view(Location="/pay/1/"))
+    assert first.status_code == 201 and REPLAYED_HEADER not in first
+    second = handle(request(), view())
+    assert second.status_code == 201
+    assert second.content == b'{"id": 1}'
+    assert second[REPLAYED_HEADER] == "true"
+    assert second["Location"] == "/pay/1/"
+    assert second["Content-Type"] == "application/json"
+    assert SideEffect.objects.count() == 1
+    assert recorded == ["key_claimed", "response_stored", "response_replayed"]
+
+
+@pytest.mark.django_db
+def test_no_key_and_not_required_runs_the_view_without_a_record() -> None:
+    assert handle(request(key=None), view()).status_code == 201
+    assert handle(request(key=None), view()).status_code == 201
+    assert SideEffect.objects.count() == 2
+    assert not IdempotencyKey.objects.exists()
+
+
+@pytest.mark.django_db
+def test_required_key_is_a_missing_key_problem() -> None:
+    response = handle(request(key=None), view(), options=Options(required=True))
+    problem(response, 400, "missing-key")
+    assert SideEffect.objects.count() == 0
+
+
+@pytest.mark.django_db
+@override_settings(IDEMPOTENCY={"REQUIRED": True})
+def test_required_from_settings() -> None:
+    problem(handle(request(key=None), view()), 400, "missing-key")
+    assert handle(request(key=None), view(), options=Options(required=False)).status_code == 201
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("key", ["", "a b", "x" * 256, '"open', "clé"])
+def test_bad_key_is_an_invalid_key_problem(key: str) -> None:
+    problem(handle(request(key=key), view()), 400, "invalid-key")
+    assert SideEffect.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_mismatch_and_conflict(recorded: list[str]) -> None:
+    IdempotencyKey.objects.claim(
+        "anonymous", "busy", _print(request(key="busy")), ttl=60, lock_timeout=60
+    )
+    conflict = handle(request(key="busy"), view())
+    problem(conflict, 409, "request-in-progress")
+    assert conflict["Retry-After"] == "1"
+    problem(handle(request(key="busy", body={"amount": 5}), view()), 422, "key-reused")
+    assert SideEffect.objects.count() == 0
+    assert recorded == ["request_conflict", "key_mismatch"]
+
+
+@pytest.mark.django_db
+@override_settings(IDEMPOTENCY={"RETRY_AFTER": 7})
+def test_retry_after_setting() -> None:
+    IdempotencyKey.objects.claim(
+        "anonymous", "busy", _print(request(key="busy")), ttl=60, lock_timeout=60
+    )
+    assert handle(request(key="busy"), view())["Retry-After"] == "7"
+
+
+def _print(req: HttpRequest) -> str:
+    from django_idempotency.keys import fingerprint
+
+    return fingerprint(req)
+
+
+@pytest.mark.django_db
+def test_methods_not_listed_pass_through() -> None:
+    for method in ("get", "put", "delete"):
+        req = getattr(rf, method)("/pay/", HTTP_IDEMPOTENCY_KEY="k")
+        req.user = AnonymousUser()
+        response = handle(req, view(status=200))
+        assert response.status_code == 200 and REPLAYED_HEADER not in response
+    assert SideEffect.objects.count() == 3
+    assert not IdempotencyKey.objects.exists()
+    req = rf.put("/pay/", HTTP_IDEMPOTENCY_KEY="k")
+    req.user = AnonymousUser()
+    handle(req, view(), options=Options(methods=frozenset({"PUT"})))
+    assert IdempotencyKey.objects.count() == 1
+
+
+@pytest.mark.django_db
+@override_settings(IDEMPOTENCY={"HEADER": "X-Request-Key", "METHODS": ["PUT"]})
+def test_custom_header_and_methods() -> None:
+    assert handle(request(key="k"), view()).status_code == 201  # POST not listed now
+    req = rf.put("/pay/", b"{}", content_type="application/json", HTTP_X_REQUEST_KEY="k")
+    req.user = AnonymousUser()
+    handle(req, view())
+    req = rf.put("/pay/", b"{}", content_type="application/json", HTTP_X_REQUEST_KEY="k")
+    req.user = AnonymousUser()
+    assert handle(req, view())[REPLAYED_HEADER] == "true"
+    assert SideEffect.objects.count() == 2
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("atomic", [True, False])
+def test_server_error_releases_the_key(atomic: bool, recorded: list[str]) -> None:
+    with override_settings(IDEMPOTENCY={"ATOMIC": atomic}):
+        assert handle(request(), view(status=503)).status_code == 503
+        assert not IdempotencyKey.objects.exists()
+        assert SideEffect.objects.count() == (0 if atomic else 1)
+        retry = handle(request(), view(status=201))
+        assert retry.status_code == 201 and REPLAYED_HEADER not in retry
+    assert SideEffect.objects.count() == (1 if atomic else 2)
+    assert recorded[:2] == ["key_claimed", "key_released"]
+
+
+@pytest.mark.django_db
+@override_settings(IDEMPOTENCY={"STORE_SERVER_ERRORS": True})
+def test_server_errors_stored_when_configured() -> None:
+    assert handle(request(), view(status=502, body=b"down")).status_code == 502
+    replay = handle(request(), view(status=201))
+    assert replay.status_code == 502 and replay.content == b"down"
+    assert replay[REPLAYED_HEADER] == "true"
+    assert SideEffect.objects.count() == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("atomic", [True, False])
+def test_exception_in_the_view_releases_the_key_and_rolls_back(atomic: bool) -> None:
+    def failing() -> HttpResponse:
+        SideEffect.objects.create(label="failing")
+        raise RuntimeError("boom")
+
+    with override_settings(IDEMPOTENCY={"ATOMIC": atomic}), pytest.raises(RuntimeError):
+        handle(request(), failing)
+    assert not IdempotencyKey.objects.exists()
+    assert SideEffect.objects.count() == (0 if atomic else 1)
+    assert handle(request(), view()).status_code == 201
+
+
+@pytest.mark.django_db
+def test_stored_headers_are_allow_listed() -> None:
+    handle(
+        request(),
+        view(
+            Set_Cookie="session=secret",
+            Authorization="Bearer x",
+            X_Private="no",
+            Location="/pay/1/",
+            ETag='"v1"',
+            Cache_Control="no-store",
+        ),
+    )
+    stored = IdempotencyKey.objects.get().response_headers
+    assert {k.lower() for k in stored} == {"content-type", "location", "etag", "cache-control"}
+    replay = handle(request(), view())
+    assert "Set-Cookie" not in replay and "Authorization" not in replay
+    assert "X-Private" not in replay
+    assert replay["Location"] == "/pay/1/" and replay["ETag"] == '"v1"'
+
+
+@pytest.mark.django_db
+@override_settings(IDEMPOTENCY={"STORED_HEADERS": ["Content-Type", "Set-Cookie", "X-Kept"]})
+def test_never_stored_headers_win_over_the_allow_list() -> None:
+    handle(request(), view(Set_Cookie="a=b", X_Kept="yes"))
+    stored = IdempotencyKey.objects.get().response_headers
+    assert {k.lower() for k in stored} == {"content-type", "x-kept"}
+
+
+@pytest.mark.django_db
+def test_replay_without_a_stored_content_type_has_none() -> None:
+    def no_type() -> HttpResponse:
+        response = HttpResponse(b"", status=204)
+        del response["Content-Type"]
+        return response
+
+    handle(request(), no_type)
+    replay = handle(request(), no_type)
+    assert replay.status_code == 204 and "Content-Type" not in replay
+
+
+@pytest.mark.django_db
+@override_settings(IDEMPOTENCY={"MAX_STORED_BODY_SIZE": 10})
+def test_response_too_large_to_store_releases_the_key() -> None:
+    response = handle(request(), view(body=b"x" * 11))
+    assert response.status_code == 201 and response.content == b"x" * 11
+    assert not IdempotencyKey.objects.exists()
+    assert SideEffect.objects.count() == 0  # released in the transaction: rolled back
+
+
+@pytest.mark.django_db
+def test_streaming_response_releases_the_key() -> None:
+    def streaming() -> StreamingHttpResponse:
+        return StreamingHttpResponse(iter([b"a", b"b"]))
+
+    response = handle(request(), streaming)
+    assert b"".join(response) == b"ab"  # type: ignore[arg-type]
+    assert not IdempotencyKey.objects.exists()
+
+
+@pytest.mark.django_db
+@override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=20)
+def test_body_over_the_upload_limit_is_413() -> None:
+    problem(handle(request(body={"note": "x" * 50}), view()), 413, "request-too-large")
+    assert SideEffect.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_scope_function_and_scopes_are_separate() -> None:
+    handle(request(), view(body=b"alice"), scope=lambda r: "tenant:a")
+    other = handle(request(), view(body=b"bob"), scope=lambda r: "tenant:b")
+    assert other.content == b"bob" and REPLAYED_HEADER not in other
+    assert handle(request(), view(), scope=lambda r: "tenant:a").content == b"alice"
+    assert set(IdempotencyKey.objects.values_list("scope", flat=True)) == {"tenant:a", "tenant:b"}
+
+
+def tenant_scope(request: HttpRequest) -> str:
+    return "tenant:" + request.headers.get("X-Tenant", "none")
+
+
+@pytest.mark.django_db
+@override_settings(IDEMPOTENCY={"SCOPE_FUNCTION": "tests.test_engine.tenant_scope"})
+def test_scope_function_setting() -> None:
+    handle(request(HTTP_X_TENANT="t1"), view())
+    assert IdempotencyKey.objects.get().scope == "tenant:t1"
+
+
+@pytest.mark.django_db
+def test_long_scopes_are_hashed_into_the_column() -> None:
+    handle(request(), view(), scope=lambda r: "s" * 1000)
+    scope = IdempotencyKey.objects.get().scope
+    assert scope.startswith("sha256:")
+    assert handle(request(), view(), scope=lambda r: "s" * 1000)[REPLAYED_HEADER] == "true"
+
+
+@pytest.mark.django_db
+def test_request_idempotency_and_downstream_key() -> None:
+    seen: list[Any] = []
+
+    def looking(req: HttpRequest) -> Callable[[], HttpResponse]:
+        def run() -> HttpResponse:
+            seen.append(req.idempotency)  # type: ignore[attr-defined]
+            return HttpResponse(req.idempotency.downstream_key("psp"), status=500)  # type: ignore[attr-defined]
+
+        return run
+
+    first = request()
+    handle(first, looking(first))
+    retry = request()
+    handle(retry, looking(retry))  # 500 released the key: the view ran again
+    assert len(seen) == 2
+    assert seen[0].key == "k1" and seen[0].scope == "anonymous"
+    assert seen[0].downstream_key("psp") == seen[1].downstream_key("psp")
+    assert seen[0].downstream_key("psp") == downstream_key(
+        conf.DOWNSTREAM_KEY_SECRET, "anonymous", "k1", "psp"
+    )
+    assert seen[0].downstream_key("psp") != seen[0].downstream_key("email")
+
+
+# -- real requests on threads ---------------------------------------------------------------
+
+
+@pytest.fixture
+def gate() -> Iterator[Any]:
+    the_gate.reset()
+    yield the_gate
+    the_gate.opened.set()
+
+
+class Background:
+    """One request sent from its own thread (so: its own database connection)."""
+
+    def __init__(self, path: str, key: str, body: object = None) -> None:
+        self.response: Any = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(path, key, body))
+        self.thread.start()
+
+    def _run(self, path: str, key: str, body: object) -> None:
+        try:
+            self.response = Client().post(
+                path,
+                body or {"amount": 1},
+                content_type="application/json",
+                HTTP_IDEMPOTENCY_KEY=key,
+            )
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            connections.close_all()
+
+    def result(self) -> Any:
+        self.thread.join(timeout=60)
+        assert not self.thread.is_alive(), "the request hung"
+        assert self.error is None, self.error
+        return self.response
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.01)  # polling interval
+
+
+@pytest.mark.urls("tests.gates")
+@pytest.mark.django_db(transaction=True)
+def test_fencing_takeover_while_the_view_runs_rolls_it_back(gate: Any, recorded: list[str]) -> None:
+    response = Client().post(
+        "/stolen/", {"a": 1}, content_type="application/json", HTTP_IDEMPOTENCY_KEY="fenced"
+    )
+    problem(response, 409, "lease-lost")
+    (theft,) = gate.thefts
+    assert theft.state is ClaimState.CLAIMED and theft.taken_over
+    assert SideEffect.objects.count() == 0  # the view's own write was rolled back
+    row = IdempotencyKey.objects.get(key="fenced")
+    assert row.claim_token == theft.token and row.status == "in_progress"
+    assert recorded == ["key_claimed", "lease_lost"]
+
+
+@pytest.mark.urls("tests.gates")
+@pytest.mark.django_db(transaction=True)
+@override_settings(IDEMPOTENCY={"HEARTBEAT_INTERVAL": 0.05, "LOCK_TIMEOUT": 1})
+def test_heartbeat_renews_the_lease_while_a_slow_view_runs(gate: Any) -> None:
+    slow = Background("/gated/", "slow")
+    assert gate.entered.wait(timeout=30)
+    first = IdempotencyKey.objects.get(key="slow").locked_at
+    wait_until(lambda: IdempotencyKey.objects.get(key="slow").locked_at > first)
+    # well past LOCK_TIMEOUT since the claim, the lease is still live: no takeover
+    claimed_at = IdempotencyKey.objects.get(key="slow").created_at
+    wait_until(lambda: timezone.now() - claimed_at > timedelta(seconds=1.5))
+    renewed = IdempotencyKey.objects.get(key="slow").locked_at
+    assert timezone.now() - renewed < timedelta(seconds=1)
+    duplicate = Client().post(
+        "/gated/", {"amount": 1}, content_type="application/json", HTTP_IDEMPOTENCY_KEY="slow"
+    )
+    problem(duplicate, 409, "request-in-progress")
+    gate.opened.set()
+    assert slow.result().status_code == 201
+    assert SideEffect.objects.count() == 1
+    assert IdempotencyKey.objects.get(key="slow").status == "completed"
+
+
+@pytest.mark.urls("tests.gates")
+@pytest.mark.django_db(transaction=True)
+def test_duplicate_while_in_progress_gets_409_then_the_replay(gate: Any) -> None:
+    first = Background("/gated/", "dup")
+    assert gate.entered.wait(timeout=30)
+    conflict = Client().post(
+        "/gated/", {"amount": 1}, content_type="application/json", HTTP_IDEMPOTENCY_KEY="dup"
+    )
+    problem(conflict, 409, "request-in-progress")
+    assert int(conflict["Retry-After"]) >= 1
+    gate.opened.set()
+    original = first.result()
+    replay = Client().post(
+        "/gated/", {"amount": 1}, content_type="application/json", HTTP_IDEMPOTENCY_KEY="dup"
+    )
+    assert replay.status_code == original.status_code == 201
+    assert replay.content == original.content
+    assert replay[REPLAYED_HEADER] == "true"
+    assert json.loads(replay.content)["psp"] == json.loads(original.content)["psp"]
+    assert SideEffect.objects.count() == 1
+
+
+@pytest.mark.urls("tests.gates")
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_requests_with_different_keys_all_succeed(gate: Any) -> None:
+    """Each claim commits while the other request's view is open (on SQLite too)."""
+    first = Background("/gated/", "one")
+    assert gate.entered.wait(timeout=30)
+    gate.entered.clear()
+    second = Background("/gated/", "two")
+    assert gate.entered.wait(timeout=30)
+    wait_until(lambda: IdempotencyKey.objects.filter(key__in=["one", "two"]).count() == 2)
+    gate.opened.set()
+    assert first.result().status_code == 201
+    assert second.result().status_code == 201
+    assert SideEffect.objects.count() == 2
+    assert set(IdempotencyKey.objects.values_list("status", flat=True)) == {"completed"}
