@@ -48,7 +48,6 @@ cluster down) at claim time:
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -56,7 +55,7 @@ from django.db import transaction
 
 from ..conf import conf
 from ..errors import LeaseLost, StoreUnavailable
-from ..redis_store import RedisRecord, RedisStore, RedisUnavailable, get_store
+from ..redis_store import RedisRecord, RedisStore, RedisUnavailable, get_store, new_token
 from ..responses import StoredResponse
 from .base import Attempt, Claimed, InFlight, Mismatch, Outcome, Replay, Strategy
 from .db import DatabaseStrategy
@@ -156,7 +155,7 @@ class RedisStrategy(Strategy):
         store = self.store()
         lease = _ms(attempt.lock_timeout)
         for _ in range(CLAIM_ATTEMPTS):
-            token = uuid.uuid4().hex
+            token = new_token()
             won, record = store.claim(attempt.scope, attempt.key, attempt.fingerprint, token, lease)
             if won:
                 return RedisClaim(store, attempt, token)
