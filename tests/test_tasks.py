@@ -1,0 +1,329 @@
+"""The Celery tasks, run by real ``celery -A example_project.celery worker`` processes.
+
+The workers use the shared Redis (DB 15) as their broker, on a queue of the test's
+own, and this run's test database (``TEST_DATABASE_NAME``); no result backend.
+What they did is read back from the database and from their logs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings as django_settings
+from django.db import connection
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from django_idempotency.managers import COMPLETED
+from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
+from django_idempotency.tasks import (
+    DRAIN_TASK,
+    PURGE_TASK,
+    beat_schedule,
+    drain_outbox,
+    purge_expired_keys,
+)
+
+from . import services
+from .factories import CompletedKeyFactory, ExpiredKeyFactory, UserFactory
+from .redis_servers import RedisServer
+
+pytestmark = [pytest.mark.celery, pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+ROOT = Path(__file__).resolve().parent.parent
+DRAINED = re.compile(r"drained (\d+) outbox rows \((\d+) expired\) in (\d+) transactions")
+
+
+@dataclass
+class Worker:
+    """One ``celery worker`` subprocess (solo pool: the task runs in this very process)."""
+
+    name: str
+    queue: str
+    env: dict[str, str]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    _log: Any = field(default=None, repr=False)
+
+    def start(self, timeout: float = 60) -> Worker:
+        self._log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "example_project.celery",
+                "worker",
+                "--pool",
+                "solo",
+                "--loglevel",
+                "INFO",
+                "--hostname",
+                f"{self.name}@%h",
+                "--queues",
+                self.queue,
+                "--prefetch-multiplier",
+                "1",
+                "--without-mingle",
+                "--without-gossip",
+                "--without-heartbeat",
+            ],
+            env=self.env,
+            cwd=ROOT,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        starts = self.log().count(" ready.")
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"celery worker exited:\n{self.log()}")
+            if self.log().count(" ready.") > starts:
+                return self
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"celery worker did not start:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def drained(self) -> int:
+        """Rows this worker's drains reported, over all its runs."""
+        return sum(int(m.group(1)) for m in DRAINED.finditer(self.log()))
+
+    def kill(self) -> None:
+        """SIGKILL, as the OOM killer or a lost machine would."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(5)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+@pytest.fixture
+def queue() -> Iterator[str]:
+    """A broker queue of this test's own on the shared Redis (DB 15), deleted afterwards."""
+    name = f"idem-tests-{uuid.uuid4().hex[:12]}"
+    yield name
+    _delete_queue(name)
+
+
+def _delete_queue(name: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(services.REDIS_URL, socket_timeout=2)
+    try:
+        client.delete(name, f"_kombu.binding.{name}")
+    except redis.RedisError:
+        pass
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def workers(transactional_db: None) -> Iterator[Callable[..., Worker]]:
+    """``workers(name, queue)`` starts a worker on this run's test database."""
+    started: list[Worker] = []
+    tmp = tempfile.TemporaryDirectory(prefix="idem-celery-")
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("CELERY_", "DJANGO_", "TEST_CEL"))
+    }
+    env.update(
+        DJANGO_SETTINGS_MODULE="tests.settings",
+        TEST_DATABASE_NAME=str(connection.settings_dict["NAME"]),
+        TEST_CELERY_BROKER_URL=str(django_settings.CELERY_BROKER_URL),
+        PYTHONPATH=str(ROOT),
+    )
+
+    def start(name: str, queue: str) -> Worker:
+        worker = Worker(
+            name=f"{name}-{uuid.uuid4().hex[:6]}",
+            queue=queue,
+            env={**env, "TEST_CELERY_QUEUE": queue},
+            log_path=Path(tmp.name) / f"{name}.log",
+        )
+        started.append(worker)
+        return worker.start()
+
+    try:
+        yield start
+    finally:
+        for worker in started:
+            worker.stop()
+        tmp.cleanup()
+
+
+def _fill_outbox(count: int, body_size: int = 200) -> list[str]:
+    now = timezone.now()
+    keys = [f"k-{i:06d}-{uuid.uuid4().hex[:8]}" for i in range(count)]
+    IdempotencyOutbox.objects.bulk_create(
+        [
+            IdempotencyOutbox(
+                scope="user:1",
+                key=key,
+                fingerprint=f"{i:064x}",
+                request_method="POST",
+                request_path="/api/charges/",
+                response_status=201,
+                response_headers={"Content-Type": "application/json"},
+                response_body=json.dumps({"key": key, "pad": "x" * body_size}).encode(),
+                created_at=now,
+                expires_at=now + timedelta(hours=1),
+            )
+            for i, key in enumerate(keys)
+        ],
+        batch_size=2000,
+    )
+    return keys
+
+
+def _wait(condition: Callable[[], bool], timeout: float, what: str, *logs: Worker) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}\n" + "\n".join(w.log() for w in logs))
+
+
+def _check_drained(keys: list[str], *others: str) -> None:
+    """Every key is a completed IdempotencyKey with its own response; the outbox is empty."""
+    assert IdempotencyOutbox.objects.count() == 0
+    assert IdempotencyKey.objects.count() == len(keys) + len(others)
+    rows = dict(IdempotencyKey.objects.values_list("key", "response_body"))
+    assert set(rows) == {*keys, *others}
+    for key in keys[:: max(len(keys) // 50, 1)]:
+        assert json.loads(bytes(rows[key]))["key"] == key
+    assert not IdempotencyKey.objects.exclude(status=COMPLETED).exists()
+
+
+# -- the tasks ---------------------------------------------------------------------------------
+
+
+def test_beat_schedule_names_both_tasks() -> None:
+    schedule = beat_schedule(drain_every=5, purge_every=60, purge_older_than=30)
+    tasks = {entry["task"]: entry for entry in schedule.values()}
+    assert set(tasks) == {DRAIN_TASK, PURGE_TASK}
+    assert tasks[DRAIN_TASK]["schedule"] == 5.0
+    assert tasks[PURGE_TASK]["kwargs"] == {"older_than": 30.0}
+    assert drain_outbox.name == DRAIN_TASK and purge_expired_keys.name == PURGE_TASK
+    assert django_settings.CELERY_TASK_IGNORE_RESULT is True
+    from example_project import settings as example
+
+    assert set(example.CELERY_BEAT_SCHEDULE) == set(beat_schedule())
+
+
+def test_worker_drains_and_purges(workers: Callable[..., Worker], queue: str) -> None:
+    keys = _fill_outbox(2500)
+    expired = ExpiredKeyFactory.create_batch(3)
+    live = CompletedKeyFactory()
+    worker = workers("one", queue)
+    drain_outbox.apply_async(kwargs={"batch_size": 1000}, queue=queue)
+    _wait(lambda: IdempotencyOutbox.objects.count() == 0, 30, "the drain", worker)
+    _wait(lambda: worker.drained() == 2500, 10, "the drain's log line", worker)
+    assert "drained 2500 outbox rows (0 expired) in 3 transactions" in worker.log()
+
+    purge_expired_keys.apply_async(queue=queue)
+    _wait(
+        lambda: not IdempotencyKey.objects.filter(pk__in=[e.pk for e in expired]).exists(),
+        30,
+        "the purge",
+        worker,
+    )
+    assert IdempotencyKey.objects.filter(pk=live.pk).exists()
+    _check_drained(keys, live.key)
+
+
+def test_hybrid_commits_queue_a_drain_that_a_worker_runs(
+    workers: Callable[..., Worker], redis_settings: Any, running_private_redis: RedisServer
+) -> None:
+    """No task is sent by hand: the hybrid strategy queues the drain after its commits."""
+    redis_settings(running_private_redis.url, STRATEGY="hybrid")
+    default_queue = str(django_settings.CELERY_TASK_DEFAULT_QUEUE)
+    worker = workers("hybrid", default_queue)
+    client = APIClient()
+    client.force_authenticate(UserFactory())
+    keys = [uuid.uuid4().hex for _ in range(5)]
+    for key in keys:
+        response = client.post("/t/drf/", {"n": key}, format="json", HTTP_IDEMPOTENCY_KEY=key)
+        assert response.status_code == 201
+    assert IdempotencyKey.objects.count() == 0  # nothing but the outbox on the request path
+    _wait(lambda: IdempotencyKey.objects.count() == 5, 30, "the queued drain", worker)
+    assert IdempotencyOutbox.objects.count() == 0
+    assert set(IdempotencyKey.objects.values_list("key", flat=True)) == set(keys)
+
+
+def test_two_workers_draining_at_once_lose_and_duplicate_nothing(
+    workers: Callable[..., Worker], queue: str
+) -> None:
+    keys = _fill_outbox(6000)
+    first = workers("first", queue)
+    second = workers("second", queue)
+    for _ in range(4):
+        drain_outbox.apply_async(kwargs={"batch_size": 100}, queue=queue)
+    _wait(lambda: IdempotencyOutbox.objects.count() == 0, 60, "the drain", first, second)
+    _wait(lambda: first.drained() + second.drained() >= 6000, 10, "the logs", first, second)
+    # Each row was drained by exactly one worker: SKIP LOCKED gave them disjoint batches.
+    assert first.drained() + second.drained() == 6000, (first.drained(), second.drained())
+    assert first.drained() > 0 and second.drained() > 0, "both workers drained"
+    _check_drained(keys)
+
+
+def test_worker_killed_mid_drain_loses_nothing(workers: Callable[..., Worker], queue: str) -> None:
+    total = 20000
+    keys = _fill_outbox(total, body_size=1000)
+    worker = workers("doomed", queue)
+    drain_outbox.apply_async(kwargs={"batch_size": 250}, queue=queue)
+    _wait(
+        lambda: IdempotencyOutbox.objects.count() <= total - 500,
+        30,
+        "the first batches",
+        worker,
+    )
+    worker.kill()
+    left = set(IdempotencyOutbox.objects.values_list("key", flat=True))
+    done = set(IdempotencyKey.objects.values_list("key", flat=True))
+    assert left, "the worker was killed before it finished"
+    # The batch in flight rolled back with the connection: every key is in exactly one place.
+    assert not left & done
+    assert left | done == set(keys)
+
+    again = workers("restarted", queue)
+    # The beat entry would send this; send it until the rows the dead connection held
+    # are free again (PostgreSQL ends that backend as soon as it sees the socket close).
+    for _round in range(10):
+        drain_outbox.apply_async(kwargs={"batch_size": 1000}, queue=queue)
+        deadline = time.monotonic() + 10
+        while IdempotencyOutbox.objects.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not IdempotencyOutbox.objects.exists():
+            break
+    assert not IdempotencyOutbox.objects.exists(), again.log()
+    assert again.drained() == len(left)
+    _check_drained(keys)
