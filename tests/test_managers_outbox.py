@@ -1,0 +1,126 @@
+"""``IdempotencyOutbox.objects``: add, lookup and drain, on PostgreSQL and SQLite.
+
+The concurrency of ``add`` (a second insert of a key waits for the first transaction)
+is shown with two real connections on PostgreSQL; the drain under several workers at
+once is in ``test_tasks.py``, with real Celery worker processes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.db import connections, transaction
+from django.utils import timezone
+
+from django_idempotency.managers import COMPLETED, IN_PROGRESS
+from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
+from django_idempotency.responses import StoredResponse
+
+from .factories import CompletedKeyFactory, IdempotencyKeyFactory
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
+
+BACKENDS = [pytest.param("default", marks=pytest.mark.postgres, id="postgres"), "sqlite"]
+RESPONSE = StoredResponse(201, {"Content-Type": "application/json"}, b'{"id": 1}')
+
+
+def _add(using: str, key: str, fingerprint: str = "f" * 64, ttl: float = 60) -> bool:
+    return IdempotencyOutbox.objects.add(
+        "user:1", key, fingerprint, RESPONSE, ttl=ttl, method="POST", path="/x/", using=using
+    )
+
+
+@pytest.mark.parametrize("using", BACKENDS)
+def test_add_refuses_a_live_row_and_replaces_an_expired_one(using: str) -> None:
+    assert _add(using, "a")
+    assert not _add(using, "a", fingerprint="0" * 64)
+    assert IdempotencyOutbox.objects.using(using).get(key="a").fingerprint == "f" * 64
+    IdempotencyOutbox.objects.using(using).filter(key="a").update(
+        expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    assert _add(using, "a", fingerprint="0" * 64)
+    assert IdempotencyOutbox.objects.using(using).get(key="a").fingerprint == "0" * 64
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("first_commits", [True, False], ids=["commit", "rollback"])
+def test_a_second_add_waits_for_the_first_transaction(first_commits: bool) -> None:
+    inside = threading.Event()
+    results: dict[str, bool] = {}
+
+    def first() -> None:
+        try:
+            with transaction.atomic():
+                results["first"] = _add("default", "k")
+                inside.set()
+                time.sleep(0.5)
+                if not first_commits:
+                    transaction.set_rollback(True)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert inside.wait(5)
+    started = time.monotonic()
+    try:
+        results["second"] = _add("default", "k")
+    finally:
+        waited = time.monotonic() - started
+        thread.join(10)
+    assert results["first"] is True
+    assert waited >= 0.3, "the second insert waited for the first transaction"
+    assert results["second"] is (not first_commits)
+    assert IdempotencyOutbox.objects.filter(key="k").count() == 1
+
+
+@pytest.mark.parametrize("using", BACKENDS)
+def test_lookup_prefers_the_outbox_and_ignores_expired_rows(using: str) -> None:
+    manager = IdempotencyOutbox.objects
+    assert manager.lookup("user:1", "k", using=using) is None
+    CompletedKeyFactory(_using=using, scope="user:1", key="k", response_body=b"old")
+    found = manager.lookup("user:1", "k", using=using)
+    assert found is not None and (found.source, found.response.body) == ("key", b"old")  # type: ignore[union-attr]
+    assert manager.lookup("user:1", "k", using=using, outbox_only=True) is None
+    assert _add(using, "k")
+    found = manager.lookup("user:1", "k", using=using)
+    assert found is not None and found.source == "outbox" and found.response == RESPONSE
+    manager.using(using).update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert manager.lookup("user:1", "k", using=using).source == "key"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("using", BACKENDS)
+def test_drain_moves_rows_in_batches_and_fences_db_claims(using: str) -> None:
+    keys = [uuid.uuid4().hex for _ in range(25)]
+    for key in keys:
+        assert _add(using, key)
+    assert _add(using, "expired", ttl=60)
+    IdempotencyOutbox.objects.using(using).filter(key="expired").update(
+        expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    # A db claim of the first key is still running; a completed row of the second exists.
+    claim = IdempotencyKeyFactory(_using=using, scope="user:1", key=keys[0])
+    CompletedKeyFactory(_using=using, scope="user:1", key=keys[1], response_body=b"stale")
+
+    results = []
+    while True:
+        result = IdempotencyOutbox.objects.drain(10, using=using)
+        if not result.rows:
+            break
+        results.append((result.drained, result.discarded))
+    assert sum(d for d, _ in results) == 25 and sum(x for _, x in results) == 1
+    assert [d + x for d, x in results] == [10, 10, 6]
+    assert IdempotencyOutbox.objects.using(using).count() == 0
+    rows = IdempotencyKey.objects.using(using)
+    assert rows.count() == 25 and not rows.filter(key="expired").exists()
+    assert set(rows.values_list("status", flat=True)) == {COMPLETED}
+    assert bytes(rows.get(key=keys[1]).response_body) == RESPONSE.body
+    # The running claim was fenced: its owner can no longer complete it.
+    assert not IdempotencyKey.objects.complete(
+        claim.pk, claim.claim_token, RESPONSE, ttl=60, using=using
+    )
+    assert not rows.filter(status=IN_PROGRESS).exists()
