@@ -116,6 +116,30 @@ def render_body(body: bytes | memoryview | None, headers: Any = None) -> tuple[s
     return (note, text)
 
 
+def headers_html(headers: Any) -> SafeString | str:
+    """Stored response headers as an HTML table (escaped)."""
+    if not isinstance(headers, dict) or not headers:
+        return "-"
+    rows = format_html_join(
+        "\n",
+        "<tr><th>{}</th><td>{}</td></tr>",
+        ((str(name), str(value)) for name, value in sorted(headers.items())),
+    )
+    return format_html('<table class="idempotency-headers">{}</table>', rows)
+
+
+def body_html(body: bytes | memoryview | None, headers: Any) -> SafeString:
+    """A stored body for the detail page (see :func:`render_body`), escaped."""
+    kind, text = render_body(body, headers)
+    return format_html(
+        '<p class="help">{}</p>'
+        '<pre class="idempotency-body" style="max-height:40em;overflow:auto;'
+        'white-space:pre-wrap;word-break:break-all">{}</pre>',
+        kind,
+        text,
+    )
+
+
 # -- list filters -----------------------------------------------------------------------------
 
 
@@ -240,28 +264,13 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.display(description=_("stored headers"))
     def stored_headers(self, obj: IdempotencyKey) -> SafeString | str:
-        headers = obj.response_headers
-        if not isinstance(headers, dict) or not headers:
-            return "-"
-        rows = format_html_join(
-            "\n",
-            "<tr><th>{}</th><td>{}</td></tr>",
-            ((str(name), str(value)) for name, value in sorted(headers.items())),
-        )
-        return format_html('<table class="idempotency-headers">{}</table>', rows)
+        return headers_html(obj.response_headers)
 
     @admin.display(description=_("stored body"))
     def stored_body(self, obj: IdempotencyKey) -> SafeString | str:
         if obj.response_body is None and obj.response_status is None:
             return "-"
-        kind, text = render_body(obj.response_body, obj.response_headers)
-        return format_html(
-            '<p class="help">{}</p>'
-            '<pre class="idempotency-body" style="max-height:40em;overflow:auto;'
-            'white-space:pre-wrap;word-break:break-all">{}</pre>',
-            kind,
-            text,
-        )
+        return body_html(obj.response_body, obj.response_headers)
 
     # -- actions --------------------------------------------------------------------------
 
@@ -346,13 +355,35 @@ def _lease_text(obj: IdempotencyKey) -> str:
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    """Every field shown, nothing changeable."""
+    """Every field shown, nothing changeable; stored responses shown as on the key's page."""
+
+    LIST_PREFERRED = ("scope", "key", "response_status", "created_at", "expires_at")
+    DISPLAYED = {"response_headers": "stored_headers", "response_body": "stored_body"}
+
+    def _names(self) -> list[str]:
+        return [f.name for f in self.model._meta.concrete_fields]
 
     def get_list_display(self, request: HttpRequest) -> list[str]:  # type: ignore[override]
-        return [f.name for f in self.model._meta.concrete_fields][:8]
+        names = self._names()
+        preferred = [name for name in self.LIST_PREFERRED if name in names]
+        return preferred or names[:8]
+
+    def get_search_fields(self, request: HttpRequest) -> list[str]:
+        return [name for name in ("key", "scope") if name in self._names()]
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:  # type: ignore[override]
+        return [self.DISPLAYED.get(name, name) for name in self._names()]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return [f.name for f in self.model._meta.concrete_fields]
+        return self.get_fields(request, obj)
+
+    @admin.display(description=_("stored headers"))
+    def stored_headers(self, obj: Any) -> SafeString | str:
+        return headers_html(obj.response_headers)
+
+    @admin.display(description=_("stored body"))
+    def stored_body(self, obj: Any) -> SafeString | str:
+        return body_html(obj.response_body, getattr(obj, "response_headers", None))
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -302,3 +302,34 @@ def test_delete_expired_pks_in_batches() -> None:
     pks = [k.pk for k in expired] + [live.pk]
     assert IdempotencyKey.objects.delete_expired_pks(pks, batch_size=2) == 5
     assert list(IdempotencyKey.objects.values_list("pk", flat=True)) == [live.pk]
+
+
+def test_outbox_rows_are_shown_read_only(admin_client: Client) -> None:
+    from django_idempotency.models import IdempotencyOutbox
+
+    assert isinstance(admin.site._registry[IdempotencyOutbox], idem_admin.ReadOnlyAdmin)
+    row = IdempotencyOutbox.objects.create(
+        scope="user:1",
+        key="<outbox-key>",
+        fingerprint="f" * 64,
+        response_status=201,
+        response_headers={"Content-Type": "application/json"},
+        response_body=b'{"id":1,"note":"<b>x</b>"}',
+        expires_at=timezone.now() + timedelta(hours=1),
+    )
+    changelist = reverse("admin:django_idempotency_idempotencyoutbox_changelist")
+    listing = admin_client.get(changelist, {"q": "<outbox-key>"})
+    assert listing.status_code == 200
+    assert [r.pk for r in listing.context["cl"].result_list] == [row.pk]
+    assert "&lt;outbox-key&gt;" in listing.content.decode()
+    change = reverse("admin:django_idempotency_idempotencyoutbox_change", args=[row.pk])
+    page = admin_client.get(change).content.decode()
+    assert (
+        "{\n  &quot;id&quot;: 1,\n  &quot;note&quot;: &quot;&lt;b&gt;x&lt;/b&gt;&quot;\n}" in page
+    )
+    assert 'name="_save"' not in page
+    assert admin_client.post(change, {"scope": "user:2"}).status_code == 403
+    add = reverse("admin:django_idempotency_idempotencyoutbox_add")
+    assert admin_client.get(add).status_code == 403
+    page = admin_client.get(changelist).content.decode()
+    assert 'value="delete_selected"' not in page
