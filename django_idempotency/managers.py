@@ -59,6 +59,24 @@ CLAIM_COLUMNS = (
     "expires_at",
 )
 
+#: The columns of :attr:`_Statements.store`, in the order of :meth:`_Statements.store_params`.
+STORE_COLUMNS = (
+    "scope",
+    "key",
+    "fingerprint",
+    "status",
+    "claim_token",
+    "locked_at",
+    "request_method",
+    "request_path",
+    "response_status",
+    "response_headers",
+    "response_body",
+    "created_at",
+    "completed_at",
+    "expires_at",
+)
+
 
 class _Statements:
     """SQL for one table on one backend, built once, and the parameters that go with it.
@@ -99,6 +117,17 @@ class _Statements:
             f"WHERE {q('id')} = %s AND {q('claim_token')} = %s AND {q('status')} = %s"
         )
 
+        store_columns = ", ".join(q(str(self.fields[name].column)) for name in STORE_COLUMNS)
+        updates = ", ".join(
+            f"{q(str(self.fields[name].column))} = EXCLUDED.{q(str(self.fields[name].column))}"
+            for name in STORE_COLUMNS[2:]
+        )
+        self.store = (
+            f"INSERT INTO {table} ({store_columns}) "
+            f"VALUES ({', '.join(['%s'] * len(STORE_COLUMNS))}) "
+            f"ON CONFLICT ({q('scope')}, {q('key')}) DO UPDATE SET {updates}"
+        )
+
     def prep(self, name: str, value: Any, connection: BaseDatabaseWrapper) -> Any:
         """``value`` (already of field ``name``'s Python type) as the backend takes it."""
         return self.fields[name].get_db_prep_value(value, connection, prepared=True)
@@ -128,6 +157,38 @@ class _Statements:
             method,
             path,
             self.prep("response_headers", {}, connection),
+            at,
+            self.prep("expires_at", expires_at, connection),
+        ]
+
+    def store_params(
+        self,
+        connection: BaseDatabaseWrapper,
+        *,
+        scope: str,
+        key: str,
+        fingerprint: str,
+        response: StoredResponse,
+        now: datetime,
+        expires_at: datetime,
+        method: str,
+        path: str,
+    ) -> list[Any]:
+        """The parameters of :attr:`store`, in :data:`STORE_COLUMNS` order."""
+        at = self.prep("created_at", now, connection)  # created_at and completed_at alike
+        return [
+            scope,
+            key,
+            fingerprint,
+            COMPLETED,
+            self.prep("claim_token", uuid.uuid4(), connection),
+            None,
+            method,
+            path,
+            response.status,
+            self.prep("response_headers", response.headers, connection),
+            self.prep("response_body", response.body, connection),
+            at,
             at,
             self.prep("expires_at", expires_at, connection),
         ]
@@ -353,6 +414,42 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
                 *sql.owner_params(connection, pk, token),
             ],
         )
+
+    def store_completed(
+        self,
+        scope: str,
+        key: str,
+        fingerprint: str,
+        response: StoredResponse,
+        *,
+        ttl: float,
+        method: str = "",
+        path: str = "",
+        using: str = "default",
+    ) -> None:
+        """Write the completed record of ``(scope, key)`` in one
+        ``INSERT … ON CONFLICT (scope, key) DO UPDATE``, overwriting an expired row.
+
+        For a caller that already serialises ``(scope, key)`` by other means (the
+        ``advisory_lock`` strategy holds a transaction-level advisory lock on it):
+        there is no claim token to check, and the row gets a fresh one.
+        """
+        connection = connections[using]
+        sql = self._sql(connection)
+        now = timezone.now()
+        params = sql.store_params(
+            connection,
+            scope=scope,
+            key=key,
+            fingerprint=fingerprint,
+            response=response,
+            now=now,
+            expires_at=now + timedelta(seconds=ttl),
+            method=method,
+            path=path,
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql.store, params)
 
     def release(self, pk: int, token: uuid.UUID, *, using: str = "default") -> bool:
         """Delete an in-progress claim so the client may retry; only for its own token."""

@@ -12,10 +12,8 @@ there is nothing to take over.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
 
 from django.db import DatabaseError, IntegrityError, connections, transaction
 from django.db.utils import OperationalError
@@ -45,33 +43,27 @@ class AdvisoryClaim(Claimed):
         return True
 
     def complete(self, response: StoredResponse) -> None:
-        now = timezone.now()
-        values = {
-            "fingerprint": self.attempt.fingerprint,
-            "status": COMPLETED,
-            "claim_token": uuid.uuid4(),
-            "locked_at": None,
-            "request_method": self.attempt.method,
-            "request_path": self.attempt.path,
-            "response_status": response.status,
-            "response_headers": response.headers,
-            "response_body": response.body,
-            "created_at": now,
-            "completed_at": now,
-            "expires_at": now + timedelta(seconds=self.attempt.ttl),
-        }
         using = self.attempt.database
         if transaction.get_rollback(using=using):
             # The view's transaction is doomed; store the response after it ends.
-            self.pending = values
+            self.pending = response
             return
-        self._write(values)
+        self._write(response)
 
-    pending: dict[str, object] | None = None
+    pending: StoredResponse | None = None
 
-    def _write(self, values: dict[str, object]) -> None:
-        IdempotencyKey.objects.using(self.attempt.database).update_or_create(
-            scope=self.attempt.scope, key=self.attempt.key, defaults=values
+    def _write(self, response: StoredResponse) -> None:
+        # One upsert: the advisory lock already serialises this (scope, key).
+        attempt = self.attempt
+        IdempotencyKey.objects.store_completed(
+            attempt.scope,
+            attempt.key,
+            attempt.fingerprint,
+            response,
+            ttl=attempt.ttl,
+            method=attempt.method,
+            path=attempt.path,
+            using=attempt.database,
         )
 
     def release(self) -> None:
@@ -147,6 +139,8 @@ class AdvisoryLockStrategy(Strategy):
             return InFlight()
         return Replay(
             StoredResponse(
-                status=int(response_status or 0), headers=dict(headers or {}), body=bytes(body or b"")
+                status=int(response_status or 0),
+                headers=dict(headers or {}),
+                body=bytes(body or b""),
             )
         )
