@@ -583,6 +583,8 @@ class DrainResult:
 
     drained: int = 0
     discarded: int = 0
+    #: Rows left for later: a short batch whose oldest row was younger than ``hold_partial``.
+    held: int = 0
 
     @property
     def rows(self) -> int:
@@ -755,7 +757,13 @@ class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
             locked_at=locked_at,
         )
 
-    def drain(self, batch_size: int = 1000, *, using: str = "default") -> DrainResult:
+    def drain(
+        self,
+        batch_size: int = 1000,
+        *,
+        using: str = "default",
+        hold_partial: timedelta | None = None,
+    ) -> DrainResult:
         """Move up to ``batch_size`` rows into IdempotencyKey, in one transaction.
 
         ``SELECT … ORDER BY id LIMIT n FOR UPDATE SKIP LOCKED`` (on PostgreSQL; SQLite
@@ -766,6 +774,10 @@ class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
         deleted. A crash before the commit rolls all of it back, and running it again
         writes the same rows again: several drainers at once, or one run after a crash,
         neither lose nor duplicate a row.
+
+        ``hold_partial``: a batch shorter than ``batch_size`` whose oldest row is younger
+        than this is left alone (``held``), so that under load every transaction carries
+        a full batch; a later drain takes it once it is old enough.
         """
         from .models import IdempotencyKey
 
@@ -791,6 +803,12 @@ class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
             )
             if not rows:
                 return DrainResult()
+            if (
+                hold_partial is not None
+                and len(rows) < batch_size
+                and min(row.created_at for row in rows) > now - hold_partial
+            ):
+                return DrainResult(held=len(rows))
             live = [row for row in rows if row.expires_at > now]
             if live:
                 IdempotencyKey.objects.using(using).bulk_create(

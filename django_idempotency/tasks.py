@@ -78,6 +78,8 @@ def drain_outbox(
     batch_size: int | None = None,
     time_budget: float | None = None,
     using: str | None = None,
+    hold_partial: float = 0.0,
+    follow_up: bool = False,
 ) -> dict[str, int]:
     """Drain the outbox in transactions of ``batch_size`` rows (``OUTBOX_BATCH_SIZE``).
 
@@ -85,17 +87,25 @@ def drain_outbox(
     another drainer) or after ``time_budget`` seconds; in the second case it queues
     itself again, so that a long backlog never holds one worker for long. Safe to run
     on several workers at once and to re-run after a crash.
+
+    ``hold_partial`` (seconds; the hybrid strategy's after-commit drains): a short
+    last batch whose oldest row is younger than this is left for later, so that under
+    load each transaction carries a full batch. With ``follow_up``, a run that left
+    rows queues one more run in ``hold_partial`` seconds, which takes them (they are
+    old enough by then) and queues nothing further. The beat entry drains everything.
     """
     from .models import IdempotencyOutbox
 
     size = int(batch_size or conf.OUTBOX_BATCH_SIZE)
     budget = DRAIN_TIME_BUDGET if time_budget is None else float(time_budget)
     alias = using or conf.DATABASE
+    hold = timedelta(seconds=float(hold_partial)) if hold_partial else None
     started = time.monotonic()
-    drained = discarded = transactions = 0
+    drained = discarded = transactions = held = 0
     more = False
     while True:
-        result = IdempotencyOutbox.objects.drain(size, using=alias)
+        result = IdempotencyOutbox.objects.drain(size, using=alias, hold_partial=hold)
+        held = result.held
         if result.rows == 0:
             break
         transactions += 1
@@ -118,9 +128,17 @@ def drain_outbox(
                 "idempotency_transactions": transactions,
             },
         )
+    kwargs: dict[str, Any] = {"batch_size": size, "using": alias, "hold_partial": hold_partial}
     if more:
-        drain_outbox.apply_async(kwargs={"batch_size": size, "time_budget": budget, "using": alias})
-    return {"drained": drained, "discarded": discarded, "transactions": transactions}
+        drain_outbox.apply_async(kwargs={**kwargs, "time_budget": budget, "follow_up": follow_up})
+    elif held and follow_up:
+        drain_outbox.apply_async(kwargs=kwargs, countdown=float(hold_partial))
+    return {
+        "drained": drained,
+        "discarded": discarded,
+        "transactions": transactions,
+        "held": held,
+    }
 
 
 @shared_task(name=PURGE_TASK, ignore_result=True)  # type: ignore[untyped-decorator]
@@ -152,8 +170,9 @@ def celery_configured() -> bool:
     )
 
 
-def send_drain(countdown: float) -> None:
-    """Queue ``drain_outbox`` in ``countdown`` seconds, from a daemon thread.
+def send_drain(countdown: float, hold_partial: float = 0.0) -> None:
+    """Queue ``drain_outbox`` in ``countdown`` seconds, from a daemon thread
+    (``hold_partial``: see :func:`drain_outbox`).
 
     The request that triggered it never waits for the broker: a broker that is down
     or slow costs a warning in the log, and the beat entry drains the rows later.
@@ -161,7 +180,11 @@ def send_drain(countdown: float) -> None:
 
     def send() -> None:
         try:
-            drain_outbox.apply_async(countdown=countdown, retry=False)
+            drain_outbox.apply_async(
+                kwargs={"hold_partial": float(hold_partial), "follow_up": bool(hold_partial)},
+                countdown=countdown,
+                retry=False,
+            )
         except Exception:
             logger.warning(
                 "could not queue %s; the beat schedule will drain the outbox",

@@ -124,3 +124,17 @@ def test_drain_moves_rows_in_batches_and_fences_db_claims(using: str) -> None:
         claim.pk, claim.claim_token, RESPONSE, ttl=60, using=using
     )
     assert not rows.filter(status=IN_PROGRESS).exists()
+
+
+@pytest.mark.parametrize("using", BACKENDS)
+def test_drain_holds_a_young_short_batch(using: str) -> None:
+    hold = timedelta(seconds=30)
+    for index in range(15):
+        assert _add(using, f"k{index}")
+    manager = IdempotencyOutbox.objects
+    assert manager.drain(10, using=using, hold_partial=hold).drained == 10  # a full batch
+    assert manager.drain(10, using=using, hold_partial=hold).held == 5  # short and young
+    assert manager.using(using).count() == 5
+    manager.using(using).update(created_at=timezone.now() - timedelta(seconds=31))
+    assert manager.drain(10, using=using, hold_partial=hold).drained == 5  # old enough
+    assert IdempotencyKey.objects.using(using).count() == 15

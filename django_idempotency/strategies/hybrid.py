@@ -286,6 +286,9 @@ class HybridStrategy(Strategy):
 
     #: Seconds between a commit and the drain it queues; commits in between share it.
     drain_delay: float = 1.0
+    #: That drain leaves a short last batch younger than this many seconds for a
+    #: follow-up run, so that under load each drain transaction moves a full batch.
+    drain_hold: float = 5.0
     #: Queue ``drain_outbox`` after commits (when Celery is installed and configured).
     queue_drain: bool = True
 
@@ -502,7 +505,7 @@ class HybridStrategy(Strategy):
             return
         try:
             if tasks.celery_configured():
-                tasks.send_drain(self.drain_delay)
+                tasks.send_drain(self.drain_delay, self.drain_hold)
         except Exception:
             logger.warning("could not queue the outbox drain", exc_info=True)
 
