@@ -9,10 +9,13 @@ has its claim taken over, from another connection, while it runs.
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from django.db import connections
 from django.http import HttpRequest, JsonResponse
+from django.test import Client
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 
@@ -101,6 +104,43 @@ def stolen(request: HttpRequest) -> JsonResponse:
     idem: Any = request.idempotency  # type: ignore[attr-defined]
     gate.thefts.append(steal(idem.scope, idem.key, idem.fingerprint))
     return _created("stolen", request)
+
+
+class Background:
+    """One request sent from its own thread (so: its own database connection)."""
+
+    def __init__(self, path: str, key: str, body: object = None) -> None:
+        self.response: Any = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(path, key, body))
+        self.thread.start()
+
+    def _run(self, path: str, key: str, body: object) -> None:
+        try:
+            self.response = Client().post(
+                path,
+                body or {"amount": 1},
+                content_type="application/json",
+                HTTP_IDEMPOTENCY_KEY=key,
+            )
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            connections.close_all()
+
+    def result(self) -> Any:
+        self.thread.join(timeout=60)
+        assert not self.thread.is_alive(), "the request hung"
+        assert self.error is None, self.error
+        return self.response
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.01)  # polling interval
 
 
 urlpatterns = [

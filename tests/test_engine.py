@@ -7,15 +7,12 @@ through real requests on threads against ``tests.gates``.
 from __future__ import annotations
 
 import json
-import threading
-import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import AnonymousUser
-from django.db import connections
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.test import Client, RequestFactory, override_settings
 from django.utils import timezone
@@ -28,6 +25,7 @@ from django_idempotency.managers import ClaimState
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.responses import PROBLEM_CONTENT_TYPE, REPLAYED_HEADER
 
+from .gates import Background, wait_until
 from .gates import gate as the_gate
 from .testapp.models import SideEffect
 
@@ -358,43 +356,6 @@ def gate() -> Iterator[Any]:
     the_gate.reset()
     yield the_gate
     the_gate.opened.set()
-
-
-class Background:
-    """One request sent from its own thread (so: its own database connection)."""
-
-    def __init__(self, path: str, key: str, body: object = None) -> None:
-        self.response: Any = None
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(path, key, body))
-        self.thread.start()
-
-    def _run(self, path: str, key: str, body: object) -> None:
-        try:
-            self.response = Client().post(
-                path,
-                body or {"amount": 1},
-                content_type="application/json",
-                HTTP_IDEMPOTENCY_KEY=key,
-            )
-        except BaseException as exc:
-            self.error = exc
-        finally:
-            connections.close_all()
-
-    def result(self) -> Any:
-        self.thread.join(timeout=60)
-        assert not self.thread.is_alive(), "the request hung"
-        assert self.error is None, self.error
-        return self.response
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.01)  # polling interval
 
 
 @pytest.mark.urls("tests.gates")
