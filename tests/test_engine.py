@@ -20,10 +20,11 @@ from django.utils import timezone
 from django_idempotency import signals
 from django_idempotency.conf import conf
 from django_idempotency.engine import Options, handle
+from django_idempotency.errors import IdempotencyError
 from django_idempotency.keys import downstream_key
 from django_idempotency.managers import ClaimState
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.responses import PROBLEM_CONTENT_TYPE, REPLAYED_HEADER
+from django_idempotency.responses import PROBLEM_CONTENT_TYPE, REPLAYED_HEADER, problem_response
 
 from .gates import Background, wait_until
 from .gates import gate as the_gate
@@ -433,3 +434,26 @@ def test_concurrent_requests_with_different_keys_all_succeed(gate: Any) -> None:
     assert second.result().status_code == 201
     assert SideEffect.objects.count() == 2
     assert set(IdempotencyKey.objects.values_list("status", flat=True)) == {"completed"}
+
+
+def _error_classes() -> list[type[IdempotencyError]]:
+    found: list[type[IdempotencyError]] = []
+    pending = [IdempotencyError]
+    while pending:
+        cls = pending.pop()
+        found.append(cls)
+        pending.extend(cls.__subclasses__())
+    return found
+
+
+@pytest.mark.parametrize("error_class", _error_classes(), ids=lambda cls: cls.__name__)
+def test_every_error_is_an_rfc9457_problem(error_class: type[IdempotencyError]) -> None:
+    error = error_class(retry_after=3)
+    response = problem_response(error)
+    payload = problem(response, error_class.status, error_class.slug)
+    assert payload["title"] == error_class.title
+    assert payload["detail"] == error_class.default_detail
+    assert payload["type"].startswith("https://")
+    assert response["Retry-After"] == "3"
+    assert 400 <= error_class.status <= 599
+    assert problem_response(error_class("custom")).content.count(b"custom") == 1
