@@ -38,11 +38,13 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import threading
 from dataclasses import dataclass
 from typing import Any, Union
 
 import redis
+from django.core.signals import setting_changed
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
@@ -140,6 +142,7 @@ def reset_clients() -> None:
         clients = list(_clients.values())
         _clients.clear()
         _stores.clear()
+        _current.clear()
     for client in clients:
         with contextlib.suppress(*REDIS_ERRORS):
             client.close()
@@ -166,6 +169,16 @@ class RedisRecord:
 _json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode
 
 
+_plain = re.compile(r"[A-Za-z0-9_.:\-]*\Z").match
+
+
+def _string(value: str) -> str:
+    """``value`` as a JSON string; hex tokens and fingerprints skip the encoder."""
+    if _plain(value):
+        return '"' + value + '"'
+    return _json(value)
+
+
 def encode_response(response: StoredResponse) -> str:
     """``{"c": status, "h": headers, "b": base64 body}``."""
     body = base64.b64encode(response.body).decode("ascii")
@@ -175,8 +188,15 @@ def encode_response(response: StoredResponse) -> str:
 def encode_record(record: RedisRecord) -> bytes:
     """Compact JSON; the body is base64 so that any bytes survive."""
     response = "null" if record.response is None else encode_response(record.response)
-    head = _json({"s": record.status, "f": record.fingerprint})
-    return (head[:-1] + ',"r":' + response + token_tail(record.token)).encode("ascii")
+    return (
+        '{"s":'
+        + _string(record.status)
+        + ',"f":'
+        + _string(record.fingerprint)
+        + ',"r":'
+        + response
+        + token_tail(record.token)
+    ).encode("ascii")
 
 
 def new_token() -> str:
@@ -257,7 +277,7 @@ return redis.call('DEL', KEYS[1])
 
 def token_tail(token: str) -> str:
     """How a record held by ``token`` ends."""
-    return ',"t":' + _json(token) + "}"
+    return ',"t":' + _string(token) + "}"
 
 
 def _ms(value: float) -> int:
@@ -378,17 +398,32 @@ class RedisStore:
 
 
 _stores: dict[tuple[int, str], RedisStore] = {}
+#: The store for the current settings; dropped when IDEMPOTENCY or CACHES change.
+_current: list[RedisStore] = []
 
 
 def get_store() -> RedisStore:
-    """The store for the configured client and ``REDIS_KEY_PREFIX`` (one per process)."""
+    """The store for the configured client and ``REDIS_KEY_PREFIX`` (one per process).
+
+    Remembered until ``IDEMPOTENCY`` or ``CACHES`` change (``setting_changed``, as sent
+    by ``override_settings``) or :func:`reset_clients` is called.
+    """
+    if _current:
+        return _current[0]
     client = get_client()
     prefix = conf.REDIS_KEY_PREFIX
     ident = (id(client), prefix)
-    store = _stores.get(ident)
-    if store is None or store.client is not client:
-        with _clients_lock:
-            store = _stores.get(ident)
-            if store is None or store.client is not client:
-                store = _stores[ident] = RedisStore(client, prefix)
+    with _clients_lock:
+        store = _stores.get(ident)
+        if store is None or store.client is not client:
+            store = _stores[ident] = RedisStore(client, prefix)
+        _current[:] = [store]
     return store
+
+
+def _forget_current(*, setting: str, **kwargs: Any) -> None:
+    if setting in {"IDEMPOTENCY", "CACHES"}:
+        _current.clear()
+
+
+setting_changed.connect(_forget_current, dispatch_uid="django_idempotency.redis_store")
