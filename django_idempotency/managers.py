@@ -502,7 +502,43 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
         using: str = "default",
         max_batches: int | None = None,
     ) -> Any:
-        """Yield the number of rows deleted by each batch (for progress reporting)."""
+        """Yield the number of rows deleted by each batch (for progress reporting).
+
+        On PostgreSQL and SQLite each batch is one statement in its own short
+        transaction, ``DELETE … WHERE id IN (SELECT id … WHERE expires_at <= cutoff
+        ORDER BY expires_at LIMIT n)``: about four times the throughput of reading the
+        ids first and deleting them in a second statement (``benchmarks/purge.py``).
+        No ``pre_delete``/``post_delete`` signals are sent for the purged rows.
+        """
+        connection = connections[using]
+        if connection.vendor not in {"postgresql", "sqlite"}:
+            yield from self._iter_delete_expired_orm(batch_size, cutoff, using, max_batches)
+            return
+        q = connection.ops.quote_name
+        table = q(self.model._meta.db_table)
+        pk, expires = q("id"), q("expires_at")
+        statement = (
+            f"DELETE FROM {table} WHERE {pk} IN (SELECT {pk} FROM {table} "
+            f"WHERE {expires} <= %s ORDER BY {expires} LIMIT %s)"
+        )
+        field = self.model._meta.get_field("expires_at")
+        params = [field.get_db_prep_save(cutoff, connection), int(batch_size)]
+        batches = 0
+        while max_batches is None or batches < max_batches:
+            with transaction.atomic(using=using), connection.cursor() as cursor:
+                cursor.execute(statement, params)
+                deleted = cursor.rowcount
+            if deleted <= 0:
+                return
+            batches += 1
+            yield deleted
+            if deleted < batch_size:
+                return
+
+    def _iter_delete_expired_orm(
+        self, batch_size: int, cutoff: datetime, using: str, max_batches: int | None
+    ) -> Any:
+        """The same through the ORM, for other databases."""
         batches = 0
         while max_batches is None or batches < max_batches:
             with transaction.atomic(using=using):

@@ -137,3 +137,23 @@ def test_parse_duration_rejects(text: str) -> None:
 def test_format_duration() -> None:
     assert format_duration(timedelta(hours=26, seconds=5)) == "1d2h5s"
     assert format_duration(timedelta(0)) == "0s"
+
+
+@pytest.mark.django_db(databases=["default", "sqlite"])
+@pytest.mark.parametrize("using", DATABASES)
+def test_single_statement_and_orm_batches_agree(using: str) -> None:
+    """The one-statement purge (PostgreSQL, SQLite) and the ORM one (other databases)
+    delete the same rows in the same batches, oldest expiry first."""
+    manager = IdempotencyKey.objects
+    now = timezone.now()
+    for n in range(5):
+        ExpiredKeyFactory(_using=using, expires_at=now - timedelta(minutes=n + 1))
+    CompletedKeyFactory(_using=using)
+    oldest = list(manager.using(using).order_by("expires_at").values_list("pk", flat=True)[:2])
+    batches = list(
+        manager.iter_delete_expired(batch_size=2, cutoff=now, using=using, max_batches=1)
+    )
+    assert batches == [2]
+    assert not manager.using(using).filter(pk__in=oldest).exists()
+    assert list(manager._iter_delete_expired_orm(2, now, using, None)) == [2, 1]
+    assert manager.using(using).count() == 1
