@@ -10,7 +10,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django.db import connections, models, transaction
 from django.utils import timezone
@@ -77,6 +77,33 @@ STORE_COLUMNS = (
     "expires_at",
 )
 
+#: The columns of :attr:`_Statements.read`, the fields of :class:`KeyRow`.
+READ_COLUMNS = (
+    "id",
+    "fingerprint",
+    "status",
+    "claim_token",
+    "locked_at",
+    "expires_at",
+    "response_status",
+    "response_headers",
+    "response_body",
+)
+
+
+class KeyRow(NamedTuple):
+    """One IdempotencyKey row as :meth:`IdempotencyKeyManager.read` returns it."""
+
+    pk: int
+    fingerprint: str
+    status: str
+    claim_token: uuid.UUID
+    locked_at: datetime | None
+    expires_at: datetime
+    response_status: int | None
+    response_headers: dict[str, str] | None
+    response_body: bytes | None
+
 
 class _Statements:
     """SQL for one table on one backend, built once, and the parameters that go with it.
@@ -127,6 +154,26 @@ class _Statements:
             f"VALUES ({', '.join(['%s'] * len(STORE_COLUMNS))}) "
             f"ON CONFLICT ({q('scope')}, {q('key')}) DO UPDATE SET {updates}"
         )
+
+        read_columns = ", ".join(q(str(self.fields[name].column)) for name in READ_COLUMNS)
+        self.read = (
+            f"SELECT {read_columns} FROM {table} WHERE {q('scope')} = %s AND {q('key')} = %s"
+        )
+        # What the ORM would apply to each column read (SQLCompiler.get_converters):
+        # the backend's converters, then the field's from_db_value.
+        self.read_converters: list[tuple[list[Any], Any]] = []
+        for name in READ_COLUMNS:
+            col = self.fields[name].get_col(opts.db_table)
+            converters = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
+            self.read_converters.append((converters, col))
+
+    def convert_row(self, row: Any, connection: BaseDatabaseWrapper) -> KeyRow:
+        values = []
+        for value, (converters, col) in zip(row, self.read_converters, strict=True):
+            for converter in converters:
+                value = converter(value, col, connection)
+            values.append(value)
+        return KeyRow(*values)
 
     def prep(self, name: str, value: Any, connection: BaseDatabaseWrapper) -> Any:
         """``value`` (already of field ``name``'s Python type) as the backend takes it."""
@@ -260,22 +307,7 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
             if row is not None:
                 return ClaimResult(ClaimState.CLAIMED, pk=int(row[0]), token=token)
 
-            existing = (
-                self.using(using)
-                .filter(scope=scope, key=key)
-                .values_list(
-                    "pk",
-                    "fingerprint",
-                    "status",
-                    "claim_token",
-                    "locked_at",
-                    "expires_at",
-                    "response_status",
-                    "response_headers",
-                    "response_body",
-                )
-                .first()
-            )
+            existing = self.read(scope, key, using=using)
             if existing is None:
                 continue  # released or purged between the two statements: claim again
             pk, stored_print, status, old_token, locked_at, expires_at = existing[:6]
@@ -318,6 +350,16 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
         # The row kept changing under us (released, purged or taken over each time):
         # the key is busy, and the client is told to retry.
         return ClaimResult(ClaimState.IN_PROGRESS)
+
+    def read(self, scope: str, key: str, *, using: str = "default") -> KeyRow | None:
+        """The row of ``(scope, key)``, or None: one SELECT whose text is built once, no ORM query
+        to compile per call (the values are converted as the ORM converts them)."""
+        connection = connections[using]
+        sql = self._sql(connection)
+        with connection.cursor() as cursor:
+            cursor.execute(sql.read, [scope, key])
+            row = cursor.fetchone()
+        return None if row is None else sql.convert_row(row, connection)
 
     def _take_over(
         self,

@@ -13,11 +13,11 @@ import pytest
 from django.db import connections, transaction
 from django.utils import timezone
 
-from django_idempotency.managers import ClaimResult, ClaimState
+from django_idempotency.managers import ClaimResult, ClaimState, KeyRow
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.responses import StoredResponse
 
-from .factories import ExpiredKeyFactory, IdempotencyKeyFactory
+from .factories import CompletedKeyFactory, ExpiredKeyFactory, IdempotencyKeyFactory
 
 pytestmark = pytest.mark.django_db(databases=["default", "sqlite"])
 
@@ -466,3 +466,19 @@ def wait_for_lock_wait(thread: threading.Thread, timeout: float = 10.0) -> None:
             assert thread.is_alive(), "the claimant finished without waiting on the row"
             time.sleep(0.01)  # polling interval, not a wait that hopes
     raise AssertionError("the claimant never waited on the row")
+
+
+# -- read -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("factory", [IdempotencyKeyFactory, CompletedKeyFactory])
+def test_read_returns_what_the_orm_returns(alias: str, factory: Any) -> None:
+    made = factory(_using=alias, scope="user:1", key="k1")
+    fields = ["pk", *KeyRow._fields[1:]]
+    orm = IdempotencyKey.objects.using(alias).filter(pk=made.pk).values_list(*fields).get()
+    read = IdempotencyKey.objects.read("user:1", "k1", using=alias)
+    assert read is not None
+    assert tuple(read) == orm
+    assert isinstance(read.claim_token, uuid.UUID)
+    assert read.expires_at.tzinfo is not None
+    assert IdempotencyKey.objects.read("user:1", "absent", using=alias) is None

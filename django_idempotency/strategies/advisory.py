@@ -117,30 +117,17 @@ class AdvisoryLockStrategy(Strategy):
                 transaction.set_rollback(True, using=attempt.database)
                 return InFlight()
             raise StoreUnavailable() from exc
-        row = (
-            IdempotencyKey.objects.using(attempt.database)
-            .filter(scope=attempt.scope, key=attempt.key)
-            .values_list(
-                "fingerprint",
-                "status",
-                "expires_at",
-                "response_status",
-                "response_headers",
-                "response_body",
-            )
-            .first()
-        )
-        if row is None or row[2] <= timezone.now():
+        row = IdempotencyKey.objects.read(attempt.scope, attempt.key, using=attempt.database)
+        if row is None or row.expires_at <= timezone.now():
             return claim
-        fingerprint, status, _expires, response_status, headers, body = row
-        if fingerprint != attempt.fingerprint:
+        if row.fingerprint != attempt.fingerprint:
             return Mismatch()
-        if status != COMPLETED:
+        if row.status != COMPLETED:
             return InFlight()
         return Replay(
             StoredResponse(
-                status=int(response_status or 0),
-                headers=dict(headers or {}),
-                body=bytes(body or b""),
+                status=int(row.response_status or 0),
+                headers=dict(row.response_headers or {}),
+                body=bytes(row.response_body or b""),
             )
         )
