@@ -67,16 +67,22 @@ def test_settings_fixture_changes_take_effect(settings: Settings) -> None:
 
 
 def test_nothing_is_written_into_settings() -> None:
+    def snapshot() -> dict[str, object]:
+        return {name: getattr(settings, name) for name in dir(settings) if name.isupper()}
+
     user = {"TTL": 5}
     with override_settings(IDEMPOTENCY=user):
+        before = snapshot()
         for name in DEFAULTS:
             getattr(conf, name)
+        assert snapshot() == before
         assert settings.IDEMPOTENCY == {"TTL": 5}
         assert user == {"TTL": 5}
         assert conf.user_settings == {"TTL": 5}
     with override_settings():
         del settings.IDEMPOTENCY
+        before = snapshot()
         for name in DEFAULTS:
             getattr(conf, name)
+        assert snapshot() == before
         assert not hasattr(settings, "IDEMPOTENCY")
-    assert not any(hasattr(settings, name) for name in DEFAULTS)
