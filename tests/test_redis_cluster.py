@@ -158,3 +158,54 @@ def test_race_through_the_example_server_on_the_cluster(redis_cluster: RedisClus
         assert count_rows(db, "payments_charge") == 1
         assert count_rows(db, "django_idempotency_idempotencykey") == 0
         assert "Traceback" not in server.log()
+
+
+def test_a_primary_killed_mid_traffic_is_failed_over_and_requests_stay_bounded(
+    redis_settings: Any,
+) -> None:
+    """SIGKILL one primary of a private cluster: while its replica takes over, requests for
+    its slots get a bounded 503 (never a hang); afterwards every completed key replays."""
+    from django_idempotency.errors import StoreUnavailable
+
+    cluster = RedisClusterNodes().start()
+    try:
+        redis_settings(cluster.url, REDIS_CLUSTER=True, REDIS_FAILURE_MODE="fail_closed")
+        strategy = RedisStrategy()
+        attempts = [
+            Attempt("user:1", f"failover-{i}", "fp", ttl=600, lock_timeout=5, atomic=False)
+            for i in range(30)
+        ]
+        for attempt in attempts:
+            with strategy.session(attempt) as claim:
+                assert isinstance(claim, Claimed)
+                claim.complete(RESPONSE)
+        victim_port = next(p for p in cluster.primaries() if p != cluster.nodes[0].port)
+        # Let the replicas acknowledge the writes before the crash.
+        node = redis.Redis(host="127.0.0.1", port=victim_port, socket_timeout=2)
+        assert node.wait(1, 2000) >= 1
+        node.close()
+        victim = next(n for n in cluster.nodes if n.port == victim_port)
+        victim.kill()
+
+        slowest = 0.0
+        unavailable = 0
+        deadline = time.monotonic() + 30
+        while True:
+            replays = 0
+            for attempt in attempts:
+                started = time.monotonic()
+                try:
+                    with strategy.session(attempt) as outcome:
+                        replays += isinstance(outcome, Replay)
+                except StoreUnavailable:
+                    unavailable += 1
+                slowest = max(slowest, time.monotonic() - started)
+            if replays == len(attempts):
+                break
+            assert time.monotonic() < deadline, f"{replays}/{len(attempts)} replay after 30 s"
+            time.sleep(0.2)
+        assert unavailable > 0, "the outage was observed"
+        assert slowest < 2.0, f"one request waited {slowest:.2f}s"
+        assert victim_port not in cluster.primaries()
+    finally:
+        cluster.stop()
