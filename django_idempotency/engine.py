@@ -189,22 +189,30 @@ class IdempotentRequest:
             except BaseException:
                 timer(self.strategy.name, "error", time.perf_counter() - started)
                 raise
-            timer(self.strategy.name, outcome_name(outcome), time.perf_counter() - started)
         self.outcome = outcome
-        info = RequestIdempotency(self.scope, self.key, self.fingerprint)
-        self.request.idempotency = info  # type: ignore[attr-defined]
-        if isinstance(outcome, Claimed):
-            self._send(signals.key_taken_over if outcome.taken_over else signals.key_claimed)
-            log = logger.warning if outcome.taken_over else logger.debug
-            log(
-                "idempotency key %s (scope %s) %s",
-                self.key,
-                self.scope,
-                "taken over from a stale lease" if outcome.taken_over else "claimed",
-                extra=self._log_extra("taken_over" if outcome.taken_over else "claimed"),
-            )
-            self._lease_cm = keeper.keep(outcome, conf.HEARTBEAT_INTERVAL)
-            self._lease_cm.__enter__()
+        try:
+            if timer is not None:
+                timer(self.strategy.name, outcome_name(outcome), time.perf_counter() - started)
+            info = RequestIdempotency(self.scope, self.key, self.fingerprint)
+            self.request.idempotency = info  # type: ignore[attr-defined]
+            if isinstance(outcome, Claimed):
+                self._send(signals.key_taken_over if outcome.taken_over else signals.key_claimed)
+                log = logger.warning if outcome.taken_over else logger.debug
+                log(
+                    "idempotency key %s (scope %s) %s",
+                    self.key,
+                    self.scope,
+                    "taken over from a stale lease" if outcome.taken_over else "claimed",
+                    extra=self._log_extra("taken_over" if outcome.taken_over else "claimed"),
+                )
+                self._lease_cm = keeper.keep(outcome, conf.HEARTBEAT_INTERVAL)
+                self._lease_cm.__enter__()
+        except BaseException as exc:
+            # ``with`` does not call __exit__ when __enter__ raises: end the session here
+            # (roll back its transaction, release the key) instead of leaving it to the
+            # garbage collector while the traceback, and the open transaction, live on.
+            self.__exit__(type(exc), exc, exc.__traceback__)
+            raise
         return outcome
 
     def __exit__(
