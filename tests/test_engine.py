@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import AnonymousUser
+from django.db import connections
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.test import Client, RequestFactory, override_settings
 from django.utils import timezone
@@ -457,3 +458,26 @@ def test_every_error_is_an_rfc9457_problem(error_class: type[IdempotencyError]) 
     assert response["Retry-After"] == "3"
     assert 400 <= error_class.status <= 599
     assert problem_response(error_class("custom")).content.count(b"custom") == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failing_signal_receiver_after_the_claim_leaves_nothing_open() -> None:
+    """An exception raised after the session was entered (a signal receiver, a metrics
+    hook) must still end the session: roll back its transaction and release the key."""
+
+    def broken(sender: Any, **kwargs: Any) -> None:
+        raise RuntimeError("receiver failed")
+
+    signals.key_claimed.connect(broken, weak=False)
+    try:
+        with pytest.raises(RuntimeError, match="receiver failed") as info:
+            handle(request(), view())
+        # Checked while the traceback is alive, as an error reporter would keep it: the
+        # cleanup must not wait for the garbage collector to close the session.
+        assert info.value.__traceback__ is not None
+        assert not connections["default"].in_atomic_block
+        assert not IdempotencyKey.objects.exists()
+    finally:
+        signals.key_claimed.disconnect(broken)
+    assert SideEffect.objects.count() == 0
+    assert handle(request(), view()).status_code == 201
