@@ -163,3 +163,42 @@ def test_e009_redis_failure_mode() -> None:
 
 def test_e010_hybrid_db_check() -> None:
     assert isinstance(only(run({"HYBRID_DB_CHECK": "never"}), "E010"), Error)
+
+
+def test_e011_redis_strategies_need_a_redis() -> None:
+    message = only(run({"STRATEGY": "redis"}), "E011")
+    assert "REDIS_URL" in message.msg
+    assert run({"STRATEGY": "redis", "REDIS_URL": "redis://127.0.0.1:6379/15"}) == []
+
+
+def test_e012_cache_alias_must_be_django_redis() -> None:
+    message = only(run({"STRATEGY": "hybrid", "REDIS_CACHE_ALIAS": "default"}), "E012")
+    assert "'default'" in message.msg
+    assert (
+        "not in CACHES"
+        in only(run({"STRATEGY": "redis", "REDIS_CACHE_ALIAS": "nowhere"}), "E012").msg
+    )
+
+
+def test_every_check_id_is_tested_here() -> None:
+    import re
+    from pathlib import Path
+
+    import django_idempotency.checks as checks
+
+    source = Path(checks.__file__).read_text()
+    declared = set(re.findall(r'id=ID \+ "([EW]\d{3})"', source))
+    tested = set(re.findall(r"def test_([ew]\d{3})_", Path(__file__).read_text()))
+    assert declared, "no check ids found in checks.py"
+    assert declared == {t.upper() for t in tested}
+
+
+def test_w004_metrics_without_prometheus_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    assert run({"METRICS": True}) == []  # prometheus_client is installed here
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # as if it were not
+    message = only(run({"METRICS": True}), "W004")
+    assert isinstance(message, Warning)
+    assert "pip install django-idempotency[prometheus]" in (message.hint or "")
+    assert run({"METRICS": False}) == []
