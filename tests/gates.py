@@ -3,7 +3,7 @@
 Use with ``@pytest.mark.urls("tests.gates")`` and the ``gate`` fixture of the test
 module: a request to ``/gated/`` signals ``gate.entered`` and then waits until the
 test calls ``gate.opened.set()``, before it writes its SideEffect row. ``/stolen/``
-has its claim taken over, from another connection, while it runs.
+(and ``/stolen-drf/``) has its claim taken over, from another connection, while it runs.
 """
 
 from __future__ import annotations
@@ -18,10 +18,15 @@ from django.http import HttpRequest, JsonResponse
 from django.test import Client
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from django_idempotency.conf import conf
 from django_idempotency.decorators import idempotent
 from django_idempotency.managers import ClaimResult
+from django_idempotency.mixins import IdempotencyMixin
 from django_idempotency.models import IdempotencyKey
 
 from .testapp.models import SideEffect
@@ -106,6 +111,18 @@ def stolen(request: HttpRequest) -> JsonResponse:
     return _created("stolen", request)
 
 
+class StolenAPIView(IdempotencyMixin, APIView):
+    """The DRF variant of ``stolen``: its claim is taken over while the handler runs."""
+
+    permission_classes = [AllowAny]
+
+    def post(self, request: Request) -> Response:
+        idem: Any = request.idempotency  # type: ignore[attr-defined]
+        gate.thefts.append(steal(idem.scope, idem.key, idem.fingerprint))
+        SideEffect.objects.create(label="stolen-drf")
+        return Response({"ok": True}, status=201)
+
+
 class Background:
     """One request sent from its own thread (so: its own database connection)."""
 
@@ -147,4 +164,5 @@ urlpatterns = [
     path("gated/", gated),
     path("gated-short-lock/", gated_short_lock),
     path("stolen/", stolen),
+    path("stolen-drf/", StolenAPIView.as_view()),
 ]

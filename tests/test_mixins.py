@@ -16,6 +16,7 @@ from django_idempotency.responses import PROBLEM_CONTENT_TYPE, REPLAYED_HEADER
 from example_project.payments.models import Charge
 
 from .factories import UserFactory
+from .gates import gate as the_gate
 from .testapp.models import SideEffect
 
 pytestmark = pytest.mark.django_db
@@ -260,3 +261,17 @@ def test_charges_example_replays_and_keeps_the_provider_key(alice: Any) -> None:
     assert json.loads(again.content)["psp_reference"] == charge["psp_reference"]
     other = post(client, "/api/charges/", body, key="order-2")
     assert json.loads(other.content)["psp_reference"] != charge["psp_reference"]
+
+
+@pytest.mark.urls("tests.gates")
+@pytest.mark.django_db(transaction=True)
+def test_fencing_takeover_while_the_handler_runs_rolls_it_back() -> None:
+    the_gate.reset()
+    response = APIClient().post(
+        "/stolen-drf/", {"a": 1}, format="json", HTTP_IDEMPOTENCY_KEY="fenced"
+    )
+    problem(response, 409, "lease-lost")
+    (theft,) = the_gate.thefts
+    assert theft.taken_over
+    assert SideEffect.objects.count() == 0
+    assert IdempotencyKey.objects.get(key="fenced").claim_token == theft.token
