@@ -81,6 +81,7 @@ class RedisClaim(Claimed):
         self.pending: StoredResponse | None = None
         self.released = False
         self.completed = False
+        self.deleted = False
 
     def renew(self) -> bool:
         a = self.attempt
@@ -117,6 +118,9 @@ class RedisClaim(Claimed):
 
     def delete(self) -> bool:
         """Delete this claim's record (in progress or completed) if it is still ours."""
+        if self.deleted:
+            return False
+        self.deleted = True
         a = self.attempt
         try:
             return self.store.release(a.scope, a.key, self.token)
