@@ -105,6 +105,62 @@ class KeyRow(NamedTuple):
     response_body: bytes | None
 
 
+class _RowReader:
+    """``SELECT <columns> FROM <table> WHERE scope = %s AND key = %s [AND expires_at > %s]``,
+    built once per backend, with the rows converted as the ORM converts them.
+
+    Compiling the equivalent ``values_list(...).first()`` costs several times the
+    statement's own round trip, and these reads are on every request's path.
+    """
+
+    def __init__(
+        self,
+        model: type[models.Model],
+        connection: BaseDatabaseWrapper,
+        columns: tuple[str, ...],
+        *,
+        live_only: bool = False,
+    ) -> None:
+        q = connection.ops.quote_name
+        opts = model._meta
+        fields = {f.name: f for f in opts.concrete_fields}
+        self.expires_field = fields["expires_at"]
+        selected = ", ".join(q(str(fields[name].column)) for name in columns)
+        self.sql = (
+            f"SELECT {selected} FROM {q(opts.db_table)} WHERE {q('scope')} = %s AND {q('key')} = %s"
+        )
+        self.live_only = live_only
+        if live_only:
+            self.sql += f" AND {q(str(self.expires_field.column))} > %s"
+        # What SQLCompiler.get_converters() gives the ORM for each column: the backend's
+        # converters, then the field's from_db_value.
+        self.converters: list[tuple[list[Any], Any]] = []
+        for name in columns:
+            col = fields[name].get_col(opts.db_table)
+            converters = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
+            self.converters.append((converters, col))
+
+    def fetch(
+        self, connection: BaseDatabaseWrapper, scope: str, key: str, now: datetime | None = None
+    ) -> list[Any] | None:
+        """The converted row of (scope, key) (live at ``now`` when ``live_only``), or None."""
+        params: list[Any] = [scope, key]
+        if self.live_only:
+            assert now is not None
+            params.append(self.expires_field.get_db_prep_value(now, connection, prepared=True))
+        with connection.cursor() as cursor:
+            cursor.execute(self.sql, params)
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        values = []
+        for value, (converters, col) in zip(row, self.converters, strict=True):
+            for converter in converters:
+                value = converter(value, col, connection)
+            values.append(value)
+        return values
+
+
 class _Statements:
     """SQL for one table on one backend, built once, and the parameters that go with it.
 
@@ -155,25 +211,7 @@ class _Statements:
             f"ON CONFLICT ({q('scope')}, {q('key')}) DO UPDATE SET {updates}"
         )
 
-        read_columns = ", ".join(q(str(self.fields[name].column)) for name in READ_COLUMNS)
-        self.read = (
-            f"SELECT {read_columns} FROM {table} WHERE {q('scope')} = %s AND {q('key')} = %s"
-        )
-        # What the ORM would apply to each column read (SQLCompiler.get_converters):
-        # the backend's converters, then the field's from_db_value.
-        self.read_converters: list[tuple[list[Any], Any]] = []
-        for name in READ_COLUMNS:
-            col = self.fields[name].get_col(opts.db_table)
-            converters = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
-            self.read_converters.append((converters, col))
-
-    def convert_row(self, row: Any, connection: BaseDatabaseWrapper) -> KeyRow:
-        values = []
-        for value, (converters, col) in zip(row, self.read_converters, strict=True):
-            for converter in converters:
-                value = converter(value, col, connection)
-            values.append(value)
-        return KeyRow(*values)
+        self.reader = _RowReader(model, connection, READ_COLUMNS)
 
     def prep(self, name: str, value: Any, connection: BaseDatabaseWrapper) -> Any:
         """``value`` (already of field ``name``'s Python type) as the backend takes it."""
@@ -355,11 +393,8 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
         """The row of ``(scope, key)``, or None: one SELECT whose text is built once, no ORM query
         to compile per call (the values are converted as the ORM converts them)."""
         connection = connections[using]
-        sql = self._sql(connection)
-        with connection.cursor() as cursor:
-            cursor.execute(sql.read, [scope, key])
-            row = cursor.fetchone()
-        return None if row is None else sql.convert_row(row, connection)
+        row = self._sql(connection).reader.fetch(connection, scope, key)
+        return None if row is None else KeyRow(*row)
 
     def _take_over(
         self,
@@ -559,12 +594,15 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
         q = connection.ops.quote_name
         table = q(self.model._meta.db_table)
         pk, expires = q("id"), q("expires_at")
+        # The outer condition is checked again on the row version the DELETE locks: a key
+        # that a request took over (renewed) after the subquery read it is not deleted.
         statement = (
-            f"DELETE FROM {table} WHERE {pk} IN (SELECT {pk} FROM {table} "
+            f"DELETE FROM {table} WHERE {expires} <= %s AND {pk} IN (SELECT {pk} FROM {table} "
             f"WHERE {expires} <= %s ORDER BY {expires} LIMIT %s)"
         )
         field = self.model._meta.get_field("expires_at")
-        params = [field.get_db_prep_save(cutoff, connection), int(batch_size)]
+        prepared = field.get_db_prep_save(cutoff, connection)
+        params = [prepared, prepared, int(batch_size)]
         batches = 0
         while max_batches is None or batches < max_batches:
             with transaction.atomic(using=using), connection.cursor() as cursor:
@@ -669,14 +707,51 @@ class DrainResult:
         return self.drained + self.discarded
 
 
+#: What :meth:`IdempotencyOutboxManager.lookup` reads of an outbox row and of a key row.
+OUTBOX_LOOKUP_COLUMNS = (
+    "id",
+    "fingerprint",
+    "expires_at",
+    "response_status",
+    "response_headers",
+    "response_body",
+)
+KEY_LOOKUP_COLUMNS = (
+    "id",
+    "status",
+    "fingerprint",
+    "expires_at",
+    "claim_token",
+    "locked_at",
+    "response_status",
+    "response_headers",
+    "response_body",
+)
+
+
 class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
     """The outbox of the ``hybrid`` strategy: add a row, look a key up, drain in batches."""
 
     _add_sql: dict[tuple[str, str], tuple[str, list[models.Field[Any, Any]]]]
+    _readers: dict[tuple[str, str], tuple[_RowReader, _RowReader]]
 
     def __init__(self) -> None:
         super().__init__()
         self._add_sql = {}
+        self._readers = {}
+
+    def _lookup_readers(self, connection: BaseDatabaseWrapper) -> tuple[_RowReader, _RowReader]:
+        """The outbox read and the IdempotencyKey read of :meth:`lookup`, built once."""
+        cache_key = (connection.alias, connection.vendor)
+        readers = self._readers.get(cache_key)
+        if readers is None:
+            from .models import IdempotencyKey
+
+            readers = self._readers[cache_key] = (
+                _RowReader(self.model, connection, OUTBOX_LOOKUP_COLUMNS, live_only=True),
+                _RowReader(IdempotencyKey, connection, KEY_LOOKUP_COLUMNS, live_only=True),
+            )
+        return readers
 
     def _add_statement(
         self, connection: BaseDatabaseWrapper
@@ -767,23 +842,12 @@ class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
         one), else the IdempotencyKey row, in progress or completed. Expired rows count
         as absent. Two indexed reads at most; no write.
         """
-        from .models import IdempotencyKey
         from .responses import StoredResponse
 
+        connection = connections[using]
+        outbox_reader, key_reader = self._lookup_readers(connection)
         now = timezone.now()
-        row = (
-            self.using(using)
-            .filter(scope=scope, key=key, expires_at__gt=now)
-            .values_list(
-                "pk",
-                "fingerprint",
-                "expires_at",
-                "response_status",
-                "response_headers",
-                "response_body",
-            )
-            .first()
-        )
+        row = outbox_reader.fetch(connection, scope, key, now)
         if row is not None:
             pk, fingerprint, expires_at, status, headers, body = row
             return KeyRecord(
@@ -798,22 +862,7 @@ class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
             )
         if outbox_only:
             return None
-        key_row = (
-            IdempotencyKey.objects.using(using)
-            .filter(scope=scope, key=key, expires_at__gt=now)
-            .values_list(
-                "pk",
-                "status",
-                "fingerprint",
-                "expires_at",
-                "claim_token",
-                "locked_at",
-                "response_status",
-                "response_headers",
-                "response_body",
-            )
-            .first()
-        )
+        key_row = key_reader.fetch(connection, scope, key, now)
         if key_row is None:
             return None
         key_pk, state, key_print, key_expires, token, locked_at, code, key_headers, key_body = (
