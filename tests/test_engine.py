@@ -481,3 +481,25 @@ def test_a_failing_signal_receiver_after_the_claim_leaves_nothing_open() -> None
         signals.key_claimed.disconnect(broken)
     assert SideEffect.objects.count() == 0
     assert handle(request(), view()).status_code == 201
+
+
+@pytest.fixture
+def unreachable_alias(tmp_path: Any) -> Iterator[str]:
+    """The ``sqlite`` alias pointed at a database file that cannot be opened."""
+    connection = connections["sqlite"]
+    name = connection.settings_dict["NAME"]
+    connection.close()
+    connection.settings_dict["NAME"] = str(tmp_path / "missing" / "db.sqlite3")
+    try:
+        yield "sqlite"
+    finally:
+        connection.close()
+        connection.settings_dict["NAME"] = name
+
+
+@pytest.mark.django_db(databases=["default", "sqlite"])
+def test_store_unavailable_is_503_and_the_view_does_not_run(unreachable_alias: str) -> None:
+    with override_settings(IDEMPOTENCY={"DATABASE": unreachable_alias}):
+        response = handle(request(), view())
+    problem(response, 503, "store-unavailable")
+    assert SideEffect.objects.count() == 0
