@@ -275,3 +275,21 @@ def test_fencing_takeover_while_the_handler_runs_rolls_it_back() -> None:
     assert theft.taken_over
     assert SideEffect.objects.count() == 0
     assert IdempotencyKey.objects.get(key="fenced").claim_token == theft.token
+
+
+def test_validation_error_under_atomic_requests_rolls_back_and_is_stored(
+    alice: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ATOMIC_REQUESTS, DRF marks the transaction for rollback after an APIException:
+    the handler's writes are undone, and the 400 is still stored (after the rollback)."""
+    from django.db import connections
+
+    monkeypatch.setitem(connections["default"].settings_dict, "ATOMIC_REQUESTS", True)
+    client = client_for(alice)
+    first = post(client, "/t/drf/", {"invalid": True})
+    assert first.status_code == 400
+    assert SideEffect.objects.count() == 0
+    replay = post(client, "/t/drf/", {"invalid": True})
+    assert replay.status_code == 400 and replay.content == first.content
+    assert replay[REPLAYED_HEADER] == "true"
+    assert SideEffect.objects.count() == 0
