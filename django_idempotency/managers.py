@@ -594,12 +594,15 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
         q = connection.ops.quote_name
         table = q(self.model._meta.db_table)
         pk, expires = q("id"), q("expires_at")
+        # The outer condition is checked again on the row version the DELETE locks: a key
+        # that a request took over (renewed) after the subquery read it is not deleted.
         statement = (
-            f"DELETE FROM {table} WHERE {pk} IN (SELECT {pk} FROM {table} "
+            f"DELETE FROM {table} WHERE {expires} <= %s AND {pk} IN (SELECT {pk} FROM {table} "
             f"WHERE {expires} <= %s ORDER BY {expires} LIMIT %s)"
         )
         field = self.model._meta.get_field("expires_at")
-        params = [field.get_db_prep_save(cutoff, connection), int(batch_size)]
+        prepared = field.get_db_prep_save(cutoff, connection)
+        params = [prepared, prepared, int(batch_size)]
         batches = 0
         while max_batches is None or batches < max_batches:
             with transaction.atomic(using=using), connection.cursor() as cursor:

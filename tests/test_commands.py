@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import io
 import re
+import threading
+import time
 from datetime import timedelta
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from django_idempotency.durations import format_duration, parse_duration
@@ -157,3 +160,45 @@ def test_single_statement_and_orm_batches_agree(using: str) -> None:
     assert not manager.using(using).filter(pk__in=oldest).exists()
     assert list(manager._iter_delete_expired_orm(2, now, using, None)) == [2, 1]
     assert manager.using(using).count() == 1
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_purge_spares_a_key_taken_over_while_it_runs() -> None:
+    """A request takes an expired key over (renews it) while a purge batch has already
+    selected it: the purge waits for the row, sees the new expiry and leaves it."""
+    key = ExpiredKeyFactory()
+    cutoff = timezone.now()
+    result: dict[str, object] = {}
+
+    def purge() -> None:
+        try:
+            result["batches"] = list(
+                IdempotencyKey.objects.iter_delete_expired(batch_size=10, cutoff=cutoff)
+            )
+        finally:
+            connections.close_all()
+
+    with transaction.atomic():
+        IdempotencyKey.objects.filter(pk=key.pk).update(
+            expires_at=timezone.now() + timedelta(days=1)
+        )
+        thread = threading.Thread(target=purge)
+        thread.start()
+        waiting = False
+        for _ in range(100):  # until the purge blocks on the row this transaction holds
+            with connection.cursor() as cursor:
+                # pg_stat_activity is a snapshot per transaction unless cleared.
+                cursor.execute("SELECT pg_stat_clear_snapshot()")
+                cursor.execute(
+                    "SELECT count(*) FROM pg_locks AS l JOIN pg_stat_activity AS a "
+                    "ON a.pid = l.pid WHERE NOT l.granted AND a.datname = current_database()"
+                )
+                waiting = cursor.fetchone()[0] == 1
+            if waiting:
+                break
+            time.sleep(0.05)
+        assert waiting
+    thread.join(10)
+    assert result["batches"] == []
+    assert IdempotencyKey.objects.filter(pk=key.pk).exists()
