@@ -205,7 +205,10 @@ class IdempotentRequest:
                     "taken over from a stale lease" if outcome.taken_over else "claimed",
                     extra=self._log_extra("taken_over" if outcome.taken_over else "claimed"),
                 )
-                self._lease_cm = keeper.keep(outcome, conf.HEARTBEAT_INTERVAL)
+                # Renew well within *this* request's lock timeout: a view may set a
+                # shorter one than the global LOCK_TIMEOUT the default interval comes from.
+                interval = min(conf.HEARTBEAT_INTERVAL, self.attempt.lock_timeout / 3)
+                self._lease_cm = keeper.keep(outcome, interval)
                 self._lease_cm.__enter__()
         except BaseException as exc:
             # ``with`` does not call __exit__ when __enter__ raises: end the session here
