@@ -503,3 +503,18 @@ def test_store_unavailable_is_503_and_the_view_does_not_run(unreachable_alias: s
         response = handle(request(), view())
     problem(response, 503, "store-unavailable")
     assert SideEffect.objects.count() == 0
+
+
+@pytest.mark.urls("tests.gates")
+@pytest.mark.django_db(transaction=True)
+def test_heartbeat_follows_a_views_own_lock_timeout(gate: Any) -> None:
+    """``@idempotent(lock_timeout=0.3)`` with the global LOCK_TIMEOUT of 60 s: the lease
+    must be renewed within the view's 0.3 s, not every 20 s (a third of the global one),
+    or a retry would take over a request that is still running."""
+    assert conf.HEARTBEAT_INTERVAL == 20
+    running = Background("/gated-short-lock/", "short")
+    assert gate.entered.wait(timeout=30)
+    first = IdempotencyKey.objects.get(key="short").locked_at
+    wait_until(lambda: IdempotencyKey.objects.get(key="short").locked_at > first, timeout=5)
+    gate.opened.set()
+    assert running.result().status_code == 201
