@@ -7,6 +7,7 @@ through real requests on threads against ``tests.gates``.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -518,3 +519,38 @@ def test_heartbeat_follows_a_views_own_lock_timeout(gate: Any) -> None:
     wait_until(lambda: IdempotencyKey.objects.get(key="short").locked_at > first, timeout=5)
     gate.opened.set()
     assert running.result().status_code == 201
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sixteen_concurrent_requests_run_the_view_once() -> None:
+    """Real threads, each with its own connection, released together on one key."""
+    barrier = threading.Barrier(16)
+    answers: list[tuple[int, bool]] = []
+    lock = threading.Lock()
+
+    def send() -> None:
+        try:
+            barrier.wait(timeout=30)
+            response = Client().post(
+                "/t/fn/",
+                {"amount": 1, "sleep": 0.05},
+                content_type="application/json",
+                HTTP_IDEMPOTENCY_KEY="race",
+            )
+            with lock:
+                answers.append((response.status_code, response.has_header(REPLAYED_HEADER)))
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=send) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(answers) == 16
+    assert SideEffect.objects.count() == 1
+    assert answers.count((201, False)) == 1, answers
+    # every other request got the replay or was told to retry; none ran the view
+    others = list(answers)
+    others.remove((201, False))
+    assert set(others) <= {(201, True), (409, False)}, answers
