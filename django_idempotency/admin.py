@@ -17,6 +17,8 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.models import DELETION, LogEntry
+from django.contrib.contenttypes.models import ContentType
 from django.db import models
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -286,8 +288,17 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         """
         stuck = list(queryset.filter(status=IdempotencyKey.Status.IN_PROGRESS))
         if request.POST.get("post") == "yes":
-            released = IdempotencyKey.objects.release_stuck(
-                [obj.pk for obj in stuck], using=queryset.db
+            pks = [obj.pk for obj in stuck]
+            released = IdempotencyKey.objects.release_stuck(pks, using=queryset.db)
+            left = set(
+                IdempotencyKey.objects.using(queryset.db)
+                .filter(pk__in=pks)
+                .values_list("pk", flat=True)
+            )
+            _log_deletions(
+                request,
+                [obj for obj in stuck if obj.pk not in left],
+                "Released a stuck in-progress key (admin action).",
             )
             self.message_user(
                 request,
@@ -327,6 +338,8 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         pks = list(queryset.values_list("pk", flat=True))
         deleted = IdempotencyKey.objects.delete_expired_pks(pks, using=queryset.db)
         kept = len(pks) - deleted
+        if deleted:
+            _log_summary(request, f"Purged {deleted} expired idempotency keys (admin action).")
         text = ngettext(
             "Purged %(count)d expired key.", "Purged %(count)d expired keys.", deleted
         ) % {"count": deleted}
@@ -337,6 +350,33 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 kept,
             ) % {"kept": kept}
         self.message_user(request, text, messages.SUCCESS if deleted else messages.WARNING)
+
+
+def _log_deletions(request: HttpRequest, objects: list[IdempotencyKey], message: str) -> None:
+    """One admin LogEntry per deleted key (the "Recent actions" and the audit trail)."""
+    user_id = request.user.pk
+    if objects and user_id is not None:
+        LogEntry.objects.log_actions(
+            user_id=user_id,
+            queryset=objects,
+            action_flag=DELETION,
+            change_message=message,
+        )
+
+
+def _log_summary(request: HttpRequest, message: str) -> None:
+    """One admin LogEntry for a bulk deletion, without an object of its own."""
+    user_id = request.user.pk
+    if user_id is None:
+        return
+    LogEntry.objects.create(
+        user_id=user_id,
+        content_type=ContentType.objects.get_for_model(IdempotencyKey),
+        object_id=None,
+        object_repr=message[:200],
+        action_flag=DELETION,
+        change_message=message,
+    )
 
 
 def _lease_text(obj: IdempotencyKey) -> str:

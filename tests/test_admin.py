@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from django.contrib import admin
+from django.contrib.admin.models import DELETION, LogEntry
 from django.contrib.auth.models import Permission
 from django.test import Client, RequestFactory, override_settings
 from django.urls import reverse
@@ -264,6 +265,11 @@ def test_release_action_asks_then_releases_only_in_progress_keys(admin_client: C
     assert "Released 1 in-progress key." in done_page.content.decode()
     assert not IdempotencyKey.objects.filter(pk=stuck.pk).exists()
     assert IdempotencyKey.objects.filter(pk=done.pk).exists()
+    # The release is in the admin's audit trail, one entry per key.
+    entry = LogEntry.objects.get()
+    assert (entry.action_flag, entry.object_id) == (DELETION, str(stuck.pk))
+    assert entry.object_repr == f"{stuck.scope} / <stuck>"
+    assert entry.get_change_message() == "Released a stuck in-progress key (admin action)."
 
 
 def test_release_confirmation_with_nothing_to_release(admin_client: Client) -> None:
@@ -292,6 +298,9 @@ def test_purge_action_deletes_only_expired_keys(django_user_model: Any) -> None:
     live = CompletedKeyFactory()
     page = run_action(client, "purge_expired_keys", [old, live]).content.decode()
     assert "Purged 1 expired key. 1 key has not expired and was kept." in page
+    entry = LogEntry.objects.get()
+    assert entry.action_flag == DELETION
+    assert entry.change_message == "Purged 1 expired idempotency keys (admin action)."
     assert not IdempotencyKey.objects.filter(pk=old.pk).exists()
     assert IdempotencyKey.objects.filter(pk=live.pk).exists()
 
