@@ -17,16 +17,17 @@ from typing import Any
 
 import pytest
 from django.conf import settings as django_settings
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from django_idempotency.managers import COMPLETED
 from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
 from django_idempotency.redis_store import get_client, get_store
-from django_idempotency.responses import PROBLEM_CONTENT_TYPE
+from django_idempotency.responses import PROBLEM_CONTENT_TYPE, StoredResponse
 from django_idempotency.strategies import load_strategy
-from django_idempotency.strategies.hybrid import EPOCH_SUFFIX, HybridStrategy
+from django_idempotency.strategies.base import Attempt, InFlight, Replay
+from django_idempotency.strategies.hybrid import EPOCH_SUFFIX, HybridClaim, HybridStrategy
 from example_project.payments.models import Charge
 from tests.testapp.models import SideEffect
 
@@ -224,6 +225,65 @@ def test_racing_threads_run_the_view_once(hybrid: Any) -> None:
         thread.join(30)
     assert sorted(set(statuses)) <= [201, 409] and statuses.count(201) >= 1
     assert SideEffect.objects.count() == 1
+
+
+def _attempt(key: str, *, atomic: bool = True) -> Attempt:
+    return Attempt(
+        scope="user:1",
+        key=key,
+        fingerprint="f" * 64,
+        ttl=60,
+        lock_timeout=5,
+        method="POST",
+        path="/t/",
+        atomic=atomic,
+    )
+
+
+def test_a_view_that_rolls_back_has_its_response_stored_afterwards(hybrid: Any) -> None:
+    strategy = load_strategy("hybrid")
+    attempt = _attempt(uuid.uuid4().hex)
+    with strategy.session(attempt) as outcome:
+        assert isinstance(outcome, HybridClaim)
+        SideEffect.objects.create(label="undone")
+        transaction.set_rollback(True)  # what DRF does with ATOMIC_REQUESTS on an APIException
+        outcome.complete(StoredResponse(400, {"Content-Type": "application/json"}, b"{}"))
+    assert SideEffect.objects.count() == 0
+    assert IdempotencyOutbox.objects.get(key=attempt.key).response_status == 400
+    with strategy.session(attempt) as again:
+        assert isinstance(again, Replay) and again.response.status == 400
+
+
+def test_without_atomic_the_outbox_row_commits_on_its_own(hybrid: Any) -> None:
+    strategy = load_strategy("hybrid")
+    attempt = _attempt(uuid.uuid4().hex, atomic=False)
+    with strategy.session(attempt) as outcome:
+        assert isinstance(outcome, HybridClaim)
+        SideEffect.objects.create(label="kept")
+        outcome.complete(StoredResponse(201, {}, b"ok"))
+    assert SideEffect.objects.count() == 1
+    assert IdempotencyOutbox.objects.filter(key=attempt.key).exists()
+    with strategy.session(attempt) as again:
+        assert isinstance(again, Replay) and again.response.body == b"ok"
+
+
+def test_released_claim_lets_the_next_request_run(hybrid: Any) -> None:
+    strategy = load_strategy("hybrid")
+    attempt = _attempt(uuid.uuid4().hex)
+    with strategy.session(attempt) as outcome:
+        assert isinstance(outcome, HybridClaim)
+        SideEffect.objects.create(label="undone")
+        outcome.release()  # e.g. a 5xx response
+    assert SideEffect.objects.count() == 0
+    assert get_store().get(attempt.scope, attempt.key) is None
+    with strategy.session(attempt) as again:
+        assert isinstance(again, HybridClaim)
+        again.release()
+    with strategy.session(attempt) as holder:
+        assert isinstance(holder, HybridClaim)
+        with strategy.session(attempt) as duplicate:
+            assert isinstance(duplicate, InFlight)
+        holder.release()
 
 
 # -- Redis loses data ------------------------------------------------------------------------
@@ -469,13 +529,16 @@ def test_a_db_claim_in_progress_is_left_to_the_db_strategy(hybrid: Any) -> None:
 
 
 @pytest.mark.server
-def test_race_through_the_example_server_charges_once(running_private_redis: RedisServer) -> None:
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+def test_race_through_the_example_server_charges_once(
+    running_private_redis: RedisServer, backend: str
+) -> None:
     from .harness import count_rows, example_server, race, request, scratch_database
 
     key = f"pay-{uuid.uuid4().hex[:8]}"
     charge = {"amount": 1999, "currency": "EUR"}
     with (
-        scratch_database("postgres") as db,
+        scratch_database(backend) as db,
         example_server(
             db,
             strategy="hybrid",

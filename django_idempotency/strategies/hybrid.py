@@ -69,7 +69,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import timedelta
 from functools import partial
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
 from redis.cluster import RedisCluster
 
@@ -351,20 +351,28 @@ class HybridStrategy(Strategy):
         atomic: AbstractContextManager[object] = (
             transaction.atomic(using=using) if attempt.atomic else nullcontext()
         )
+        # On PostgreSQL the lookup is the first statement of the view's transaction (no
+        # commit of its own). On SQLite it runs before: there a read fixes the
+        # transaction's snapshot, and the view's first write would then fail at once
+        # ("database is locked") whenever another connection committed in between.
+        in_transaction = attempt.atomic and connections[using].vendor == "postgresql"
         try:
-            with atomic:
-                if check_db:
-                    found = self._lookup(attempt)
-                if found is None:
-                    claim.in_transaction = attempt.atomic
-                    try:
-                        yield claim
-                    finally:
-                        claim.in_transaction = False
-                elif attempt.atomic:
-                    transaction.set_rollback(True, using=using)  # nothing was written
-            if found is None and not claim.released and claim.pending is not None:
-                claim.write(claim.pending)
+            if check_db and not in_transaction:
+                found = self._lookup(attempt)
+            if found is None:
+                with atomic:
+                    if check_db and in_transaction:
+                        found = self._lookup(attempt)
+                    if found is None:
+                        claim.in_transaction = attempt.atomic
+                        try:
+                            yield claim
+                        finally:
+                            claim.in_transaction = False
+                    else:
+                        transaction.set_rollback(True, using=using)  # nothing was written
+                if found is None and not claim.released and claim.pending is not None:
+                    claim.write(claim.pending)
         except LeaseLost:
             self._after_lease_lost(store, attempt, claim)
             raise

@@ -1,0 +1,308 @@
+"""What the ``hybrid`` strategy costs PostgreSQL, against ``db`` and no idempotency at all.
+
+1. Commits per request, from ``pg_stat_database.xact_commit`` of a scratch database,
+   for ``POST /api/charges/`` of the example project under gunicorn:
+
+   * ``baseline``: ``/baseline/charges/``, the same view without the mixin;
+   * ``db``: the ``db`` strategy; ``hybrid``: the ``hybrid`` strategy (``HYBRID_DB_CHECK``
+     "always"), with a private ``redis-server``.
+
+   Each case runs three times on a fresh server: with no measured requests, with N
+   requests on new keys, and with N replays of one key. The server is stopped before
+   the counter is read (a backend flushes its statistics when it exits), and the run
+   with no requests is subtracted, so that start-up, warm-up and the reads of the
+   counter itself cancel out. Every read-only statement outside a transaction counts
+   as a commit too (DRF's token lookup, for instance), which is why the baseline is
+   not zero.
+
+2. Rows per drain transaction under load: the hybrid server and one real Celery
+   worker (``celery -A example_project.celery worker``) while client threads send
+   new keys for a while; the worker's log says how many rows each drain moved in how
+   many transactions. The same load against ``db`` gives its request rate and commits.
+
+    .venv/bin/python benchmarks/hybrid.py [--requests 300] [--load-seconds 20]
+        [--clients 16] [--json results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.harness import (  # noqa: E402
+    _example_env,
+    count_rows,
+    example_server,
+    query_scalar,
+    request,
+    scratch_database,
+)
+from tests.redis_servers import RedisServer  # noqa: E402
+
+CHARGE = {"amount": 1999, "currency": "EUR"}
+BATCH = 1000  # OUTBOX_BATCH_SIZE, the default
+SUCCEEDED = re.compile(
+    r"Task django_idempotency\.drain_outbox\[[^\]]+\] succeeded in [^:]+: (\{[^}]*\})"
+)
+
+
+def counters(db_url: str) -> tuple[int, int]:
+    """(xact_commit, xact_rollback) of the scratch database, once they stop moving."""
+    name = db_url.rsplit("/", 1)[1]
+    sql = "SELECT xact_commit, xact_rollback FROM pg_stat_database WHERE datname = %s"
+    admin = db_url.rsplit("/", 1)[0] + "/postgres"
+    last: tuple[int, int] | None = None
+    for _ in range(50):
+        import psycopg
+
+        with psycopg.connect(admin, autocommit=True) as conn:
+            row = conn.execute(sql, (name,)).fetchone()
+        assert row is not None
+        current = (int(row[0]), int(row[1]))
+        if current == last:
+            return current
+        last = current
+        time.sleep(0.3)
+    assert last is not None
+    return last
+
+
+def server_env(strategy: str, redis: RedisServer) -> dict[str, str]:
+    return {
+        "REDIS_URL": redis.url,
+        "CELERY_BROKER_URL": redis.url,
+        "IDEMPOTENCY_REDIS_PREFIX": f"bench-{strategy}-{uuid.uuid4().hex[:6]}",
+    }
+
+
+def run_phase(db: str, redis: RedisServer, case: str, phase: str, n: int) -> tuple[int, int]:
+    """Commits and rollbacks of one server lifetime running ``phase``."""
+    strategy = "db" if case == "baseline" else case
+    path = "/baseline/charges/" if case == "baseline" else "/api/charges/"
+    before = counters(db)
+    with example_server(
+        db, strategy=strategy, workers=1, threads=4, env=server_env(strategy, redis)
+    ) as server:
+        url = server.url + path
+        replay_key = f"warm-{uuid.uuid4().hex}"
+        for i in range(10):  # warm-up: connections, caches, the key replayed below
+            status, _ = request(url, key=replay_key if i == 0 else uuid.uuid4().hex, body=CHARGE)
+            assert status == 201, status
+        if phase == "new":
+            for _ in range(n):
+                status, body = request(url, key=uuid.uuid4().hex, body=CHARGE)
+                assert status == 201, (status, body)
+        elif phase == "replay":
+            for _ in range(n):
+                status, body = request(url, key=replay_key, body=CHARGE)
+                assert status == 201, (status, body)
+                if case != "baseline":
+                    assert body["_headers"].get("idempotent-replayed") == "true"
+    after = counters(db)
+    return after[0] - before[0], after[1] - before[1]
+
+
+def commits_per_request(db: str, redis: RedisServer, n: int) -> dict[str, dict[str, float]]:
+    results: dict[str, dict[str, float]] = {}
+    for case in ("baseline", "db", "hybrid"):
+        empty = run_phase(db, redis, case, "none", n)
+        new = run_phase(db, redis, case, "new", n)
+        replay = run_phase(db, redis, case, "replay", n)
+        results[case] = {
+            "new_commits": (new[0] - empty[0]) / n,
+            "new_rollbacks": (new[1] - empty[1]) / n,
+            "replay_commits": (replay[0] - empty[0]) / n,
+            "replay_rollbacks": (replay[1] - empty[1]) / n,
+        }
+        print(
+            f"  {case:8} new key: {results[case]['new_commits']:.2f} commits "
+            f"({results[case]['new_rollbacks']:.2f} rollbacks) per request; "
+            f"replay: {results[case]['replay_commits']:.2f} commits per request",
+            flush=True,
+        )
+    return results
+
+
+@contextmanager
+def celery_worker(db: str, redis: RedisServer) -> Iterator[Path]:
+    log = Path(tempfile.mkstemp(prefix="idem-bench-celery-", suffix=".log")[1])
+    env = _example_env(
+        db,
+        {"REDIS_URL": redis.url, "CELERY_BROKER_URL": redis.url, "IDEMPOTENCY_LOG_LEVEL": "INFO"},
+    )
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "example_project.celery",
+                "worker",
+                "--pool",
+                "solo",
+                "--loglevel",
+                "INFO",
+                "--without-mingle",
+                "--without-gossip",
+                "--without-heartbeat",
+                "--hostname",
+                f"bench-{uuid.uuid4().hex[:6]}@%h",
+            ],
+            env=env,
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while " ready." not in log.read_text(errors="replace"):
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("celery worker did not start:\n" + log.read_text())
+                time.sleep(0.1)
+            yield log
+        finally:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(5)
+            log.unlink(missing_ok=True)
+
+
+def load(url: str, seconds: float, clients: int) -> int:
+    """New-key requests from ``clients`` threads for ``seconds``; returns how many."""
+    stop = time.monotonic() + seconds
+    done = [0] * clients
+    failures: list[Any] = []
+
+    def client(index: int) -> None:
+        while time.monotonic() < stop:
+            status, body = request(url, key=uuid.uuid4().hex, body=CHARGE)
+            if status != 201:
+                failures.append((status, body))
+                return
+            done[index] += 1
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise RuntimeError(f"{len(failures)} failed requests, first: {failures[0]!r}")
+    return sum(done)
+
+
+def drain_under_load(
+    db: str, redis: RedisServer, seconds: float, clients: int
+) -> dict[str, dict[str, float]]:
+    results: dict[str, dict[str, float]] = {}
+    for strategy in ("db", "hybrid"):
+        before = counters(db)
+        with celery_worker(db, redis) as log:
+            with example_server(
+                db, strategy=strategy, workers=2, threads=8, env=server_env(strategy, redis)
+            ) as server:
+                started = time.monotonic()
+                requests = load(server.url + "/api/charges/", seconds, clients)
+                elapsed = time.monotonic() - started
+            # The last follow-up drain runs some seconds after the last commit.
+            deadline = time.monotonic() + 60
+            while count_rows(db, "django_idempotency_idempotencyoutbox") and (
+                time.monotonic() < deadline
+            ):
+                time.sleep(0.5)
+            time.sleep(0.5)
+            runs = [
+                ast.literal_eval(m.group(1))
+                for m in SUCCEEDED.finditer(log.read_text(errors="replace"))
+            ]
+        after = counters(db)
+        rows = sum(int(run["drained"]) + int(run["discarded"]) for run in runs)
+        transactions = sum(int(run["transactions"]) for run in runs)
+        # A run's transactions are full batches but its last; count the full ones.
+        full = sum((int(run["drained"]) + int(run["discarded"])) // BATCH for run in runs if run)
+        results[strategy] = {
+            "requests": requests,
+            "requests_per_second": requests / elapsed,
+            "commits_per_request": (after[0] - before[0]) / requests,
+            "drained_rows": rows,
+            "drain_transactions": transactions,
+            "rows_per_drain_transaction": rows / transactions if transactions else 0.0,
+            "full_batches": full,
+            "partial_batches": transactions - full,
+            "left_in_outbox": count_rows(db, "django_idempotency_idempotencyoutbox"),
+        }
+        line = (
+            f"  {strategy:8} {requests} requests, {requests / elapsed:.0f}/s, "
+            f"{results[strategy]['commits_per_request']:.2f} commits per request"
+        )
+        if strategy == "hybrid":
+            line += (
+                f" (drains included); drained {rows} rows in {transactions} transactions: "
+                f"{results[strategy]['rows_per_drain_transaction']:.0f} rows per transaction "
+                f"({full} full batches of {BATCH}, {transactions - full} shorter), "
+                f"{results[strategy]['left_in_outbox']} left"
+            )
+        print(line, flush=True)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--load-seconds", type=float, default=20.0)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+
+    redis = RedisServer().start()
+    try:
+        with scratch_database("postgres") as db:
+            version = query_scalar(db, "SHOW server_version")
+            print(f"PostgreSQL {version}; {args.requests} requests per phase", flush=True)
+            print("Commits per request (pg_stat_database.xact_commit):", flush=True)
+            per_request = commits_per_request(db, redis, args.requests)
+            base = per_request["baseline"]["new_commits"]
+            for case in ("db", "hybrid"):
+                extra = per_request[case]["new_commits"] - base
+                print(f"  {case:8} adds {extra:+.2f} commits per new-key request", flush=True)
+            ratio = per_request["hybrid"]["new_commits"] / per_request["db"]["new_commits"]
+            print(f"  hybrid / db commits per new-key request: {ratio:.2f}", flush=True)
+            print(
+                f"Under load ({args.clients} clients, {args.load_seconds:.0f} s each):",
+                flush=True,
+            )
+            loaded = drain_under_load(db, redis, args.load_seconds, args.clients)
+            speed = loaded["hybrid"]["requests_per_second"] / loaded["db"]["requests_per_second"]
+            print(f"  hybrid / db requests per second: {speed:.2f}", flush=True)
+    finally:
+        redis.cleanup()
+    if args.json:
+        args.json.write_text(
+            json.dumps({"per_request": per_request, "under_load": loaded}, indent=2)
+        )
+
+
+if __name__ == "__main__":
+    main()
