@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings as django_settings
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
@@ -153,7 +153,10 @@ def test_duplicate_while_the_view_runs_is_409(hybrid: Any, api: APIClient) -> No
     def slow() -> None:
         client = APIClient()
         client.force_authenticate(user)
-        results["slow"] = _post(client, key, {"sleep": 1.0})
+        try:
+            results["slow"] = _post(client, key, {"sleep": 1.0})
+        finally:
+            connections.close_all()  # this thread's connection
 
     thread = threading.Thread(target=slow)
     thread.start()
@@ -216,7 +219,10 @@ def test_racing_threads_run_the_view_once(hybrid: Any) -> None:
         client = APIClient()
         client.force_authenticate(user)
         barrier.wait(10)
-        statuses.append(_post(client, key, {"sleep": 0.3}).status_code)
+        try:
+            statuses.append(_post(client, key, {"sleep": 0.3}).status_code)
+        finally:
+            connections.close_all()
 
     threads = [threading.Thread(target=run) for _ in range(10)]
     for thread in threads:
@@ -348,7 +354,10 @@ def test_redis_losing_a_claim_mid_view_cannot_commit_twice(
     def slow() -> None:
         client = APIClient()
         client.force_authenticate(user)
-        results["slow"] = _post(client, key, {"sleep": 1.0})
+        try:
+            results["slow"] = _post(client, key, {"sleep": 1.0})
+        finally:
+            connections.close_all()  # this thread's connection
 
     thread = threading.Thread(target=slow)
     thread.start()
@@ -496,7 +505,10 @@ def test_a_db_claim_in_progress_is_left_to_the_db_strategy(hybrid: Any) -> None:
     def slow() -> None:
         client = APIClient()
         client.force_authenticate(user)
-        results["slow"] = _post(client, key, body)
+        try:
+            results["slow"] = _post(client, key, body)
+        finally:
+            connections.close_all()
 
     thread = threading.Thread(target=slow)
     thread.start()

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connections, transaction
 
 from ..errors import LeaseLost, StoreUnavailable
 from ..managers import ClaimState
@@ -136,19 +136,25 @@ class DatabaseStrategy(Strategy):
             yield outcome
             return
         settled: Outcome | None = None
+        # Read after the claim committed, so a hybrid commit of the key that came first is
+        # seen. On PostgreSQL the read is the first statement of the view's transaction
+        # (no commit of its own); on SQLite it runs before that transaction begins: there
+        # a read fixes the transaction's snapshot, and the view's first write then fails
+        # at once ("database is locked") if any other connection committed in between.
+        in_transaction = attempt.atomic and connections[attempt.database].vendor == "postgresql"
         try:
-            # Read after the claim committed, so a hybrid commit of the key that came
-            # first is seen; but before the view's transaction begins: on SQLite a read
-            # fixes the transaction's snapshot, and the view's first write then fails at
-            # once ("database is locked") if any other connection committed in between.
-            settled = self.settled_in_outbox(attempt)
+            if not in_transaction:
+                settled = self.settled_in_outbox(attempt)
             if settled is None and attempt.atomic:
                 with transaction.atomic(using=attempt.database):
-                    outcome.in_transaction = True
-                    try:
-                        yield outcome
-                    finally:
-                        outcome.in_transaction = False
+                    if in_transaction:
+                        settled = self.settled_in_outbox(attempt)
+                    if settled is None:
+                        outcome.in_transaction = True
+                        try:
+                            yield outcome
+                        finally:
+                            outcome.in_transaction = False
             elif settled is None:
                 yield outcome
         except LeaseLost:
