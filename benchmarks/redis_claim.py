@@ -11,7 +11,7 @@ Cases, each measured against raw loops in the same run:
   returns the stored record; decoded into a ``Replay``). Baselines: a raw ``SET NX``
   loop on an existing key, and a raw ``GET`` loop of the same value.
 
-Runs are interleaved (the order of the cases rotates every round) and the medians are
+Runs are interleaved (the cases run in a new random order every round) and the medians are
 reported, so that drift on a shared machine hits every side. A private ``redis-server``
 (no persistence) is started on a free loopback port and stopped at the end; with
 ``--cluster`` a private 6-node Redis Cluster (3 primaries, 3 replicas) is measured too.
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import time
@@ -168,8 +169,10 @@ def measure(label: str, url: str, cluster: bool, rounds: int, iterations: int) -
         run()
     rates: dict[str, list[float]] = {name: [] for name in runs}
     names = list(runs)
-    for round_no in range(rounds):
-        order = names[round_no % len(names) :] + names[: round_no % len(names)]
+    shuffle = random.Random(20261130).shuffle
+    for _ in range(rounds):
+        order = names[:]
+        shuffle(order)  # a new order every round: no case always follows another
         for name in order:
             rates[name].append(iterations / runs[name]())
     medians = {name: statistics.median(values) for name, values in rates.items()}
