@@ -83,18 +83,22 @@ def canonical_body(content_type: str, body: bytes) -> bytes:
             parsed = json.loads(body)
         except ValueError:
             return body
-        return json.dumps(parsed, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+        return json.dumps(
+            parsed, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+        ).encode()
     if body and media == "application/x-www-form-urlencoded":
         try:
             pairs = parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
         except UnicodeDecodeError:
             return body
-        return json.dumps(sorted(pairs), separators=(",", ":")).encode()
+        # Fields in name order; repeated fields keep their order, which can carry meaning.
+        pairs.sort(key=lambda pair: pair[0])
+        return json.dumps(pairs, separators=(",", ":")).encode()
     return body
 
 
 def _is_multipart(request: HttpRequest) -> bool:
-    return request.META.get("CONTENT_TYPE", "").lower().startswith("multipart/")
+    return bool(request.META.get("CONTENT_TYPE", "").lower().startswith("multipart/"))
 
 
 def preload_body(request: HttpRequest) -> None:

@@ -75,7 +75,9 @@ class IdempotencyMixin:
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         self._idempotency = None
         try:
-            if conf.HEADER in request.headers:
+            options = self.get_idempotency_options(request)  # type: ignore[arg-type]
+            if conf.HEADER in request.headers and options.applies_to(request.method):
+                # Keep the body for the fingerprint before DRF's parsers consume the stream.
                 preload_body(request)
             # The claim's context (transaction, lease) is entered in initial() and left
             # here; an error from finish() passes through it first, so the view's writes

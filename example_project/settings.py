@@ -39,6 +39,10 @@ def database_from_url(url: str) -> dict[str, Any]:
             "NAME": path or str(BASE_DIR / "db.sqlite3"),
             "OPTIONS": {
                 "timeout": 30,
+                # Take the write lock at BEGIN: a deferred transaction that reads before it
+                # writes fails at once ("database is locked") when another connection
+                # committed in between, which concurrent retries make likely.
+                "transaction_mode": "IMMEDIATE",
                 "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
             },
         }

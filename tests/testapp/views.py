@@ -26,7 +26,9 @@ def _behave(label: str, payload: dict[str, Any]) -> HttpResponse:
     status = int(payload.get("status", 201))
     if payload.get("raise"):
         raise RuntimeError("the view failed")
-    response = JsonResponse({"label": label, "n": SideEffect.objects.count(), "echo": payload}, status=status)
+    response = JsonResponse(
+        {"label": label, "n": SideEffect.objects.count(), "echo": payload}, status=status
+    )
     response["Set-Cookie"] = "session=secret"
     response["X-Request-Private"] = "not-stored"
     response["Location"] = "/somewhere/1"
@@ -60,7 +62,9 @@ class EchoView(IdempotencyMixin, APIView):
 
             raise ValidationError({"amount": ["bad"]})
         status = int(data.get("status", 201))
-        return Response({"label": "drf", "n": SideEffect.objects.count(), "echo": data}, status=status)
+        return Response(
+            {"label": "drf", "n": SideEffect.objects.count(), "echo": data}, status=status
+        )
 
     def get(self, request: Request) -> Response:
         return Response({"n": SideEffect.objects.count()})
