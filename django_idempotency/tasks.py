@@ -170,15 +170,32 @@ def celery_configured() -> bool:
     )
 
 
+#: After a failed send, no drain is queued from this process for this many seconds.
+BROKER_BACKOFF = 30.0
+
+_send_lock = threading.Lock()
+_sending = False
+_broker_down_until = 0.0
+
+
 def send_drain(countdown: float, hold_partial: float = 0.0) -> None:
     """Queue ``drain_outbox`` in ``countdown`` seconds, from a daemon thread
     (``hold_partial``: see :func:`drain_outbox`).
 
     The request that triggered it never waits for the broker: a broker that is down
-    or slow costs a warning in the log, and the beat entry drains the rows later.
+    or slow costs a warning in the log, and the beat entry drains the rows later. One
+    send at a time per process (rows committed meanwhile are drained by its run, a later
+    one or the beat entry), and none for ``BROKER_BACKOFF`` seconds after a failure, so
+    that an outage does not pile up threads waiting on the broker.
     """
+    global _sending
+    with _send_lock:
+        if _sending or time.monotonic() < _broker_down_until:
+            return
+        _sending = True
 
     def send() -> None:
+        global _sending, _broker_down_until
         try:
             drain_outbox.apply_async(
                 kwargs={"hold_partial": float(hold_partial), "follow_up": bool(hold_partial)},
@@ -186,10 +203,15 @@ def send_drain(countdown: float, hold_partial: float = 0.0) -> None:
                 retry=False,
             )
         except Exception:
+            with _send_lock:
+                _broker_down_until = time.monotonic() + BROKER_BACKOFF
             logger.warning(
                 "could not queue %s; the beat schedule will drain the outbox",
                 DRAIN_TASK,
                 exc_info=True,
             )
+        finally:
+            with _send_lock:
+                _sending = False
 
     threading.Thread(target=send, name="django-idempotency-queue-drain", daemon=True).start()

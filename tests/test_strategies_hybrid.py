@@ -584,3 +584,42 @@ def test_race_through_the_example_server_charges_once(
         assert count_rows(db, "payments_charge") == 1
         assert count_rows(db, "django_idempotency_idempotencyoutbox") == 1
         assert "Traceback" not in server.log()
+
+
+@pytest.mark.server
+def test_a_broker_that_is_down_never_fails_the_request(running_private_redis: RedisServer) -> None:
+    """The drain is queued from a background thread: with the Celery broker refusing
+    connections the requests still succeed and replay, and the log says why nothing
+    was queued (the beat entry drains the outbox later)."""
+    from .harness import count_rows, example_server, request, scratch_database
+
+    charge = {"amount": 1999, "currency": "EUR"}
+    with (
+        scratch_database("postgres") as db,
+        example_server(
+            db,
+            strategy="hybrid",
+            workers=1,
+            env={
+                "REDIS_URL": running_private_redis.url,
+                "CELERY_BROKER_URL": closed_port_url(),
+                "IDEMPOTENCY_LOG_LEVEL": "WARNING",
+            },
+        ) as server,
+    ):
+        url = server.url + "/api/charges/"
+        for _ in range(3):
+            key = uuid.uuid4().hex
+            started = time.monotonic()
+            status, body = request(url, key=key, body=charge)
+            assert status == 201, body
+            assert time.monotonic() - started < 2, "the request waited for the broker"
+            status, body = request(url, key=key, body=charge)
+            assert status == 201 and body["_headers"]["idempotent-replayed"] == "true"
+        assert count_rows(db, "payments_charge") == 3
+        assert count_rows(db, "django_idempotency_idempotencyoutbox") == 3
+        deadline = time.monotonic() + 10
+        while "could not queue" not in server.log() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "could not queue django_idempotency.drain_outbox" in server.log()
+        assert "Traceback" not in server.log().split("could not queue")[0]

@@ -30,6 +30,7 @@ from rest_framework.test import APIClient
 
 from django_idempotency.managers import COMPLETED
 from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
+from django_idempotency.strategies import load_strategy
 from django_idempotency.tasks import (
     DRAIN_TASK,
     PURGE_TASK,
@@ -261,10 +262,15 @@ def test_worker_drains_and_purges(workers: Callable[..., Worker], queue: str) ->
 
 
 def test_hybrid_commits_queue_a_drain_that_a_worker_runs(
-    workers: Callable[..., Worker], redis_settings: Any, running_private_redis: RedisServer
+    workers: Callable[..., Worker],
+    redis_settings: Any,
+    running_private_redis: RedisServer,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """No task is sent by hand: the hybrid strategy queues the drain after its commits."""
+    """No task is sent by hand: the hybrid strategy queues the drain after its commits.
+    The short batch waits ``drain_hold`` seconds for a follow-up run (2 here, not 10)."""
     redis_settings(running_private_redis.url, STRATEGY="hybrid")
+    monkeypatch.setattr(load_strategy("hybrid"), "drain_hold", 2.0)
     default_queue = str(django_settings.CELERY_TASK_DEFAULT_QUEUE)
     worker = workers("hybrid", default_queue)
     client = APIClient()

@@ -212,22 +212,16 @@ class HybridClaim(Claimed):
         is deleted here, in this transaction, which fences its owner out."""
         attempt = self.attempt
         now = timezone.now()
-        row = (
-            IdempotencyKey.objects.using(attempt.database)
-            .filter(scope=attempt.scope, key=attempt.key, expires_at__gt=now)
-            .values_list("pk", "status", "claim_token", "locked_at")
-            .first()
-        )
-        if row is None:
+        row = IdempotencyKey.objects.read(attempt.scope, attempt.key, using=attempt.database)
+        if row is None or row.expires_at <= now:
             return
-        pk, status, token, locked_at = row
-        stale = status == IN_PROGRESS and (
-            locked_at is None or locked_at <= now - timedelta(seconds=attempt.lock_timeout)
+        stale = row.status == IN_PROGRESS and (
+            row.locked_at is None or row.locked_at <= now - timedelta(seconds=attempt.lock_timeout)
         )
         if stale:
             deleted, _ = (
                 IdempotencyKey.objects.using(attempt.database)
-                .filter(pk=pk, claim_token=token, status=IN_PROGRESS)
+                .filter(pk=row.pk, claim_token=row.claim_token, status=IN_PROGRESS)
                 .delete()
             )
             if deleted:
@@ -288,7 +282,7 @@ class HybridStrategy(Strategy):
     drain_delay: float = 1.0
     #: That drain leaves a short last batch younger than this many seconds for a
     #: follow-up run, so that under load each drain transaction moves a full batch.
-    drain_hold: float = 5.0
+    drain_hold: float = 10.0
     #: Queue ``drain_outbox`` after commits (when Celery is installed and configured).
     queue_drain: bool = True
 
