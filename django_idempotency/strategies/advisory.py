@@ -26,6 +26,7 @@ from ..responses import StoredResponse
 from .base import Attempt, Claimed, InFlight, Mismatch, Outcome, Replay, Strategy
 
 LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
+TRY_LOCK_SQL = "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))"
 
 
 def lock_name(scope: str, key: str) -> str:
@@ -100,11 +101,17 @@ class AdvisoryLockStrategy(Strategy):
                 claim._write(claim.pending)
 
     def _lock(self, connection: object, attempt: Attempt) -> None:
+        name = lock_name(attempt.scope, attempt.key)
         with connection.cursor() as cursor:  # type: ignore[attr-defined]
+            # Uncontended (the usual case): one statement takes the lock at once.
+            cursor.execute(TRY_LOCK_SQL, [name])
+            if cursor.fetchone()[0]:
+                return
+            # Another request holds the key: wait for it, up to the lock timeout.
             cursor.execute(
                 "SET LOCAL lock_timeout = %s", [f"{max(int(attempt.lock_timeout * 1000), 1)}ms"]
             )
-            cursor.execute(LOCK_SQL, [lock_name(attempt.scope, attempt.key)])
+            cursor.execute(LOCK_SQL, [name])
             # The timeout is for the wait on the key only, not for the view's own statements.
             cursor.execute("SET LOCAL lock_timeout TO DEFAULT")
 
