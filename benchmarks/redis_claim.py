@@ -12,9 +12,13 @@ Cases, each measured against raw loops in the same run:
   loop on an existing key, and a raw ``GET`` loop of the same value.
 
 Runs are interleaved (the cases run in a new random order every round) and the medians are
-reported, so that drift on a shared machine hits every side. A private ``redis-server``
-(no persistence) is started on a free loopback port and stopped at the end; with
-``--cluster`` a private 6-node Redis Cluster (3 primaries, 3 replicas) is measured too.
+reported, so that drift on a shared machine hits every side. The client CPU time per
+operation (``time.process_time``) is printed too: on a busy machine the wall clock mostly
+measures waiting for a core, while the CPU time is what the code itself costs.
+
+A private ``redis-server`` (no persistence) is started on a free loopback port and stopped
+at the end; with ``--cluster`` a private 6-node Redis Cluster (3 primaries, 3 replicas) is
+measured too.
 
     .venv/bin/python benchmarks/redis_claim.py [--rounds 5] [--iterations 3000]
         [--cluster] [--json results.json]
@@ -162,35 +166,45 @@ def cases(url: str, cluster: bool, iterations: int) -> dict[str, Callable[[], fl
     }
 
 
-def measure(label: str, url: str, cluster: bool, rounds: int, iterations: int) -> dict[str, float]:
+def measure(
+    label: str, url: str, cluster: bool, rounds: int, iterations: int
+) -> dict[str, dict[str, float]]:
     setup_django(url, cluster, f"bench-{uuid.uuid4().hex[:8]}")
     runs = cases(url, cluster, iterations)
     for run in runs.values():  # warm up: connections, script load
         run()
     rates: dict[str, list[float]] = {name: [] for name in runs}
+    cpu: dict[str, list[float]] = {name: [] for name in runs}
     names = list(runs)
     shuffle = random.Random(20261130).shuffle
     for _ in range(rounds):
         order = names[:]
         shuffle(order)  # a new order every round: no case always follows another
         for name in order:
+            started = time.process_time()
             rates[name].append(iterations / runs[name]())
+            cpu[name].append((time.process_time() - started) / iterations * 1e6)
     medians = {name: statistics.median(values) for name, values in rates.items()}
-    print(f"\n{label}: {iterations} operations x {rounds} rounds, medians (ops/s)")
+    cpu_medians = {name: statistics.median(values) for name, values in cpu.items()}
+    print(f"\n{label}: {iterations} operations x {rounds} rounds, medians")
+    print(f"  {'':42s} {'ops/s':>10s} {'client CPU us/op':>17s}")
     for name, value in medians.items():
-        print(f"  {name:42s} {value:10.0f}")
+        print(f"  {name:42s} {value:10.0f} {cpu_medians[name]:17.1f}")
     pairs = [
         ("claim+complete: redis strategy", "claim+complete: raw SET NX PX"),
         ("claim+complete: redis strategy", "claim+complete: raw SET NX PX + SET PX"),
         ("replay: redis strategy", "replay: raw SET NX (existing key)"),
         ("replay: redis strategy", "replay: raw GET"),
     ]
+    print("  throughput ratio (strategy / raw), and client CPU per op (raw / strategy):")
     for candidate, baseline in pairs:
         ratio = medians[candidate] / medians[baseline]
+        cpu_ratio = cpu_medians[baseline] / cpu_medians[candidate]
         print(
-            f"  ratio {candidate.split(':')[0]:15s} vs {baseline.split(': ')[1]:26s} {ratio:5.2f}x"
+            f"  {candidate.split(':')[0]:15s} vs {baseline.split(': ')[1]:26s}"
+            f" {ratio:5.2f}x  (CPU {cpu_ratio:4.2f}x)"
         )
-    return medians
+    return {"ops_per_second": medians, "client_cpu_us_per_op": cpu_medians}
 
 
 def main() -> None:
@@ -202,7 +216,7 @@ def main() -> None:
     parser.add_argument("--cluster", action="store_true", help="measure a 6-node cluster too")
     parser.add_argument("--json", help="write the medians to this file")
     args = parser.parse_args()
-    results: dict[str, dict[str, float]] = {}
+    results: dict[str, dict[str, dict[str, float]]] = {}
     server = RedisServer().start()
     try:
         results["node"] = measure(
