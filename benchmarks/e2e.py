@@ -16,7 +16,7 @@ for the record. ``--statements`` prints the SQL each route sends for one
 request (in-process, through Django's test client).
 
     .venv/bin/python benchmarks/e2e.py [--strategies db,advisory_lock]
-        [--rounds 3] [--duration 10] [--connections 8] [--workers 2] [--threads 4]
+        [--rounds 5] [--duration 10] [--connections 8] [--workers 2] [--threads 4]
         [--statements] [--json results.json]
 """
 
@@ -380,7 +380,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     parser.add_argument("--strategies", default="db,advisory_lock")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--duration", type=int, default=10)
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2)
