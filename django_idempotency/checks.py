@@ -127,8 +127,7 @@ def _check_database_and_strategy() -> list[CheckMessage]:
     if strategy == "advisory_lock" and vendor != "postgresql":
         return [
             Error(
-                "The advisory_lock strategy needs PostgreSQL; "
-                f"database {alias!r} is {vendor}.",
+                f"The advisory_lock strategy needs PostgreSQL; database {alias!r} is {vendor}.",
                 hint="Use the 'db' strategy on SQLite.",
                 id=ID + "E007",
             )

@@ -68,7 +68,7 @@ def _sqlite(name: str) -> dict[str, object]:
     # SQLite's default (deferred) transactions, so that interleavings such as a takeover
     # while a view's transaction is open can be tested; the example project's server
     # (used by the race tests) runs with IMMEDIATE transactions.
-    options = dict(db["OPTIONS"])  # type: ignore[call-overload]
+    options = dict(db["OPTIONS"])
     options.pop("transaction_mode", None)
     db["OPTIONS"] = options
     return db

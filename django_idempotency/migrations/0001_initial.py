@@ -5,37 +5,96 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='IdempotencyKey',
+            name="IdempotencyKey",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('scope', models.CharField(help_text='Whose key this is, e.g. user:42.', max_length=255, verbose_name='scope')),
-                ('key', models.CharField(max_length=255, verbose_name='key')),
-                ('fingerprint', models.CharField(help_text='SHA-256 of method, path, query and body.', max_length=64, verbose_name='fingerprint')),
-                ('status', models.CharField(choices=[('in_progress', 'in progress'), ('completed', 'completed')], max_length=16, verbose_name='status')),
-                ('claim_token', models.UUIDField(help_text='Fencing token: a fresh UUID per claim.', verbose_name='claim token')),
-                ('locked_at', models.DateTimeField(blank=True, help_text='Last renewal of the lease.', null=True, verbose_name='locked at')),
-                ('request_method', models.CharField(blank=True, max_length=16, verbose_name='request method')),
-                ('request_path', models.TextField(blank=True, verbose_name='request path')),
-                ('response_status', models.PositiveSmallIntegerField(blank=True, null=True, verbose_name='response status')),
-                ('response_headers', models.JSONField(blank=True, default=dict, verbose_name='response headers')),
-                ('response_body', models.BinaryField(blank=True, null=True, verbose_name='response body')),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now, verbose_name='created at')),
-                ('completed_at', models.DateTimeField(blank=True, null=True, verbose_name='completed at')),
-                ('expires_at', models.DateTimeField(verbose_name='expires at')),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                (
+                    "scope",
+                    models.CharField(
+                        help_text="Whose key this is, e.g. user:42.",
+                        max_length=255,
+                        verbose_name="scope",
+                    ),
+                ),
+                ("key", models.CharField(max_length=255, verbose_name="key")),
+                (
+                    "fingerprint",
+                    models.CharField(
+                        help_text="SHA-256 of method, path, query and body.",
+                        max_length=64,
+                        verbose_name="fingerprint",
+                    ),
+                ),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[("in_progress", "in progress"), ("completed", "completed")],
+                        max_length=16,
+                        verbose_name="status",
+                    ),
+                ),
+                (
+                    "claim_token",
+                    models.UUIDField(
+                        help_text="Fencing token: a fresh UUID per claim.",
+                        verbose_name="claim token",
+                    ),
+                ),
+                (
+                    "locked_at",
+                    models.DateTimeField(
+                        blank=True,
+                        help_text="Last renewal of the lease.",
+                        null=True,
+                        verbose_name="locked at",
+                    ),
+                ),
+                (
+                    "request_method",
+                    models.CharField(blank=True, max_length=16, verbose_name="request method"),
+                ),
+                ("request_path", models.TextField(blank=True, verbose_name="request path")),
+                (
+                    "response_status",
+                    models.PositiveSmallIntegerField(
+                        blank=True, null=True, verbose_name="response status"
+                    ),
+                ),
+                (
+                    "response_headers",
+                    models.JSONField(blank=True, default=dict, verbose_name="response headers"),
+                ),
+                (
+                    "response_body",
+                    models.BinaryField(blank=True, null=True, verbose_name="response body"),
+                ),
+                (
+                    "created_at",
+                    models.DateTimeField(
+                        default=django.utils.timezone.now, verbose_name="created at"
+                    ),
+                ),
+                (
+                    "completed_at",
+                    models.DateTimeField(blank=True, null=True, verbose_name="completed at"),
+                ),
+                ("expires_at", models.DateTimeField(verbose_name="expires at")),
             ],
             options={
-                'verbose_name': 'idempotency key',
-                'verbose_name_plural': 'idempotency keys',
-                'indexes': [models.Index(fields=['expires_at'], name='idempotency_expires_idx')],
-                'constraints': [models.UniqueConstraint(fields=('scope', 'key'), name='idempotency_scope_key_uniq')],
+                "verbose_name": "idempotency key",
+                "verbose_name_plural": "idempotency keys",
+                "indexes": [models.Index(fields=["expires_at"], name="idempotency_expires_idx")],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("scope", "key"), name="idempotency_scope_key_uniq"
+                    )
+                ],
             },
         ),
     ]
