@@ -730,6 +730,68 @@ KEY_LOOKUP_COLUMNS = (
 )
 
 
+class _EitherReader:
+    """One statement for :meth:`IdempotencyOutboxManager.lookup`: the live outbox row of
+    (scope, key), else its live IdempotencyKey row (``UNION ALL … ORDER BY 1 LIMIT 1``),
+    converted as the ORM converts IdempotencyKey's columns."""
+
+    def __init__(
+        self,
+        outbox: type[models.Model],
+        keys: type[models.Model],
+        connection: BaseDatabaseWrapper,
+    ) -> None:
+        q = connection.ops.quote_name
+        key_fields = {f.name: f for f in keys._meta.concrete_fields}
+        outbox_fields = {f.name: f for f in outbox._meta.concrete_fields}
+
+        def column(fields: dict[str, Any], name: str) -> str:
+            return q(str(fields[name].column))
+
+        from_outbox = [
+            column(outbox_fields, "id"),
+            f"'{COMPLETED}'",
+            column(outbox_fields, "fingerprint"),
+            column(outbox_fields, "expires_at"),
+            "NULL",
+            "NULL",
+            column(outbox_fields, "response_status"),
+            column(outbox_fields, "response_headers"),
+            column(outbox_fields, "response_body"),
+        ]
+        from_keys = [column(key_fields, name) for name in KEY_LOOKUP_COLUMNS]
+        where = f"WHERE {q('scope')} = %s AND {q('key')} = %s AND {q('expires_at')} > %s"
+        self.sql = (
+            f"SELECT 0, {', '.join(from_outbox)} FROM {q(outbox._meta.db_table)} {where} "
+            f"UNION ALL SELECT 1, {', '.join(from_keys)} FROM {q(keys._meta.db_table)} {where} "
+            "ORDER BY 1 LIMIT 1"
+        )
+        self.expires_field = key_fields["expires_at"]
+        self.converters: list[tuple[list[Any], Any]] = []
+        for name in KEY_LOOKUP_COLUMNS:
+            col = key_fields[name].get_col(keys._meta.db_table)
+            self.converters.append(
+                (connection.ops.get_db_converters(col) + col.get_db_converters(connection), col)
+            )
+
+    def fetch(
+        self, connection: BaseDatabaseWrapper, scope: str, key: str, now: datetime
+    ) -> tuple[bool, list[Any]] | None:
+        """``(from_outbox, converted row in KEY_LOOKUP_COLUMNS order)`` or None."""
+        at = self.expires_field.get_db_prep_value(now, connection, prepared=True)
+        with connection.cursor() as cursor:
+            cursor.execute(self.sql, [scope, key, at, scope, key, at])
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        values = []
+        for value, (converters, col) in zip(row[1:], self.converters, strict=True):
+            for converter in converters:
+                value = converter(value, col, connection)
+            values.append(value)
+        return int(row[0]) == 0, values
+
+
 class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
     """The outbox of the ``hybrid`` strategy: add a row, look a key up, drain in batches."""
 
@@ -740,6 +802,7 @@ class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
         super().__init__()
         self._add_sql = {}
         self._readers = {}
+        self._either: dict[tuple[str, str], _EitherReader] = {}
 
     def _lookup_readers(self, connection: BaseDatabaseWrapper) -> tuple[_RowReader, _RowReader]:
         """The outbox read and the IdempotencyKey read of :meth:`lookup`, built once."""
@@ -753,6 +816,16 @@ class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
                 _RowReader(IdempotencyKey, connection, KEY_LOOKUP_COLUMNS, live_only=True),
             )
         return readers
+
+    def _either_reader(self, connection: BaseDatabaseWrapper) -> _EitherReader:
+        """The one-statement read of :meth:`lookup`, built once per backend."""
+        cache_key = (connection.alias, connection.vendor)
+        reader = self._either.get(cache_key)
+        if reader is None:
+            from .models import IdempotencyKey
+
+            reader = self._either[cache_key] = _EitherReader(self.model, IdempotencyKey, connection)
+        return reader
 
     def _add_statement(
         self, connection: BaseDatabaseWrapper
@@ -841,15 +914,17 @@ class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
     ) -> KeyRecord | None:
         """The live record of (scope, key): an undrained outbox row first (it is the newer
         one), else the IdempotencyKey row, in progress or completed. Expired rows count
-        as absent. Two indexed reads at most; no write.
+        as absent. One statement (the outbox alone with ``outbox_only``); no write.
         """
         from .responses import StoredResponse
 
         connection = connections[using]
-        outbox_reader, key_reader = self._lookup_readers(connection)
         now = timezone.now()
-        row = outbox_reader.fetch(connection, scope, key, now)
-        if row is not None:
+        if outbox_only:
+            outbox_reader, _key_reader = self._lookup_readers(connection)
+            row = outbox_reader.fetch(connection, scope, key, now)
+            if row is None:
+                return None
             pk, fingerprint, expires_at, status, headers, body = row
             return KeyRecord(
                 source="outbox",
@@ -861,11 +936,10 @@ class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
                     status=int(status), headers=dict(headers or {}), body=bytes(body or b"")
                 ),
             )
-        if outbox_only:
+        found = self._either_reader(connection).fetch(connection, scope, key, now)
+        if found is None:
             return None
-        key_row = key_reader.fetch(connection, scope, key, now)
-        if key_row is None:
-            return None
+        from_outbox, key_row = found
         key_pk, state, key_print, key_expires, token, locked_at, code, key_headers, key_body = (
             key_row
         )
@@ -875,7 +949,7 @@ class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
                 status=int(code), headers=dict(key_headers or {}), body=bytes(key_body or b"")
             )
         return KeyRecord(
-            source="key",
+            source="outbox" if from_outbox else "key",
             pk=key_pk,
             status=state,
             fingerprint=key_print,

@@ -14,6 +14,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import connections, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_idempotency.managers import COMPLETED, IN_PROGRESS
@@ -90,7 +91,10 @@ def test_lookup_prefers_the_outbox_and_ignores_expired_rows(using: str) -> None:
     found = manager.lookup("user:1", "k", using=using)
     assert found is not None and found.source == "outbox" and found.response == RESPONSE
     manager.using(using).update(expires_at=timezone.now() - timedelta(seconds=1))
-    assert manager.lookup("user:1", "k", using=using).source == "key"  # type: ignore[union-attr]
+    with CaptureQueriesContext(connections[using]) as queries:
+        assert manager.lookup("user:1", "k", using=using).source == "key"  # type: ignore[union-attr]
+        assert manager.lookup("user:1", "missing", using=using) is None
+    assert len(queries) == 2, "one statement per lookup"
 
 
 @pytest.mark.parametrize("using", BACKENDS)
