@@ -487,6 +487,9 @@ class Variant:
     baseline: bool = False
     note: str = ""
     rates: list[float] = field(default_factory=list)
+    #: This process's CPU time per iteration (µs), run by run: the client-side cost, which
+    #: other load on the machine changes far less than the wall-clock rate.
+    cpu_us: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -503,9 +506,11 @@ class Case:
 
 def measure(case: Case, variant: Variant, prefix: str) -> float:
     empty_table(case.alias)
+    cpu = time.process_time()
     start = time.perf_counter()
     variant.loop(case.iterations, prefix)
     elapsed = time.perf_counter() - start
+    variant.cpu_us.append((time.process_time() - cpu) / case.iterations * 1e6)
     done = completed_rows(case.alias)
     if done != case.iterations:
         raise RuntimeError(
@@ -530,14 +535,18 @@ def report(case: Case) -> list[dict[str, Any]]:
     base = case.baseline
     base_median = statistics.median(base.rates)
     print(f"\n{case.name}: {case.iterations} claim+complete per run, {len(base.rates)} runs each")
-    print(f"  {'variant':<34} {'median/s':>9} {'min/s':>8} {'max/s':>8} {'µs/op':>7} {'ratio':>6}")
+    print(
+        f"  {'variant':<34} {'median/s':>9} {'min/s':>8} {'max/s':>8} {'µs/op':>7} "
+        f"{'ratio':>6} {'cpu µs/op':>9}"
+    )
     rows = []
     for v in case.variants:
         median = statistics.median(v.rates)
         paired = statistics.median(a / b for a, b in zip(v.rates, base.rates, strict=True))
         print(
             f"  {v.name:<34} {median:9.0f} {min(v.rates):8.0f} {max(v.rates):8.0f} "
-            f"{1e6 / median:7.0f} {paired:6.2f}" + (f"  {v.note}" if v.note else "")
+            f"{1e6 / median:7.0f} {paired:6.2f} {statistics.median(v.cpu_us):9.0f}"
+            + (f"  {v.note}" if v.note else "")
         )
         rows.append(
             {
@@ -549,6 +558,7 @@ def report(case: Case) -> list[dict[str, Any]]:
                 "max_per_s": round(max(v.rates), 1),
                 "ratio_median_of_pairs": round(paired, 3),
                 "ratio_of_medians": round(median / base_median, 3),
+                "cpu_us_per_op_median": round(statistics.median(v.cpu_us), 1),
                 "runs": v.rates,
             }
         )
