@@ -21,7 +21,7 @@
    many transactions. The same load against ``db`` gives its request rate and commits.
 
     .venv/bin/python benchmarks/hybrid.py [--requests 300] [--load-seconds 20]
-        [--clients 16] [--json results.json]
+        [--clients 16] [--rounds 2] [--json results.json]
 """
 
 from __future__ import annotations
@@ -213,58 +213,91 @@ def load(url: str, seconds: float, clients: int) -> int:
     return sum(done)
 
 
-def drain_under_load(
-    db: str, redis: RedisServer, seconds: float, clients: int
-) -> dict[str, dict[str, float]]:
-    results: dict[str, dict[str, float]] = {}
-    for strategy in ("db", "hybrid"):
-        before = counters(db)
-        with celery_worker(db, redis) as log:
-            with example_server(
-                db, strategy=strategy, workers=2, threads=8, env=server_env(strategy, redis)
-            ) as server:
-                started = time.monotonic()
-                requests = load(server.url + "/api/charges/", seconds, clients)
-                elapsed = time.monotonic() - started
-            # The last follow-up drain runs some seconds after the last commit.
-            deadline = time.monotonic() + 60
-            while count_rows(db, "django_idempotency_idempotencyoutbox") and (
-                time.monotonic() < deadline
-            ):
-                time.sleep(0.5)
+def load_round(
+    db: str, redis: RedisServer, strategy: str, seconds: float, clients: int
+) -> dict[str, float]:
+    """One load run of ``strategy`` with a Celery worker, until the outbox is empty."""
+    before = counters(db)
+    with celery_worker(db, redis) as log:
+        with example_server(
+            db, strategy=strategy, workers=2, threads=8, env=server_env(strategy, redis)
+        ) as server:
+            started = time.monotonic()
+            requests = load(server.url + "/api/charges/", seconds, clients)
+            elapsed = time.monotonic() - started
+        # The last follow-up drain runs some seconds after the last commit.
+        deadline = time.monotonic() + 60
+        while count_rows(db, "django_idempotency_idempotencyoutbox") and (
+            time.monotonic() < deadline
+        ):
             time.sleep(0.5)
-            runs = [
-                ast.literal_eval(m.group(1))
-                for m in SUCCEEDED.finditer(log.read_text(errors="replace"))
-            ]
-        after = counters(db)
-        rows = sum(int(run["drained"]) + int(run["discarded"]) for run in runs)
-        transactions = sum(int(run["transactions"]) for run in runs)
-        # A run's transactions are full batches but its last; count the full ones.
-        full = sum((int(run["drained"]) + int(run["discarded"])) // BATCH for run in runs if run)
-        results[strategy] = {
-            "requests": requests,
-            "requests_per_second": requests / elapsed,
-            "commits_per_request": (after[0] - before[0]) / requests,
-            "drained_rows": rows,
-            "drain_transactions": transactions,
-            "rows_per_drain_transaction": rows / transactions if transactions else 0.0,
-            "full_batches": full,
-            "partial_batches": transactions - full,
-            "left_in_outbox": count_rows(db, "django_idempotency_idempotencyoutbox"),
-        }
-        line = (
-            f"  {strategy:8} {requests} requests, {requests / elapsed:.0f}/s, "
-            f"{results[strategy]['commits_per_request']:.2f} commits per request"
-        )
-        if strategy == "hybrid":
-            line += (
-                f" (drains included); drained {rows} rows in {transactions} transactions: "
-                f"{results[strategy]['rows_per_drain_transaction']:.0f} rows per transaction "
-                f"({full} full batches of {BATCH}, {transactions - full} shorter), "
-                f"{results[strategy]['left_in_outbox']} left"
+        time.sleep(0.5)
+        runs = [
+            ast.literal_eval(m.group(1))
+            for m in SUCCEEDED.finditer(log.read_text(errors="replace"))
+        ]
+    after = counters(db)
+    rows = sum(int(run["drained"]) + int(run["discarded"]) for run in runs)
+    transactions = sum(int(run["transactions"]) for run in runs)
+    # A run's transactions are full batches but its last; count the full ones.
+    full = sum((int(run["drained"]) + int(run["discarded"])) // BATCH for run in runs)
+    return {
+        "requests": requests,
+        "seconds": elapsed,
+        "commits": after[0] - before[0],
+        "drained_rows": rows,
+        "drain_transactions": transactions,
+        "full_batches": full,
+        "left_in_outbox": count_rows(db, "django_idempotency_idempotencyoutbox"),
+    }
+
+
+def drain_under_load(
+    db: str, redis: RedisServer, seconds: float, clients: int, rounds: int
+) -> dict[str, dict[str, float]]:
+    """``rounds`` load runs of each strategy, the order flipping every round (the load
+    of a shared machine drifts); the figures are summed over the rounds."""
+    totals: dict[str, dict[str, float]] = {}
+    for index in range(rounds):
+        order = ("db", "hybrid") if index % 2 == 0 else ("hybrid", "db")
+        for strategy in order:
+            result = load_round(db, redis, strategy, seconds, clients)
+            total = totals.setdefault(strategy, dict.fromkeys(result, 0.0))
+            for name, value in result.items():
+                total[name] += value
+            line = (
+                f"  round {index + 1} {strategy:8} {result['requests']:.0f} requests, "
+                f"{result['requests'] / result['seconds']:.0f}/s, "
+                f"{result['commits'] / result['requests']:.2f} commits per request"
             )
-        print(line, flush=True)
+            if strategy == "hybrid":
+                short = result["drain_transactions"] - result["full_batches"]
+                line += (
+                    f" (drains included); drained {result['drained_rows']:.0f} rows in "
+                    f"{result['drain_transactions']:.0f} transactions "
+                    f"({result['full_batches']:.0f} full batches of {BATCH}, {short:.0f} shorter)"
+                    f", {result['left_in_outbox']:.0f} left"
+                )
+            print(line, flush=True)
+    results: dict[str, dict[str, float]] = {}
+    for strategy, total in totals.items():
+        results[strategy] = {
+            **total,
+            "requests_per_second": total["requests"] / total["seconds"],
+            "commits_per_request": total["commits"] / total["requests"],
+            "rows_per_drain_transaction": (
+                total["drained_rows"] / total["drain_transactions"]
+                if total["drain_transactions"]
+                else 0.0
+            ),
+        }
+    hybrid = results["hybrid"]
+    print(
+        f"  hybrid: {hybrid['drained_rows']:.0f} rows in {hybrid['drain_transactions']:.0f} "
+        f"drain transactions, {hybrid['rows_per_drain_transaction']:.0f} rows per transaction; "
+        f"{hybrid['full_batches']:.0f} full batches of {BATCH}",
+        flush=True,
+    )
     return results
 
 
@@ -273,6 +306,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--load-seconds", type=float, default=20.0)
     parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
@@ -290,10 +324,11 @@ def main() -> None:
             ratio = per_request["hybrid"]["new_commits"] / per_request["db"]["new_commits"]
             print(f"  hybrid / db commits per new-key request: {ratio:.2f}", flush=True)
             print(
-                f"Under load ({args.clients} clients, {args.load_seconds:.0f} s each):",
+                f"Under load ({args.clients} clients, {args.load_seconds:.0f} s per run, "
+                f"{args.rounds} rounds):",
                 flush=True,
             )
-            loaded = drain_under_load(db, redis, args.load_seconds, args.clients)
+            loaded = drain_under_load(db, redis, args.load_seconds, args.clients, args.rounds)
             speed = loaded["hybrid"]["requests_per_second"] / loaded["db"]["requests_per_second"]
             print(f"  hybrid / db requests per second: {speed:.2f}", flush=True)
     finally:

@@ -94,6 +94,8 @@ CELERY_TASK_DEFAULT_QUEUE = os.environ.get("TEST_CELERY_QUEUE") or f"idem-tests-
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = None
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# No remote-control mailbox: a worker killed with SIGKILL would leave its binding behind.
+CELERY_WORKER_ENABLE_REMOTE_CONTROL = False
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

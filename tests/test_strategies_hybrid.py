@@ -31,7 +31,7 @@ from django_idempotency.strategies.hybrid import EPOCH_SUFFIX, HybridClaim, Hybr
 from example_project.payments.models import Charge
 from tests.testapp.models import SideEffect
 
-from . import services
+from .celery_queues import delete_queue
 from .factories import StaleKeyFactory, UserFactory
 from .redis_servers import RedisServer, closed_port_url
 
@@ -42,17 +42,9 @@ pytestmark = [pytest.mark.redis, pytest.mark.postgres, pytest.mark.django_db(tra
 def _forget_queued_drains() -> Iterator[None]:
     """Commits queue drain tasks on this run's own queue (no worker runs here); drop them."""
     yield
-    import redis
-
     queue = str(getattr(django_settings, "CELERY_TASK_DEFAULT_QUEUE", ""))
     if queue.startswith("idem-tests-"):
-        client = redis.Redis.from_url(services.REDIS_URL, socket_timeout=2)
-        try:
-            client.delete(queue, f"_kombu.binding.{queue}")
-        except redis.RedisError:
-            pass
-        finally:
-            client.close()
+        delete_queue(queue)
 
 
 @pytest.fixture
