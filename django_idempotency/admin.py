@@ -20,7 +20,7 @@ from django.contrib.admin import helpers
 from django.contrib.admin.models import DELETION, LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.db import models
-from django.db.models import QuerySet
+from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
@@ -145,7 +145,31 @@ def body_html(body: bytes | memoryview | None, headers: Any) -> SafeString:
 # -- list filters -----------------------------------------------------------------------------
 
 
-class ExpiredFilter(admin.SimpleListFilter):
+class ConditionFilter(admin.SimpleListFilter):
+    """A filter whose choices are plain conditions.
+
+    The facet counts ("Show counts") are computed as ``COUNT(*) FILTER (WHERE …)``
+    in one pass, instead of Django's default ``id IN (subquery)`` per choice, which
+    degrades to a nested loop on a table with millions of keys.
+    """
+
+    def conditions(self) -> dict[str, Q]:
+        raise NotImplementedError
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        condition = self.conditions().get(str(self.value()))
+        return queryset if condition is None else queryset.filter(condition)
+
+    def get_facet_counts(self, pk_attname: str, filtered_qs: QuerySet[Any]) -> dict[str, Any]:
+        conditions = self.conditions()
+        return {
+            f"{i}__c": Count(pk_attname, filter=conditions[str(value)])
+            for i, (value, _title) in enumerate(self.lookup_choices)
+            if str(value) in conditions
+        }
+
+
+class ExpiredFilter(ConditionFilter):
     """Expired keys are no longer replayed and wait for the purge."""
 
     title = _("expired")
@@ -154,30 +178,25 @@ class ExpiredFilter(admin.SimpleListFilter):
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
         return [("yes", _("Yes")), ("no", _("No"))]
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+    def conditions(self) -> dict[str, Q]:
         now = timezone.now()
-        if self.value() == "yes":
-            return queryset.filter(expires_at__lte=now)
-        if self.value() == "no":
-            return queryset.filter(expires_at__gt=now)
-        return queryset
+        return {"yes": Q(expires_at__lte=now), "no": Q(expires_at__gt=now)}
 
 
-class ResponseClassFilter(admin.SimpleListFilter):
+class ResponseClassFilter(ConditionFilter):
     title = _("response status")
     parameter_name = "response_class"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
         return [(name, name) for name in RESPONSE_CLASSES] + [("none", _("No response yet"))]
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        value = self.value()
-        if value == "none":
-            return queryset.filter(response_status__isnull=True)
-        if value in RESPONSE_CLASSES:
-            low, high = RESPONSE_CLASSES[value]
-            return queryset.filter(response_status__gte=low, response_status__lt=high)
-        return queryset
+    def conditions(self) -> dict[str, Q]:
+        found = {
+            name: Q(response_status__gte=low, response_status__lt=high)
+            for name, (low, high) in RESPONSE_CLASSES.items()
+        }
+        found["none"] = Q(response_status__isnull=True)
+        return found
 
 
 # -- IdempotencyKey ---------------------------------------------------------------------------

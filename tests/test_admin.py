@@ -144,6 +144,11 @@ def test_list_columns_filters_and_search(admin_client: Client) -> None:
     assert keys(q="key-5xx") == {server_error.key}
     assert keys(q="tenant:acme") == {running.key}
 
+    # "Show counts": one aggregate with a FILTER per choice.
+    facets = admin_client.get(reverse(CHANGELIST), {"_facets": "True"}).content.decode()
+    for shown in ("Yes (1)", "No (3)", "2xx (1)", "4xx (1)", "5xx (1)", "No response yet (1)"):
+        assert shown in facets
+
     page = admin_client.get(reverse(CHANGELIST)).content.decode()
     for column in (
         "column-scope",
