@@ -6,7 +6,7 @@ transaction, and the key's completion is the last statement of that same
 transaction, guarded by the claim token: an owner whose claim was taken over
 rolls its own writes back instead of committing them a second time.
 
-A key that the ``hybrid`` strategy completed and that is still in its outbox
+When the ``hybrid`` strategy is in use, a key that it completed and that is still in its outbox
 (not yet drained into IdempotencyKey) is replayed from there: the first
 statement of the view's transaction reads the outbox, so that falling back from
 ``hybrid`` to ``db`` (Redis down) never runs a completed request again.
@@ -115,8 +115,21 @@ class DatabaseStrategy(Strategy):
         assert result.response is not None
         return Replay(result.response)
 
+    def reads_outbox(self) -> bool:
+        """Whether a new claim must also look in the hybrid strategy's outbox.
+
+        Only when the hybrid strategy is in use in this project (the default strategy,
+        or loaded for a view): a project that never used it has an empty outbox, and
+        its claims skip the read.
+        """
+        from . import hybrid_in_use
+
+        return hybrid_in_use()
+
     def settled_in_outbox(self, attempt: Attempt) -> Outcome | None:
         """Replay or Mismatch when the hybrid strategy's outbox holds the key, else None."""
+        if not self.reads_outbox():
+            return None
         try:
             record = IdempotencyOutbox.objects.lookup(
                 attempt.scope, attempt.key, using=attempt.database, outbox_only=True

@@ -140,6 +140,9 @@ class OutboxDatabaseStrategy(DatabaseStrategy):
     def __init__(self, parent: HybridStrategy) -> None:
         self.parent = parent
 
+    def reads_outbox(self) -> bool:
+        return True
+
     def claim(self, attempt: Attempt) -> Outcome:
         outcome = super().claim(attempt)
         if isinstance(outcome, OutboxDatabaseClaim):
