@@ -7,7 +7,8 @@ each. Then the expired keys are deleted through
 ``IdempotencyKey.objects.iter_delete_expired`` — the generator behind
 ``manage.py purge_idempotency_keys`` and the Celery purge task — one short
 transaction per batch (``--orm`` measures the ORM path used on other databases
-instead: the batch's ids read first, then deleted). Reported:
+instead: the batch's ids read first, then deleted; ``--compare`` runs both in turn,
+batch by batch, on one table, which is the fair comparison on a busy machine). Reported:
 
 * rows deleted per second (wall clock, whole purge);
 * the duration of each batch transaction (SELECT of the batch's ids + DELETE +
@@ -19,7 +20,7 @@ instead: the batch's ids read first, then deleted). Reported:
 The scratch database is dropped at the end.
 
     .venv/bin/python benchmarks/purge.py [--rows 1000000] [--live 100000]
-        [--batch-size 1000] [--orm] [--json results.json]
+        [--batch-size 1000] [--orm | --compare] [--json results.json]
 """
 
 from __future__ import annotations
@@ -163,6 +164,50 @@ def purge(batch_size: int, orm: bool = False) -> dict[str, Any]:
     }
 
 
+def compare(batch_size: int) -> dict[str, Any]:
+    """Both paths on one table, batch by batch in turn, so that the load of the machine
+    weighs on both alike; per-path batch durations."""
+    from django.utils import timezone
+
+    from django_idempotency.models import IdempotencyKey
+
+    manager = IdempotencyKey.objects
+    cutoff = timezone.now()
+    paths = {
+        "statement": manager.iter_delete_expired(batch_size=batch_size, cutoff=cutoff),
+        "orm": manager._iter_delete_expired_orm(batch_size, cutoff, "default", None),
+    }
+    durations: dict[str, list[float]] = {name: [] for name in paths}
+    deleted = dict.fromkeys(paths, 0)
+    turn = 0
+    while paths:
+        names = sorted(paths, reverse=True)  # statement first, then orm
+        name = names[turn % len(names)]
+        turn += 1
+        started = time.perf_counter()
+        try:
+            count = next(paths[name])
+        except StopIteration:
+            del paths[name]
+            continue
+        durations[name].append(time.perf_counter() - started)
+        deleted[name] += count
+    result: dict[str, Any] = {}
+    for name, values in durations.items():
+        ordered = sorted(values)
+        result[name] = {
+            "batches": len(ordered),
+            "deleted": deleted[name],
+            "batch_ms_median": round(statistics.median(ordered) * 1000, 2),
+            "batch_ms_mean": round(statistics.mean(ordered) * 1000, 2),
+            "batch_ms_p99": round(
+                ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000, 1
+            ),
+            "batch_ms_max": round(ordered[-1] * 1000, 1),
+        }
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000, help="expired rows to purge")
@@ -172,6 +217,11 @@ def main() -> None:
         "--orm",
         action="store_true",
         help="measure the ORM path (ids read first, then deleted) used on other databases",
+    )
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="delete with both paths in turn, batch by batch, and compare their batches",
     )
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
@@ -191,6 +241,20 @@ def main() -> None:
             f"filled {args.rows:,} expired + {args.live:,} live rows in {fill_seconds:.1f}s "
             f"(table + indexes: {size_before})"
         )
+        if args.compare:
+            both = compare(args.batch_size)
+            for name, figures in both.items():
+                print(
+                    f"[{name}] {figures['deleted']:,} rows in {figures['batches']} batches: "
+                    f"batch median {figures['batch_ms_median']} ms, mean "
+                    f"{figures['batch_ms_mean']} ms, p99 {figures['batch_ms_p99']} ms, "
+                    f"longest {figures['batch_ms_max']} ms"
+                )
+            live_left = IdempotencyKey.objects.filter(key__startswith="live-").count()
+            print(f"live rows left: {live_left:,} of {args.live:,}; load {os.getloadavg()}")
+            if args.json:
+                Path(args.json).write_text(json.dumps(both, indent=2) + "\n")
+            return
         result = purge(args.batch_size, orm=args.orm)
         survivors = IdempotencyKey.objects.count()
         live_left = IdempotencyKey.objects.filter(key__startswith="live-").count()
