@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import resource
+import signal
 import statistics
 import sys
 import time
@@ -226,6 +227,8 @@ def main() -> None:
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
 
+    # A SIGTERM (a timeout, Ctrl-C in a runner) still drops the scratch database below.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     name = f"idem_purge_{os.getpid()}"
     pg_admin(f'CREATE DATABASE "{name}"')
     try:
