@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from django.db import connections, models, transaction
 from django.utils import timezone
 
+from .conf import conf
+
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
@@ -578,8 +580,13 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
         cutoff: datetime,
         using: str = "default",
         max_batches: int | None = None,
+        lease_cutoff: datetime | None = None,
     ) -> Any:
         """Yield the number of rows deleted by each batch (for progress reporting).
+
+        A key still in progress under a live lease (renewed after ``lease_cutoff``,
+        by default ``LOCK_TIMEOUT`` ago) is never deleted, however old it is: its
+        request is running and will complete it.
 
         On PostgreSQL and SQLite each batch is one statement in its own short
         transaction, ``DELETE … WHERE expires_at <= cutoff AND id IN (SELECT id …
@@ -589,21 +596,28 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
         signals are sent for the purged rows.
         """
         connection = connections[using]
+        lease_cutoff = lease_cutoff or self._lease_cutoff()
         if connection.vendor not in {"postgresql", "sqlite"}:
-            yield from self._iter_delete_expired_orm(batch_size, cutoff, using, max_batches)
+            yield from self._iter_delete_expired_orm(
+                batch_size, cutoff, using, max_batches, lease_cutoff
+            )
             return
         q = connection.ops.quote_name
         table = q(self.model._meta.db_table)
-        pk, expires = q("id"), q("expires_at")
+        pk, expires, status, locked = q("id"), q("expires_at"), q("status"), q("locked_at")
+        purgeable = f"{expires} <= %s AND ({status} <> %s OR {locked} IS NULL OR {locked} <= %s)"
         # The outer condition is checked again on the row version the DELETE locks: a key
         # that a request took over (renewed) after the subquery read it is not deleted.
         statement = (
-            f"DELETE FROM {table} WHERE {expires} <= %s AND {pk} IN (SELECT {pk} FROM {table} "
-            f"WHERE {expires} <= %s ORDER BY {expires} LIMIT %s)"
+            f"DELETE FROM {table} WHERE {purgeable} AND {pk} IN (SELECT {pk} FROM {table} "
+            f"WHERE {purgeable} ORDER BY {expires} LIMIT %s)"
         )
-        field = self.model._meta.get_field("expires_at")
-        prepared = field.get_db_prep_save(cutoff, connection)
-        params = [prepared, prepared, int(batch_size)]
+        condition = [
+            self._sql(connection).prep("expires_at", cutoff, connection),
+            IN_PROGRESS,
+            self._sql(connection).prep("locked_at", lease_cutoff, connection),
+        ]
+        params = [*condition, *condition, int(batch_size)]
         batches = 0
         while max_batches is None or batches < max_batches:
             with transaction.atomic(using=using), connection.cursor() as cursor:
@@ -616,22 +630,41 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
             if deleted < batch_size:
                 return
 
+    @staticmethod
+    def _lease_cutoff() -> datetime:
+        return timezone.now() - timedelta(seconds=conf.LOCK_TIMEOUT)
+
+    def _purgeable(self, cutoff: datetime, lease_cutoff: datetime, using: str) -> Any:
+        """Expired keys, less those in progress under a live lease."""
+        return (
+            self.using(using)
+            .filter(expires_at__lte=cutoff)
+            .exclude(status=IN_PROGRESS, locked_at__gt=lease_cutoff)
+        )
+
     def _iter_delete_expired_orm(
-        self, batch_size: int, cutoff: datetime, using: str, max_batches: int | None
+        self,
+        batch_size: int,
+        cutoff: datetime,
+        using: str,
+        max_batches: int | None,
+        lease_cutoff: datetime | None = None,
     ) -> Any:
         """The same through the ORM, for other databases."""
+        lease_cutoff = lease_cutoff or self._lease_cutoff()
         batches = 0
         while max_batches is None or batches < max_batches:
             with transaction.atomic(using=using):
                 pks = list(
-                    self.using(using)
-                    .filter(expires_at__lte=cutoff)
+                    self._purgeable(cutoff, lease_cutoff, using)
                     .order_by("expires_at")
                     .values_list("pk", flat=True)[:batch_size]
                 )
                 if not pks:
                     return
-                deleted, _ = self.using(using).filter(pk__in=pks, expires_at__lte=cutoff).delete()
+                deleted, _ = (
+                    self._purgeable(cutoff, lease_cutoff, using).filter(pk__in=pks).delete()
+                )
             batches += 1
             yield deleted
             if len(pks) < batch_size:
@@ -652,11 +685,14 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
         rows were deleted.
         """
         cutoff = now or timezone.now()
+        lease_cutoff = self._lease_cutoff()
         total = 0
         for start in range(0, len(pks), batch_size):
             chunk = pks[start : start + batch_size]
             with transaction.atomic(using=using):
-                deleted, _ = self.using(using).filter(pk__in=chunk, expires_at__lte=cutoff).delete()
+                deleted, _ = (
+                    self._purgeable(cutoff, lease_cutoff, using).filter(pk__in=chunk).delete()
+                )
             total += deleted
         return total
 

@@ -17,7 +17,12 @@ from django_idempotency.managers import ClaimResult, ClaimState, KeyRow
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.responses import StoredResponse
 
-from .factories import CompletedKeyFactory, ExpiredKeyFactory, IdempotencyKeyFactory
+from .factories import (
+    CompletedKeyFactory,
+    ExpiredKeyFactory,
+    IdempotencyKeyFactory,
+    StaleKeyFactory,
+)
 
 pytestmark = pytest.mark.django_db(databases=["default", "sqlite"])
 
@@ -330,7 +335,7 @@ def test_delete_expired_in_batches(alias: str) -> None:
 def test_delete_expired_counts_and_limits(alias: str) -> None:
     now = timezone.now()
     IdempotencyKey.objects.using(alias).bulk_create(
-        IdempotencyKeyFactory.build(key=f"old{i}", expires_at=now - timedelta(hours=i + 1))
+        CompletedKeyFactory.build(key=f"old{i}", expires_at=now - timedelta(hours=i + 1))
         for i in range(12)
     )
     manager = IdempotencyKey.objects
@@ -345,6 +350,20 @@ def test_delete_expired_counts_and_limits(alias: str) -> None:
     assert manager.using(alias).count() == 1
     assert manager.delete_expired(batch_size=1000, using=alias) == 1
     assert manager.delete_expired(batch_size=1000, using=alias) == 0
+
+
+def test_purge_spares_an_expired_key_whose_request_is_still_running(alias: str) -> None:
+    """A key in progress under a live lease is never purged, however old its expiry: its
+    request is running and will complete it. A stale lease (a dead worker's) is purged."""
+    past = timezone.now() - timedelta(days=2)
+    running = IdempotencyKeyFactory(_using=alias, key="running", expires_at=past)
+    StaleKeyFactory(_using=alias, key="dead", expires_at=past)
+    ExpiredKeyFactory(_using=alias, key="done")
+    manager = IdempotencyKey.objects
+    assert manager.delete_expired(batch_size=1, using=alias) == 2
+    assert list(manager.using(alias).values_list("key", flat=True)) == ["running"]
+    assert manager.delete_expired_pks([running.pk], using=alias) == 0
+    assert manager.using(alias).filter(key="running").exists()
 
 
 def test_delete_expired_uses_one_alias_only() -> None:
