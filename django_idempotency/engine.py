@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+from django.db import DatabaseError, OperationalError
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from django.utils.module_loading import import_string
@@ -27,6 +28,7 @@ from .errors import (
     LeaseLost,
     MissingKey,
     RequestInProgress,
+    TransientConflict,
 )
 from .keys import bounded_scope, downstream_key, fingerprint, parse_key
 from .lease import keeper
@@ -324,6 +326,36 @@ class IdempotentRequest:
         }
 
 
+#: PostgreSQL SQLSTATEs a retry gets past: serialization failure, deadlock, lock timeout.
+TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03"})
+#: SQLite's messages for a lock or snapshot conflict.
+TRANSIENT_SQLITE_MESSAGES = ("database is locked", "database table is locked")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a database error is a conflict with a concurrent transaction."""
+    if not isinstance(exc, OperationalError):
+        return False
+    sqlstate = getattr(exc.__cause__, "sqlstate", None)
+    if sqlstate is not None:
+        return sqlstate in TRANSIENT_SQLSTATES
+    message = str(exc).lower()
+    return any(text in message for text in TRANSIENT_SQLITE_MESSAGES)
+
+
+def transient_conflict_response(exc: DatabaseError) -> HttpResponse:
+    """503 problem+json for a transient conflict in the view's transaction; other
+    database errors propagate. By the time this runs the claim's session has rolled
+    the view's writes back and released the key."""
+    if not is_transient(exc):
+        raise exc
+    logger.warning("idempotent request rolled back by a transient database conflict: %s", exc)
+    retry_after = conf.RETRY_AFTER
+    return problem_response(
+        TransientConflict(retry_after=1 if retry_after is None else retry_after)
+    )
+
+
 def handle(
     request: HttpRequest,
     view: Callable[[], HttpResponseBase],
@@ -343,3 +375,5 @@ def handle(
             return idem.finish(view())
     except IdempotencyError as error:
         return problem_response(error)
+    except DatabaseError as exc:
+        return transient_conflict_response(exc)

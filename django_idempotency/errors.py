@@ -103,5 +103,19 @@ class StoreUnavailable(IdempotencyError):
     )
 
 
+class TransientConflict(IdempotencyError):
+    """The view's transaction hit a conflict that a retry gets past (SQLite's busy
+    snapshot, a PostgreSQL serialization failure, deadlock or lock timeout). Its
+    writes were rolled back and the key released."""
+
+    status = 503
+    slug = "transient-conflict"
+    title = "Temporary database conflict"
+    default_detail = (
+        "The request collided with a concurrent one in the database and was rolled back; "
+        "nothing was stored. Retry with the same Idempotency-Key."
+    )
+
+
 class ImproperlyConfiguredStrategy(Exception):
     """The configured strategy cannot be loaded (reported by the system checks too)."""

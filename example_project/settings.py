@@ -38,11 +38,11 @@ def database_from_url(url: str) -> dict[str, Any]:
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": path or str(BASE_DIR / "db.sqlite3"),
             "OPTIONS": {
+                # SQLite's default (deferred) transactions: a view holds the write lock only
+                # from its first write, not while it waits for the payment provider. A view
+                # that reads before it writes can lose that race to a concurrent commit; the
+                # app answers that with a 503 transient-conflict and releases the key.
                 "timeout": 30,
-                # Take the write lock at BEGIN: a deferred transaction that reads before it
-                # writes fails at once ("database is locked") when another connection
-                # committed in between, which concurrent retries make likely.
-                "transaction_mode": "IMMEDIATE",
                 "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
             },
         }

@@ -65,12 +65,6 @@ def _sqlite(name: str) -> dict[str, object]:
     db = database_from_url(f"sqlite:///{_sqlite_dir / (name + '.sqlite3')}")
     # A file, not :memory:, so that threads and the lease keeper use real connections.
     db["TEST"] = {"NAME": str(_sqlite_dir / f"test_{name}.sqlite3")}
-    # SQLite's default (deferred) transactions, so that interleavings such as a takeover
-    # while a view's transaction is open can be tested; the example project's server
-    # (used by the race tests) runs with IMMEDIATE transactions.
-    options = dict(db["OPTIONS"])
-    options.pop("transaction_mode", None)
-    db["OPTIONS"] = options
     return db
 
 

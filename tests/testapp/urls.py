@@ -12,4 +12,5 @@ urlpatterns = [
     path("t/drf-tenant/", views.TenantView.as_view(), name="t-drf-tenant"),
     path("t/drf-error/", views.ErrorView.as_view(), name="t-drf-error"),
     path("t/drf-anon/", views.AnonymousView.as_view(), name="t-drf-anon"),
+    path("t/contended/", views.ContendedView.as_view(), name="t-contended"),
 ]

@@ -81,3 +81,22 @@ class ErrorView(EchoView):
 
 class AnonymousView(EchoView):
     permission_classes = [AllowAny]
+
+
+#: Called by ContendedView between its read and its write (set by the test).
+contend: list[Any] = []
+
+
+class ContendedView(IdempotencyMixin, APIView):
+    """Reads, lets the test interfere from another connection, then writes; all on the
+    alias that holds the keys (the view's transaction is the app's)."""
+
+    def post(self, request: Request) -> Response:
+        from django_idempotency.conf import conf
+
+        using = conf.DATABASE
+        SideEffect.objects.using(using).count()  # the transaction's first read
+        for interfere in contend:
+            interfere(using)
+        SideEffect.objects.using(using).create(label="contended")
+        return Response({"written": True}, status=201)
