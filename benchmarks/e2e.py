@@ -139,7 +139,30 @@ def example_env(database_url: str, **extra: str) -> dict[str, str]:
         PYTHONPATH=str(ROOT),
     )
     env.update(extra)
+    if env.get("IDEMPOTENCY_STRATEGY") in REDIS_STRATEGIES:
+        env.update(
+            REDIS_URL=BENCH_REDIS_URL,
+            IDEMPOTENCY_REDIS_PREFIX=BENCH_REDIS_PREFIX,
+            CELERY_BROKER_URL=BENCH_REDIS_URL,
+        )
     return env
+
+
+#: Strategies that need Redis; the benchmark points them at BENCH_REDIS_URL (default DB 14 of
+#: the local server) under a prefix of its own, and removes its keys afterwards.
+REDIS_STRATEGIES = frozenset({"redis", "hybrid"})
+BENCH_REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
+BENCH_REDIS_PREFIX = f"idem-bench-{os.getpid()}"
+
+
+def clean_redis() -> None:
+    """Remove this run's keys and the drain tasks it queued (no worker runs here)."""
+    import redis
+
+    client = redis.Redis.from_url(BENCH_REDIS_URL)
+    for key in client.scan_iter(match=f"{BENCH_REDIS_PREFIX}:*", count=1000):
+        client.delete(key)
+    client.delete("celery", "_kombu.binding.celery", "_kombu.binding.celery.pidbox")
 
 
 def manage(database_url: str, *args: str) -> None:
@@ -379,7 +402,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    parser.add_argument("--strategies", default="db,advisory_lock")
+    parser.add_argument(
+        "--strategies", default="db,advisory_lock", help="comma-separated; also redis, hybrid"
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--duration", type=int, default=10)
     parser.add_argument("--connections", type=int, default=8)
@@ -403,7 +428,11 @@ def main() -> int:
             if args.statements:
                 print_statements(db_url, strategy)
             print(f"\nstrategy {strategy}", flush=True)
-            results.append(bench_strategy(db_url, strategy, args, script))
+            try:
+                results.append(bench_strategy(db_url, strategy, args, script))
+            finally:
+                if strategy in REDIS_STRATEGIES:
+                    clean_redis()
     print()
     print(
         f"{'strategy':<14} {'route':<9} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'ratio':>6}"
