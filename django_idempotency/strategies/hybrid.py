@@ -95,6 +95,34 @@ def _ms(seconds: float) -> int:
 # -- the fallback: the db strategy, completing into the outbox too ---------------------------
 
 
+@contextmanager
+def outbox_write(attempt: Attempt, response: StoredResponse) -> Iterator[None]:
+    """Insert the key's outbox row, then run the block, in the view's transaction when
+    there is one. A row another transaction committed first is a lost claim
+    (``LeaseLost``); a database failure is a 503 with the view's writes rolled back."""
+    using = attempt.database
+    try:
+        with transaction.atomic(using=using, savepoint=False):
+            added = IdempotencyOutbox.objects.add(
+                attempt.scope,
+                attempt.key,
+                attempt.fingerprint,
+                response,
+                ttl=attempt.ttl,
+                method=attempt.method,
+                path=attempt.path,
+                using=using,
+            )
+            if not added:
+                raise LeaseLost()  # another transaction committed this key first
+            yield
+    except DatabaseError as exc:
+        raise StoreUnavailable(
+            "The response could not be stored, so this request's changes were rolled back. "
+            "Retry with the same Idempotency-Key."
+        ) from exc
+
+
 class OutboxDatabaseClaim(DatabaseClaim):
     """A ``db`` claim whose completion also inserts the outbox row, in the same transaction.
 
@@ -105,30 +133,10 @@ class OutboxDatabaseClaim(DatabaseClaim):
     strategy: HybridStrategy | None = None
 
     def _store(self, response: StoredResponse) -> None:
-        attempt = self.attempt
-        using = attempt.database
-        try:
-            with transaction.atomic(using=using, savepoint=False):
-                added = IdempotencyOutbox.objects.add(
-                    attempt.scope,
-                    attempt.key,
-                    attempt.fingerprint,
-                    response,
-                    ttl=attempt.ttl,
-                    method=attempt.method,
-                    path=attempt.path,
-                    using=using,
-                )
-                if not added:
-                    raise LeaseLost()
-                super()._store(response)
-                if self.strategy is not None:
-                    transaction.on_commit(self.strategy.request_drain, using=using)
-        except DatabaseError as exc:
-            raise StoreUnavailable(
-                "The response could not be stored, so this request's changes were rolled back. "
-                "Retry with the same Idempotency-Key."
-            ) from exc
+        with outbox_write(self.attempt, response):
+            super()._store(response)
+            if self.strategy is not None:
+                transaction.on_commit(self.strategy.request_drain, using=self.attempt.database)
 
 
 class OutboxDatabaseStrategy(DatabaseStrategy):
@@ -185,29 +193,9 @@ class HybridClaim(Claimed):
     def write(self, response: StoredResponse) -> None:
         """Insert the outbox row (in the view's transaction when there is one) and
         arrange for Redis and the drain after the commit."""
-        attempt = self.attempt
-        using = attempt.database
-        try:
-            with transaction.atomic(using=using, savepoint=False):
-                added = IdempotencyOutbox.objects.add(
-                    attempt.scope,
-                    attempt.key,
-                    attempt.fingerprint,
-                    response,
-                    ttl=attempt.ttl,
-                    method=attempt.method,
-                    path=attempt.path,
-                    using=using,
-                )
-                if not added:
-                    raise LeaseLost()  # another transaction committed this key first
-                self._check_key_row()
-                transaction.on_commit(partial(self.publish, response), using=using)
-        except DatabaseError as exc:
-            raise StoreUnavailable(
-                "The response could not be stored, so this request's changes were rolled back. "
-                "Retry with the same Idempotency-Key."
-            ) from exc
+        with outbox_write(self.attempt, response):
+            self._check_key_row()
+            transaction.on_commit(partial(self.publish, response), using=self.attempt.database)
 
     def _check_key_row(self) -> None:
         """Refuse to commit when IdempotencyKey already has the key: completed (drained
