@@ -38,11 +38,18 @@ class LeaseKeeper:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = 0
+        # When the keeper thread will look at its leases next (monotonic), and whether it
+        # holds a database connection; both under _lock. A request wakes the thread only
+        # when its lease falls due before that, or to give an idle connection back.
+        self._deadline = float("inf")
+        self._connected = False
 
     def _ensure_thread(self) -> None:
         if self._thread is not None and self._pid == os.getpid() and self._thread.is_alive():
             return
         self._pid = os.getpid()
+        self._deadline = float("inf")
+        self._connected = False
         self._thread = threading.Thread(
             target=self._run, name="django-idempotency-lease-keeper", daemon=True
         )
@@ -58,13 +65,15 @@ class LeaseKeeper:
         with self._lock:
             self._leases.add(lease)
             self._ensure_thread()
-        self._wake.set()
+            wake = lease.due < self._deadline
+        if wake:
+            self._wake.set()
         try:
             yield lease
         finally:
             with self._lock:
                 self._leases.discard(lease)
-                idle = not self._leases
+                idle = not self._leases and self._connected
             if idle:
                 self._wake.set()  # so that the keeper gives its connection back now
 
@@ -78,11 +87,15 @@ class LeaseKeeper:
                 self._renew(lease)
             with self._lock:
                 pending = [lease.due for lease in self._leases]
-            if not pending:
+                release = not pending and self._connected
+                timeout = max(min(pending) - time.monotonic(), 0.01) if pending else 60.0
+                self._deadline = time.monotonic() + timeout
+            if release:
                 # Idle: close this thread's connection rather than hold it until the next
                 # request (an idle connection also keeps a database from being dropped).
                 connections.close_all()
-            timeout = max(min(pending) - time.monotonic(), 0.01) if pending else 60.0
+                with self._lock:
+                    self._connected = False
             self._wake.wait(timeout)
             self._wake.clear()
 
@@ -91,6 +104,8 @@ class LeaseKeeper:
         with self._lock:
             if lease not in self._leases:
                 return
+        with self._lock:
+            self._connected = True
         try:
             close_old_connections()
             renewed = lease.claim.renew()
