@@ -162,7 +162,9 @@ def clean_redis() -> None:
     client = redis.Redis.from_url(BENCH_REDIS_URL)
     for key in client.scan_iter(match=f"{BENCH_REDIS_PREFIX}:*", count=1000):
         client.delete(key)
-    client.delete("celery", "_kombu.binding.celery", "_kombu.binding.celery.pidbox")
+    client.delete("celery")
+    for key in client.scan_iter(match="_kombu.binding*", count=1000):
+        client.delete(key)
 
 
 def manage(database_url: str, *args: str) -> None:
