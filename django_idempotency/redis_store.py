@@ -285,6 +285,11 @@ def _ms(value: float) -> int:
     return max(int(value), 1)
 
 
+def to_ms(seconds: float) -> int:
+    """A lease or TTL in seconds as milliseconds for the store: at least 1."""
+    return _ms(seconds * 1000)
+
+
 class RedisStore:
     """Claim, renew, complete, release and read records; thread-safe, one per client."""
 

@@ -23,7 +23,15 @@ from ..errors import StoreUnavailable
 from ..managers import COMPLETED
 from ..models import IdempotencyKey
 from ..responses import StoredResponse
-from .base import Attempt, Claimed, InFlight, Mismatch, Outcome, Replay, Strategy
+from .base import (
+    Attempt,
+    InFlight,
+    Mismatch,
+    Outcome,
+    Replay,
+    Strategy,
+    TransactionalClaim,
+)
 
 LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 TRY_LOCK_SQL = "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))"
@@ -33,27 +41,17 @@ def lock_name(scope: str, key: str) -> str:
     return f"django_idempotency\x1f{scope}\x1f{key}"
 
 
-class AdvisoryClaim(Claimed):
+class AdvisoryClaim(TransactionalClaim):
     renewable = False  # the transaction itself is the lock
 
     def __init__(self, attempt: Attempt) -> None:
-        self.attempt = attempt
-        self.released = False
+        super().__init__(attempt)
+        self.in_transaction = True  # the whole session is one transaction
 
     def renew(self) -> bool:
         return True
 
-    def complete(self, response: StoredResponse) -> None:
-        using = self.attempt.database
-        if transaction.get_rollback(using=using):
-            # The view's transaction is doomed; store the response after it ends.
-            self.pending = response
-            return
-        self._write(response)
-
-    pending: StoredResponse | None = None
-
-    def _write(self, response: StoredResponse) -> None:
+    def _store(self, response: StoredResponse) -> None:
         # One upsert: the advisory lock already serialises this (scope, key).
         attempt = self.attempt
         IdempotencyKey.objects.store_completed(
@@ -67,9 +65,10 @@ class AdvisoryClaim(Claimed):
             using=attempt.database,
         )
 
-    def release(self) -> None:
-        self.released = True
-        transaction.set_rollback(True, using=self.attempt.database)
+    def delete(self) -> bool:
+        # Never called: the claim is always inside its transaction, and nothing of it
+        # outlives a rollback.
+        return False
 
 
 class AdvisoryLockStrategy(Strategy):
@@ -98,7 +97,7 @@ class AdvisoryLockStrategy(Strategy):
         if claim.pending is not None and not claim.released:
             with transaction.atomic(using=using):
                 self._lock(connection, attempt)
-                claim._write(claim.pending)
+                claim._store(claim.pending)
 
     def _lock(self, connection: object, attempt: Attempt) -> None:
         name = lock_name(attempt.scope, attempt.key)

@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
+from django.db import transaction
+
 from ..responses import StoredResponse
 
 
@@ -76,6 +78,46 @@ class Claimed(Outcome, abc.ABC):
     @abc.abstractmethod
     def release(self) -> None:
         """Give the key back so that a retry runs the view again."""
+
+
+class TransactionalClaim(Claimed):
+    """A claim whose view runs in a database transaction that its session opens
+    (``in_transaction``), and whose response is stored as part of that transaction.
+
+    ``complete()`` stores the response at once, unless the view marked the transaction
+    for rollback (DRF does after an ``APIException``): its writes are then undone, and
+    the session stores the ``pending`` response once the transaction has ended.
+    ``release()`` rolls the view's writes back, and the session then calls ``delete()``
+    (at once, outside a transaction).
+    """
+
+    def __init__(self, attempt: Attempt) -> None:
+        self.attempt = attempt
+        self.in_transaction = False
+        self.pending: StoredResponse | None = None
+        self.released = False
+
+    def complete(self, response: StoredResponse) -> None:
+        if self.in_transaction and transaction.get_rollback(using=self.attempt.database):
+            self.pending = response
+            return
+        self._store(response)
+
+    @abc.abstractmethod
+    def _store(self, response: StoredResponse) -> None:
+        """Write the response; ``LeaseLost`` when the claim is no longer ours."""
+
+    def release(self) -> None:
+        self.released = True
+        if self.in_transaction:
+            # Undo the view's writes: a retry will run the view again.
+            transaction.set_rollback(True, using=self.attempt.database)
+        else:
+            self.delete()
+
+    @abc.abstractmethod
+    def delete(self) -> bool:
+        """Give the key back now, if it is still this claim's; whether it was."""
 
 
 class Strategy(abc.ABC):

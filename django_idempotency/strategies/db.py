@@ -25,32 +25,28 @@ from ..errors import LeaseLost, StoreUnavailable
 from ..managers import ClaimState
 from ..models import IdempotencyKey, IdempotencyOutbox
 from ..responses import StoredResponse
-from .base import Attempt, Claimed, InFlight, Mismatch, Outcome, Replay, Strategy
+from .base import (
+    Attempt,
+    InFlight,
+    Mismatch,
+    Outcome,
+    Replay,
+    Strategy,
+    TransactionalClaim,
+)
 
 logger = logging.getLogger("django_idempotency")
 
 
-class DatabaseClaim(Claimed):
+class DatabaseClaim(TransactionalClaim):
     def __init__(self, attempt: Attempt, pk: int, token: uuid.UUID, taken_over: bool) -> None:
-        self.attempt = attempt
+        super().__init__(attempt)
         self.pk = pk
         self.token = token
         self.taken_over = taken_over
-        self.in_transaction = False
-        self.pending: StoredResponse | None = None
-        self.released = False
 
     def renew(self) -> bool:
         return IdempotencyKey.objects.renew(self.pk, self.token, using=self.attempt.database)
-
-    def complete(self, response: StoredResponse) -> None:
-        using = self.attempt.database
-        if self.in_transaction and transaction.get_rollback(using=using):
-            # The view marked its transaction for rollback (e.g. DRF after an
-            # APIException): its writes are undone, the response is stored after.
-            self.pending = response
-            return
-        self._store(response)
 
     def _store(self, response: StoredResponse) -> None:
         try:
@@ -65,17 +61,9 @@ class DatabaseClaim(Claimed):
         if not stored:
             raise LeaseLost()
 
-    def release(self) -> None:
-        self.released = True
-        if self.in_transaction:
-            # Undo the view's writes: a retry will run the view again.
-            transaction.set_rollback(True, using=self.attempt.database)
-        else:
-            self.delete()
-
-    def delete(self) -> None:
+    def delete(self) -> bool:
         try:
-            IdempotencyKey.objects.release(self.pk, self.token, using=self.attempt.database)
+            return IdempotencyKey.objects.release(self.pk, self.token, using=self.attempt.database)
         except DatabaseError:
             logger.exception(
                 "could not release idempotency key; it will be taken over after the lock timeout",
@@ -84,6 +72,7 @@ class DatabaseClaim(Claimed):
                     "idempotency_key": self.attempt.key,
                 },
             )
+            return False
 
 
 class DatabaseStrategy(Strategy):

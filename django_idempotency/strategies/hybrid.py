@@ -77,19 +77,30 @@ from ..conf import conf
 from ..errors import LeaseLost, StoreUnavailable
 from ..managers import IN_PROGRESS, KeyRecord
 from ..models import IdempotencyKey, IdempotencyOutbox
-from ..redis_store import REDIS_ERRORS, RedisRecord, RedisStore, RedisUnavailable, get_store
+from ..redis_store import (
+    REDIS_ERRORS,
+    RedisRecord,
+    RedisStore,
+    RedisUnavailable,
+    get_store,
+    to_ms,
+)
 from ..responses import StoredResponse
-from .base import Attempt, Claimed, InFlight, Mismatch, Outcome, Replay, Strategy
+from .base import (
+    Attempt,
+    InFlight,
+    Mismatch,
+    Outcome,
+    Replay,
+    Strategy,
+    TransactionalClaim,
+)
 from .db import DatabaseClaim, DatabaseStrategy
 
 logger = logging.getLogger("django_idempotency")
 
 EPOCH_SUFFIX = ":{hybrid}:epoch"
 _MARKER_ERRORS: tuple[type[BaseException], ...] = (*REDIS_ERRORS, ValueError, KeyError, TypeError)
-
-
-def _ms(seconds: float) -> int:
-    return max(int(seconds * 1000), 1)
 
 
 # -- the fallback: the db strategy, completing into the outbox too ---------------------------
@@ -161,36 +172,23 @@ class OutboxDatabaseStrategy(DatabaseStrategy):
 # -- the Redis claim -------------------------------------------------------------------------
 
 
-class HybridClaim(Claimed):
+class HybridClaim(TransactionalClaim):
     """This request holds the key in Redis; the view runs in the database transaction
     that ``complete()`` adds the outbox row to."""
-
-    renewable = True
 
     def __init__(
         self, strategy: HybridStrategy, store: RedisStore, attempt: Attempt, token: str
     ) -> None:
+        super().__init__(attempt)
         self.strategy = strategy
         self.store = store
-        self.attempt = attempt
         self.token = token
-        self.in_transaction = False
-        self.pending: StoredResponse | None = None
-        self.released = False
 
     def renew(self) -> bool:
         attempt = self.attempt
-        return self.store.renew(attempt.scope, attempt.key, self.token, _ms(attempt.lock_timeout))
+        return self.store.renew(attempt.scope, attempt.key, self.token, to_ms(attempt.lock_timeout))
 
-    def complete(self, response: StoredResponse) -> None:
-        if self.in_transaction and transaction.get_rollback(using=self.attempt.database):
-            # The view marked its transaction for rollback (DRF after an APIException):
-            # its writes are undone and the response is stored after, on its own.
-            self.pending = response
-            return
-        self.write(response)
-
-    def write(self, response: StoredResponse) -> None:
+    def _store(self, response: StoredResponse) -> None:
         """Insert the outbox row (in the view's transaction when there is one) and
         arrange for Redis and the drain after the commit."""
         with outbox_write(self.attempt, response):
@@ -222,7 +220,7 @@ class HybridClaim(Claimed):
     def publish(self, response: StoredResponse) -> None:
         """After the commit: the completed record into Redis, and a drain queued."""
         attempt = self.attempt
-        ttl_ms = _ms(attempt.ttl)
+        ttl_ms = to_ms(attempt.ttl)
         try:
             if not self.store.complete(attempt.scope, attempt.key, self.token, response, ttl_ms):
                 # Our lease expired or Redis lost the claim: the commit is what counts.
@@ -244,23 +242,17 @@ class HybridClaim(Claimed):
             )
         self.strategy.request_drain()
 
-    def release(self) -> None:
-        self.released = True
-        if self.in_transaction:
-            transaction.set_rollback(True, using=self.attempt.database)
-        else:
-            self.forget()
-
-    def forget(self) -> None:
+    def delete(self) -> bool:
         """Delete our Redis claim (compare-and-delete on the token)."""
         try:
-            self.store.release(self.attempt.scope, self.attempt.key, self.token)
+            return self.store.release(self.attempt.scope, self.attempt.key, self.token)
         except RedisUnavailable:
             logger.warning(
                 "could not release idempotency key %s in Redis; its lease will expire",
                 self.attempt.key,
                 exc_info=True,
             )
+            return False
 
 
 # -- the strategy ----------------------------------------------------------------------------
@@ -308,7 +300,7 @@ class HybridStrategy(Strategy):
             yield outcome
 
     def _claim(self, store: RedisStore, attempt: Attempt, token: str) -> Outcome:
-        lease_ms = _ms(attempt.lock_timeout)
+        lease_ms = to_ms(attempt.lock_timeout)
         for _attempt in range(3):
             claimed, record = store.claim(
                 attempt.scope, attempt.key, attempt.fingerprint, token, lease_ms
@@ -357,19 +349,19 @@ class HybridStrategy(Strategy):
                     else:
                         transaction.set_rollback(True, using=using)  # nothing was written
                 if found is None and not claim.released and claim.pending is not None:
-                    claim.write(claim.pending)
+                    claim._store(claim.pending)
         except LeaseLost:
             self._after_lease_lost(store, attempt, claim)
             raise
         except BaseException:
-            claim.forget()
+            claim.delete()
             raise
         if found is not None:
             with self._settle(store, attempt, claim, found) as outcome:
                 yield outcome
             return
         if claim.released:
-            claim.forget()
+            claim.delete()
 
     def _lookup(self, attempt: Attempt) -> KeyRecord | None:
         try:
@@ -398,7 +390,7 @@ class HybridStrategy(Strategy):
             else:
                 yield Replay(found.response)
             return
-        claim.forget()
+        claim.delete()
         with self.fallback.session(attempt) as outcome:
             yield outcome
 
@@ -413,7 +405,7 @@ class HybridStrategy(Strategy):
                 attempt.key,
                 found.fingerprint,
                 found.response,
-                _ms(found.ttl_seconds()),
+                to_ms(found.ttl_seconds()),
                 token=token,
             )
         except RedisUnavailable:
@@ -428,7 +420,7 @@ class HybridStrategy(Strategy):
         if found is not None and found.completed and found.response is not None:
             self.refill(store, attempt, found, token=claim.token)
         else:
-            claim.forget()
+            claim.delete()
 
     # -- HYBRID_DB_CHECK ------------------------------------------------------------------
 

@@ -55,9 +55,24 @@ from django.db import transaction
 
 from ..conf import conf
 from ..errors import LeaseLost, StoreUnavailable
-from ..redis_store import RedisRecord, RedisStore, RedisUnavailable, get_store, new_token
+from ..redis_store import (
+    RedisRecord,
+    RedisStore,
+    RedisUnavailable,
+    get_store,
+    new_token,
+    to_ms,
+)
 from ..responses import StoredResponse
-from .base import Attempt, Claimed, InFlight, Mismatch, Outcome, Replay, Strategy
+from .base import (
+    Attempt,
+    InFlight,
+    Mismatch,
+    Outcome,
+    Replay,
+    Strategy,
+    TransactionalClaim,
+)
 from .db import DatabaseStrategy
 
 logger = logging.getLogger("django_idempotency")
@@ -66,39 +81,24 @@ logger = logging.getLogger("django_idempotency")
 CLAIM_ATTEMPTS = 3
 
 
-def _ms(seconds: float) -> int:
-    return max(int(seconds * 1000), 1)
-
-
-class RedisClaim(Claimed):
+class RedisClaim(TransactionalClaim):
     """A key this request holds in Redis under ``token``."""
 
     def __init__(self, store: RedisStore, attempt: Attempt, token: str) -> None:
+        super().__init__(attempt)
         self.store = store
-        self.attempt = attempt
         self.token = token
-        self.in_transaction = False
-        self.pending: StoredResponse | None = None
-        self.released = False
         self.completed = False
         self.deleted = False
 
     def renew(self) -> bool:
         a = self.attempt
-        return self.store.renew(a.scope, a.key, self.token, _ms(a.lock_timeout))
-
-    def complete(self, response: StoredResponse) -> None:
-        if self.in_transaction and transaction.get_rollback(using=self.attempt.database):
-            # The view marked its transaction for rollback (DRF after an APIException):
-            # its writes are undone; the response is stored once the transaction ends.
-            self.pending = response
-            return
-        self._store(response)
+        return self.store.renew(a.scope, a.key, self.token, to_ms(a.lock_timeout))
 
     def _store(self, response: StoredResponse) -> None:
         a = self.attempt
         try:
-            stored = self.store.complete(a.scope, a.key, self.token, response, _ms(a.ttl))
+            stored = self.store.complete(a.scope, a.key, self.token, response, to_ms(a.ttl))
         except RedisUnavailable as exc:
             raise StoreUnavailable(
                 "The response could not be stored, so this request's changes were rolled back. "
@@ -107,14 +107,6 @@ class RedisClaim(Claimed):
         if not stored:
             raise LeaseLost()
         self.completed = True
-
-    def release(self) -> None:
-        self.released = True
-        if self.in_transaction:
-            # Undo the view's writes: a retry will run the view again.
-            transaction.set_rollback(True, using=self.attempt.database)
-        else:
-            self.delete()
 
     def delete(self) -> bool:
         """Delete this claim's record (in progress or completed) if it is still ours."""
@@ -157,7 +149,7 @@ class RedisStrategy(Strategy):
     def claim(self, attempt: Attempt) -> Outcome:
         """One claim in Redis; raises ``RedisUnavailable``."""
         store = self.store()
-        lease = _ms(attempt.lock_timeout)
+        lease = to_ms(attempt.lock_timeout)
         for _ in range(CLAIM_ATTEMPTS):
             token = new_token()
             won, record = store.claim(attempt.scope, attempt.key, attempt.fingerprint, token, lease)
