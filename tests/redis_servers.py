@@ -19,6 +19,8 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import redis
+
 
 def port_is_free(port: int) -> bool:
     with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
@@ -206,6 +208,26 @@ class RedisClusterNodes:
                 return
             time.sleep(0.2)
         raise RuntimeError("the Redis Cluster did not reach cluster_state:ok")
+
+    def wait_replicated(self, port: int, timeout: float = 20) -> None:
+        """Until a replica of the primary on ``port`` is online and has acknowledged
+        everything the primary has written (replicas acknowledge once a second)."""
+        client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=2)
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                info = client.info("replication")
+                written = int(info.get("master_repl_offset", 0))
+                replicas = [v for k, v in info.items() if k.startswith("slave") and k[5:].isdigit()]
+                if any(
+                    r.get("state") == "online" and int(r.get("offset", -1)) >= written
+                    for r in replicas
+                ):
+                    return
+                time.sleep(0.1)
+        finally:
+            client.close()
+        raise RuntimeError(f"no replica of 127.0.0.1:{port} caught up within {timeout} s")
 
     def primaries(self) -> list[int]:
         """The ports of the primaries that own slots."""
