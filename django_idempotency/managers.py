@@ -210,7 +210,10 @@ class _Statements:
         self.store = (
             f"INSERT INTO {table} ({store_columns}) "
             f"VALUES ({', '.join(['%s'] * len(STORE_COLUMNS))}) "
-            f"ON CONFLICT ({q('scope')}, {q('key')}) DO UPDATE SET {updates}"
+            f"ON CONFLICT ({q('scope')}, {q('key')}) DO UPDATE SET {updates} "
+            # Only over an expired record: never over one another execution completed.
+            f"WHERE {table}.{q('expires_at')} <= EXCLUDED.{q('created_at')} "
+            f"RETURNING {q('id')}"
         )
 
         self.reader = _RowReader(model, connection, READ_COLUMNS)
@@ -505,9 +508,10 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
         method: str = "",
         path: str = "",
         using: str = "default",
-    ) -> None:
+    ) -> bool:
         """Write the completed record of ``(scope, key)`` in one
-        ``INSERT … ON CONFLICT (scope, key) DO UPDATE``, overwriting an expired row.
+        ``INSERT … ON CONFLICT (scope, key) DO UPDATE … WHERE expired RETURNING``;
+        False when a live record of the key exists (it is left as it is).
 
         For a caller that already serialises ``(scope, key)`` by other means (the
         ``advisory_lock`` strategy holds a transaction-level advisory lock on it):
@@ -529,6 +533,7 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
         )
         with connection.cursor() as cursor:
             cursor.execute(sql.store, params)
+            return cursor.fetchone() is not None
 
     def release(self, pk: int, token: uuid.UUID, *, using: str = "default") -> bool:
         """Delete an in-progress claim so the client may retry; only for its own token."""

@@ -265,9 +265,21 @@ redis.call('SET', KEYS[1],
 return 1
 """
 
-# KEYS[1] record; ARGV[1] token tail. Deletes the caller's own record, in progress or
-# completed (an owner whose database commit failed after completing undoes it).
+# KEYS[1] record; ARGV[1] token tail. Deletes the caller's own record while it is in
+# progress; a completed record is never released.
 RELEASE_LUA = """
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+local head = '{"s":"in_progress",'
+if string.sub(v, 1, #head) ~= head or string.sub(v, -#ARGV[1]) ~= ARGV[1] then
+  return 0
+end
+return redis.call('DEL', KEYS[1])
+"""
+
+# KEYS[1] record; ARGV[1] token tail. Deletes the caller's own record in either state:
+# only for an owner whose database transaction did not commit after it completed.
+DISCARD_LUA = """
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
 if string.sub(v, -#ARGV[1]) ~= ARGV[1] then return 0 end
@@ -299,6 +311,7 @@ class RedisStore:
         self._renew = client.register_script(RENEW_LUA)
         self._complete = client.register_script(COMPLETE_LUA)
         self._release = client.register_script(RELEASE_LUA)
+        self._discard = client.register_script(DISCARD_LUA)
         # SET ... NX GET needs Redis 7; None: not known yet.
         self._set_nx_get: bool | None = None
 
@@ -357,8 +370,13 @@ class RedisStore:
         return self._run(self._complete, scope, key, [token_tail(token), payload, _ms(ttl_ms)])
 
     def release(self, scope: str, key: str, token: str) -> bool:
-        """Delete the record, only when it carries ``token``."""
+        """Delete the record, only while it is in progress under ``token``."""
         return self._run(self._release, scope, key, [token_tail(token)])
+
+    def discard(self, scope: str, key: str, token: str) -> bool:
+        """Delete the record whatever its state, only when it carries ``token``: undoes a
+        completion whose database transaction did not commit."""
+        return self._run(self._discard, scope, key, [token_tail(token)])
 
     def put_completed(
         self,

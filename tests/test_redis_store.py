@@ -144,13 +144,22 @@ def test_complete_and_release_need_the_claim_token(store: RedisStore) -> None:
     assert not store.complete("user:1", "cas", token, RESPONSE, 60_000), "nothing to complete"
 
 
-def test_an_owner_can_undo_its_own_completion(store: RedisStore) -> None:
+def test_release_never_deletes_a_completed_record(store: RedisStore) -> None:
+    token = _token()
+    store.claim("user:1", "done", "fp", token, 5000)
+    assert store.complete("user:1", "done", token, RESPONSE, 60_000)
+    assert not store.release("user:1", "done", token), "a completed record is not released"
+    record = store.get("user:1", "done")
+    assert record is not None and record.completed and record.response == RESPONSE
+
+
+def test_an_owner_can_discard_its_own_completion(store: RedisStore) -> None:
     token = _token()
     store.claim("user:1", "undo", "fp", token, 5000)
     assert store.complete("user:1", "undo", token, RESPONSE, 60_000)
     assert not store.complete("user:1", "undo", token, RESPONSE, 60_000), "completes once"
-    assert not store.release("user:1", "undo", _token())
-    assert store.release("user:1", "undo", token)
+    assert not store.discard("user:1", "undo", _token())
+    assert store.discard("user:1", "undo", token)
     assert store.get("user:1", "undo") is None
 
 

@@ -12,14 +12,11 @@ there is nothing to take over.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
-from django.db import DatabaseError, IntegrityError, connections, transaction
+from django.db import DatabaseError, connections, transaction
 from django.db.utils import OperationalError
 from django.utils import timezone
 
-from ..errors import StoreUnavailable
+from ..errors import LeaseLost, StoreUnavailable
 from ..managers import COMPLETED
 from ..models import IdempotencyKey
 from ..responses import StoredResponse
@@ -44,17 +41,25 @@ def lock_name(scope: str, key: str) -> str:
 class AdvisoryClaim(TransactionalClaim):
     renewable = False  # the transaction itself is the lock
 
-    def __init__(self, attempt: Attempt) -> None:
-        super().__init__(attempt)
-        self.in_transaction = True  # the whole session is one transaction
-
     def renew(self) -> bool:
         return True
 
     def _store(self, response: StoredResponse) -> None:
-        # One upsert: the advisory lock already serialises this (scope, key).
+        # The advisory lock serialises this (scope, key), so no live record can exist.
+        if not self._upsert(response):
+            raise LeaseLost()
+
+    def store_pending(self, response: StoredResponse) -> bool:
+        # The view's transaction rolled back, and the lock with it: another request may
+        # have run and completed the key since. Take the lock again and store only
+        # over an absent or expired record, never over the other execution's.
+        with transaction.atomic(using=self.attempt.database):
+            lock(self.attempt)
+            return self._upsert(response)
+
+    def _upsert(self, response: StoredResponse) -> bool:
         attempt = self.attempt
-        IdempotencyKey.objects.store_completed(
+        return IdempotencyKey.objects.store_completed(
             attempt.scope,
             attempt.key,
             attempt.fingerprint,
@@ -66,66 +71,47 @@ class AdvisoryClaim(TransactionalClaim):
         )
 
     def delete(self) -> bool:
-        # Never called: the claim is always inside its transaction, and nothing of it
-        # outlives a rollback.
+        # Nothing of the claim outlives its transaction's rollback.
         return False
+
+
+def lock(attempt: Attempt) -> None:
+    """Take the advisory lock of ``attempt``'s key in the current transaction, waiting
+    at most its lock timeout for another holder."""
+    name = lock_name(attempt.scope, attempt.key)
+    with connections[attempt.database].cursor() as cursor:
+        # Uncontended (the usual case): one statement takes the lock at once.
+        cursor.execute(TRY_LOCK_SQL, [name])
+        if cursor.fetchone()[0]:
+            return
+        # Another request holds the key: wait for it, up to the lock timeout.
+        cursor.execute(
+            "SET LOCAL lock_timeout = %s", [f"{max(int(attempt.lock_timeout * 1000), 1)}ms"]
+        )
+        cursor.execute(LOCK_SQL, [name])
+        # The timeout is for the wait on the key only, not for the view's own statements.
+        cursor.execute("SET LOCAL lock_timeout TO DEFAULT")
 
 
 class AdvisoryLockStrategy(Strategy):
     name = "advisory_lock"
+    claims_in_transaction = True
 
-    @contextmanager
-    def session(self, attempt: Attempt) -> Iterator[Outcome]:
-        using = attempt.database
-        connection = connections[using]
-        claim = AdvisoryClaim(attempt)
+    def claim(self, attempt: Attempt) -> Outcome:
+        """Lock, then read, in the transaction the session has opened."""
         try:
-            atomic = transaction.atomic(using=using)
-            atomic.__enter__()
-        except DatabaseError as exc:
-            raise StoreUnavailable() from exc
-        try:
-            outcome = self._lock_and_read(connection, attempt, claim)
-            yield outcome
-        except BaseException as exc:
-            atomic.__exit__(type(exc), exc, exc.__traceback__)
-            raise
-        try:
-            atomic.__exit__(None, None, None)
-        except IntegrityError as exc:  # pragma: no cover - the lock makes this unreachable
-            raise StoreUnavailable() from exc
-        if claim.pending is not None and not claim.released:
-            with transaction.atomic(using=using):
-                self._lock(connection, attempt)
-                claim._store(claim.pending)
-
-    def _lock(self, connection: object, attempt: Attempt) -> None:
-        name = lock_name(attempt.scope, attempt.key)
-        with connection.cursor() as cursor:  # type: ignore[attr-defined]
-            # Uncontended (the usual case): one statement takes the lock at once.
-            cursor.execute(TRY_LOCK_SQL, [name])
-            if cursor.fetchone()[0]:
-                return
-            # Another request holds the key: wait for it, up to the lock timeout.
-            cursor.execute(
-                "SET LOCAL lock_timeout = %s", [f"{max(int(attempt.lock_timeout * 1000), 1)}ms"]
-            )
-            cursor.execute(LOCK_SQL, [name])
-            # The timeout is for the wait on the key only, not for the view's own statements.
-            cursor.execute("SET LOCAL lock_timeout TO DEFAULT")
-
-    def _lock_and_read(self, connection: object, attempt: Attempt, claim: AdvisoryClaim) -> Outcome:
-        try:
-            self._lock(connection, attempt)
+            lock(attempt)
         except OperationalError as exc:
             if getattr(getattr(exc, "__cause__", None), "sqlstate", None) == "55P03":
                 # lock_not_available: another request has held the key past the lock timeout
-                transaction.set_rollback(True, using=attempt.database)
                 return InFlight()
             raise StoreUnavailable() from exc
-        row = IdempotencyKey.objects.read(attempt.scope, attempt.key, using=attempt.database)
+        try:
+            row = IdempotencyKey.objects.read(attempt.scope, attempt.key, using=attempt.database)
+        except DatabaseError as exc:
+            raise StoreUnavailable() from exc
         if row is None or row.expires_at <= timezone.now():
-            return claim
+            return AdvisoryClaim(attempt)
         if row.fingerprint != attempt.fingerprint:
             return Mismatch()
         if row.status != COMPLETED:

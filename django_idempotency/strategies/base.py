@@ -1,28 +1,36 @@
-"""The Strategy interface: how a key is claimed, completed and released.
+"""The Strategy interface and the one session protocol every strategy shares.
 
-A strategy opens a *session* for one attempt. The session yields an outcome:
+A strategy implements :meth:`Strategy.claim`: it claims the key of one attempt and
+returns an outcome:
 
-* :class:`Claimed` — this request owns the key; the view runs inside the
-  session (for the database strategies, inside the transaction that will also
-  store the response) and must end with ``complete()`` or ``release()``;
+* a :class:`TransactionalClaim` — this request owns the key; the view runs inside
+  the session, in the transaction that will also store its response;
 * :class:`InFlight` — another request holds the key (409);
 * :class:`Replay` — the key completed; here is the stored response;
-* :class:`Mismatch` — the key was used for a different request (422).
+* :class:`Mismatch` — the key was used for a different request (422);
+* :class:`Delegate` — another strategy handles this attempt (a fallback).
 
-An exception that leaves the session while Claimed rolls back what the view
-wrote (where the strategy owns a transaction) and releases the key.
+:class:`Session` (what ``Strategy.session()`` returns) owns everything else, once
+for all strategies: the transaction around the view, the response stored as its last
+statement, the store that waits for a rollback the view asked for, giving the key
+back after an exception, and never touching the record again once COMMIT has
+returned. See docs/how-it-works.md and docs/api.md ("Writing a strategy").
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
-from contextlib import AbstractContextManager
+import logging
 from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
 
-from django.db import transaction
+from django.db import DatabaseError, connections, transaction
 
+from ..errors import LeaseLost, StoreUnavailable
 from ..responses import StoredResponse
+
+logger = logging.getLogger("django_idempotency")
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,13 @@ class Mismatch(Outcome):
     pass
 
 
+@dataclass(frozen=True)
+class Delegate(Outcome):
+    """Hand the attempt to ``strategy`` (e.g. the ``db`` strategy while Redis is down)."""
+
+    strategy: Strategy
+
+
 class Claimed(Outcome, abc.ABC):
     """This request owns the key until it completes or releases it."""
 
@@ -66,6 +81,8 @@ class Claimed(Outcome, abc.ABC):
     taken_over: bool = False
     #: Whether ``renew`` extends a lease (a heartbeat keeps it alive while the view runs).
     renewable: bool = True
+    #: True once the view's writes and the stored response are durable (after COMMIT).
+    committed: bool = False
 
     @abc.abstractmethod
     def renew(self) -> bool:
@@ -81,58 +98,278 @@ class Claimed(Outcome, abc.ABC):
 
 
 class TransactionalClaim(Claimed):
-    """A claim whose view runs in a database transaction that its session opens
-    (``in_transaction``), and whose response is stored as part of that transaction.
+    """A claim whose view runs in the transaction its :class:`Session` opens, and whose
+    response is stored as the last statement of that transaction.
 
-    ``complete()`` stores the response at once, unless the view marked the transaction
-    for rollback (DRF does after an ``APIException``): its writes are then undone, and
-    the session stores the ``pending`` response once the transaction has ended.
-    ``release()`` rolls the view's writes back, and the session then calls ``delete()``
-    (at once, outside a transaction).
+    A subclass implements :meth:`renew`, :meth:`_store` and :meth:`delete`, and may
+    override the hooks :meth:`settled`, :meth:`store_pending`, :meth:`discard`,
+    :meth:`after_commit` and :meth:`lost`.
     """
 
     def __init__(self, attempt: Attempt) -> None:
         self.attempt = attempt
+        #: Set by the session while the view runs inside its transaction.
         self.in_transaction = False
+        #: The response of a view that marked its transaction for rollback.
         self.pending: StoredResponse | None = None
         self.released = False
+        self.completed = False
+        self.committed = False
+
+    # -- what the engine calls -------------------------------------------------------------
 
     def complete(self, response: StoredResponse) -> None:
+        """Store ``response`` in the view's transaction. When the view marked that
+        transaction for rollback (DRF does after an ``APIException`` with
+        ``ATOMIC_REQUESTS``), its writes are undone and the response is kept as
+        ``pending``: the session stores it after the rollback, unless another
+        execution completed the key in the meantime."""
         if self.in_transaction and transaction.get_rollback(using=self.attempt.database):
             self.pending = response
             return
         self._store(response)
+        self.completed = True
+        if not self.in_transaction:
+            self.committed = True  # no transaction: the store itself is durable
+
+    def release(self) -> None:
+        """Roll the view's writes back (inside the transaction); the session gives the
+        key back once the transaction has ended."""
+        self.released = True
+        if self.in_transaction:
+            transaction.set_rollback(True, using=self.attempt.database)
+
+    # -- what a subclass implements --------------------------------------------------------
 
     @abc.abstractmethod
     def _store(self, response: StoredResponse) -> None:
-        """Write the response; ``LeaseLost`` when the claim is no longer ours."""
-
-    def release(self) -> None:
-        self.released = True
-        if self.in_transaction:
-            # Undo the view's writes: a retry will run the view again.
-            transaction.set_rollback(True, using=self.attempt.database)
-        else:
-            self.delete()
+        """Write the completed record, fenced by this claim; ``LeaseLost`` when the
+        claim is no longer ours, ``StoreUnavailable`` when the store failed."""
 
     @abc.abstractmethod
     def delete(self) -> bool:
-        """Give the key back now, if it is still this claim's; whether it was."""
+        """Give back this claim's *in-progress* record, if it is still ours; whether it
+        was. Never deletes a completed record."""
+
+    # -- hooks -----------------------------------------------------------------------------
+
+    def settled(self) -> Outcome | None:
+        """Before the view runs: an outcome that makes running it unnecessary (a record
+        of the key in another store), or None. On PostgreSQL it runs as the first
+        statement of the view's transaction, elsewhere just before it."""
+        return None
+
+    def store_pending(self, response: StoredResponse) -> bool:
+        """Store the response of a view whose transaction rolled back, in a transaction
+        of its own, unless the key was completed by another execution meanwhile
+        (whether it was stored). The default suits a claim whose ``_store`` is fenced
+        by its token."""
+        using = self.attempt.database
+        with transaction.atomic(using=using):
+            self._store(response)
+        return True
+
+    def discard(self) -> None:
+        """The transaction did not commit: undo whatever of this claim is outside it
+        (a completion written to another store before COMMIT) and give the key back."""
+        self.delete()
+
+    def after_commit(self) -> None:
+        """Runs once the completion is durable, even when an ``on_commit`` hook of the
+        view raised (publishing to a cache, queueing work). Must not raise."""
+
+    def lost(self) -> None:
+        """The claim was lost to another execution (``LeaseLost``); nothing to give back."""
+
+    def _mark_committed(self) -> None:
+        self.committed = True
 
 
 class Strategy(abc.ABC):
     """Base class of the claim strategies; subclasses are stateless and thread-safe."""
 
     name: str = ""
+    #: The claim is made inside the view's transaction (``advisory_lock``: the lock is
+    #: the transaction's); it then always runs in one, whatever ``ATOMIC`` says.
+    claims_in_transaction: bool = False
 
     @abc.abstractmethod
-    def session(self, attempt: Attempt) -> AbstractContextManager[Outcome]:
-        """Claim ``attempt``'s key and yield the outcome (see the module doc)."""
+    def claim(self, attempt: Attempt) -> Outcome:
+        """Claim ``attempt``'s key (see the module doc); ``StoreUnavailable`` when the
+        store cannot be reached."""
+
+    def session(self, attempt: Attempt) -> Session:
+        """A context manager that claims the key and yields the outcome."""
+        return Session(self, attempt)
 
     def describe(self) -> str:
         return self.name
 
 
-def iter_once(outcome: Outcome) -> Iterator[Outcome]:
-    """Helper for sessions that have nothing to clean up."""
-    yield outcome
+class Session:
+    """One attempt, from claim to the end of the view's transaction.
+
+    ``__enter__`` claims and returns the outcome; for a claim it has opened the view's
+    transaction. ``__exit__`` ends it:
+
+    * the transaction committed: the record stays as stored, whatever is raised after
+      COMMIT (an ``on_commit`` hook of the view); ``after_commit()`` runs, and the
+      hook's error propagates with the key completed;
+    * the view's transaction rolled back at its own request (``release()``, or a DRF
+      rollback with a pending response): the key is given back, or the pending
+      response is stored if no other execution completed the key meanwhile;
+    * anything raised before COMMIT returned (the view, the store, the COMMIT itself):
+      the claim is discarded so that a retry runs the view again, except when the
+      claim was lost to another execution (``LeaseLost``), which owns the key now.
+    """
+
+    def __init__(self, strategy: Strategy, attempt: Attempt) -> None:
+        self.strategy = strategy
+        self.attempt = attempt
+        self.claim: TransactionalClaim | None = None
+        self._atomic: Any = None
+        self._inner: Any = None
+
+    # -- enter -----------------------------------------------------------------------------
+
+    def __enter__(self) -> Outcome:
+        strategy, attempt = self.strategy, self.attempt
+        if strategy.claims_in_transaction:
+            self._begin()
+            try:
+                outcome = strategy.claim(attempt)
+            except BaseException as exc:
+                self._abandon(exc)
+                raise
+            if not isinstance(outcome, TransactionalClaim):
+                self._abandon(None)
+        else:
+            outcome = strategy.claim(attempt)
+        if isinstance(outcome, Delegate):
+            return self._delegate(outcome)
+        if not isinstance(outcome, TransactionalClaim):
+            return outcome
+        self.claim = outcome
+        try:
+            settled = self._settle_and_begin(outcome)
+        except BaseException as exc:
+            self.claim = None
+            if self._atomic is not None:
+                self._abandon(exc)
+            outcome.discard()
+            raise
+        if settled is None:
+            outcome.in_transaction = self._atomic is not None
+            return outcome
+        # The key was known elsewhere: this request does not run the view.
+        self.claim = None
+        outcome.delete()
+        if isinstance(settled, Delegate):
+            return self._delegate(settled)
+        return settled
+
+    def _settle_and_begin(self, claim: TransactionalClaim) -> Outcome | None:
+        atomic = self.attempt.atomic or self.strategy.claims_in_transaction
+        in_transaction = (
+            atomic and connections[self.attempt.database].vendor == "postgresql"
+        ) or self._atomic is not None
+        settled = None
+        if not in_transaction:
+            # On SQLite a read would fix the transaction's snapshot, and the view's first
+            # write would then fail ("database is locked") after any other commit.
+            settled = claim.settled()
+        if settled is None and atomic:
+            if self._atomic is None:
+                self._begin()
+            if in_transaction:
+                settled = claim.settled()
+        if settled is not None and self._atomic is not None:
+            self._abandon(None)
+        elif self._atomic is not None:
+            # First hook of the transaction: runs right after COMMIT, before the view's.
+            transaction.on_commit(claim._mark_committed, using=self.attempt.database)
+        return settled
+
+    def _delegate(self, delegate: Delegate) -> Outcome:
+        self._inner = delegate.strategy.session(self.attempt)
+        outcome: Outcome = self._inner.__enter__()
+        return outcome
+
+    def _begin(self) -> None:
+        try:
+            atomic = transaction.atomic(using=self.attempt.database)
+            atomic.__enter__()
+        except DatabaseError as exc:
+            raise StoreUnavailable() from exc
+        self._atomic = atomic
+
+    def _abandon(self, exc: BaseException | None) -> None:
+        """End the transaction without keeping anything of it."""
+        atomic, self._atomic = self._atomic, None
+        if exc is None:
+            transaction.set_rollback(True, using=self.attempt.database)
+            atomic.__exit__(None, None, None)
+        else:
+            atomic.__exit__(type(exc), exc, exc.__traceback__)
+
+    # -- exit ------------------------------------------------------------------------------
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        if self._inner is not None:
+            inner, self._inner = self._inner, None
+            return bool(inner.__exit__(exc_type, exc, tb))
+        claim, self.claim = self.claim, None
+        if claim is None:
+            return None
+        error = exc
+        atomic, self._atomic = self._atomic, None
+        if atomic is not None:
+            try:
+                atomic.__exit__(exc_type, exc, tb)  # COMMIT or ROLLBACK, then on_commit hooks
+            except BaseException as raised:
+                error = raised
+            finally:
+                claim.in_transaction = False
+        if claim.committed:
+            # Durable: nothing may delete or rewrite the record now.
+            claim.after_commit()
+        elif isinstance(error, LeaseLost):
+            claim.lost()
+        elif error is not None:
+            claim.discard()
+        elif claim.released:
+            claim.delete()
+        elif claim.pending is not None:
+            self._store_pending(claim, claim.pending)
+        elif claim.completed:
+            # The session's block was nested in an outer transaction, which commits later.
+            transaction.on_commit(claim.after_commit, using=self.attempt.database)
+        else:
+            claim.delete()  # neither completed nor released: nothing is kept
+        if error is not None and error is not exc:
+            raise error
+        return None
+
+    def _store_pending(self, claim: TransactionalClaim, response: StoredResponse) -> None:
+        try:
+            stored = claim.store_pending(response)
+        except LeaseLost:
+            stored = False
+        except BaseException:
+            claim.discard()
+            raise
+        if stored:
+            claim.committed = claim.completed = True
+            claim.after_commit()
+        else:
+            logger.info(
+                "idempotency key %s (scope %s): another execution completed it while this "
+                "request's writes were rolled back; its record is kept",
+                self.attempt.key,
+                self.attempt.scope,
+            )

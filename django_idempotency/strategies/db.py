@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError
 
 from ..errors import LeaseLost, StoreUnavailable
 from ..managers import ClaimState
@@ -39,11 +37,26 @@ logger = logging.getLogger("django_idempotency")
 
 
 class DatabaseClaim(TransactionalClaim):
-    def __init__(self, attempt: Attempt, pk: int, token: uuid.UUID, taken_over: bool) -> None:
+    """A row of IdempotencyKey in progress under ``token``; its claim has committed."""
+
+    def __init__(
+        self,
+        strategy: DatabaseStrategy,
+        attempt: Attempt,
+        pk: int,
+        token: uuid.UUID,
+        taken_over: bool,
+    ) -> None:
         super().__init__(attempt)
+        self.strategy = strategy
         self.pk = pk
         self.token = token
         self.taken_over = taken_over
+
+    def settled(self) -> Outcome | None:
+        # Read after the claim committed, so a hybrid commit of the key that came first
+        # is seen.
+        return self.strategy.settled_in_outbox(self.attempt)
 
     def renew(self) -> bool:
         return IdempotencyKey.objects.renew(self.pk, self.token, using=self.attempt.database)
@@ -96,7 +109,7 @@ class DatabaseStrategy(Strategy):
             raise StoreUnavailable() from exc
         if result.state is ClaimState.CLAIMED:
             assert result.pk is not None and result.token is not None
-            return self.claim_class(attempt, result.pk, result.token, result.taken_over)
+            return self.claim_class(self, attempt, result.pk, result.token, result.taken_over)
         if result.state is ClaimState.MISMATCH:
             return Mismatch()
         if result.state is ClaimState.IN_PROGRESS:
@@ -130,45 +143,3 @@ class DatabaseStrategy(Strategy):
         if record.fingerprint != attempt.fingerprint:
             return Mismatch()
         return Replay(record.response)
-
-    @contextmanager
-    def session(self, attempt: Attempt) -> Iterator[Outcome]:
-        outcome = self.claim(attempt)
-        if not isinstance(outcome, DatabaseClaim):
-            yield outcome
-            return
-        settled: Outcome | None = None
-        # Read after the claim committed, so a hybrid commit of the key that came first is
-        # seen. On PostgreSQL the read is the first statement of the view's transaction
-        # (no commit of its own); on SQLite it runs before that transaction begins: there
-        # a read fixes the transaction's snapshot, and the view's first write then fails
-        # at once ("database is locked") if any other connection committed in between.
-        in_transaction = attempt.atomic and connections[attempt.database].vendor == "postgresql"
-        try:
-            if not in_transaction:
-                settled = self.settled_in_outbox(attempt)
-            if settled is None and attempt.atomic:
-                with transaction.atomic(using=attempt.database):
-                    if in_transaction:
-                        settled = self.settled_in_outbox(attempt)
-                    if settled is None:
-                        outcome.in_transaction = True
-                        try:
-                            yield outcome
-                        finally:
-                            outcome.in_transaction = False
-            elif settled is None:
-                yield outcome
-        except LeaseLost:
-            raise  # not ours any more: nothing to release
-        except BaseException:
-            outcome.delete()
-            raise
-        if settled is not None:
-            outcome.delete()
-            yield settled
-            return
-        if outcome.released:
-            outcome.delete()
-        elif outcome.pending is not None:
-            outcome._store(outcome.pending)

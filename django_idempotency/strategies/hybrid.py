@@ -63,13 +63,11 @@ import json
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 from datetime import timedelta
-from functools import partial
 
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 from redis.cluster import RedisCluster
 
@@ -79,23 +77,15 @@ from ..managers import IN_PROGRESS, KeyRecord
 from ..models import IdempotencyKey, IdempotencyOutbox
 from ..redis_store import (
     REDIS_ERRORS,
-    RedisRecord,
     RedisStore,
     RedisUnavailable,
     get_store,
     to_ms,
 )
 from ..responses import StoredResponse
-from .base import (
-    Attempt,
-    InFlight,
-    Mismatch,
-    Outcome,
-    Replay,
-    Strategy,
-    TransactionalClaim,
-)
+from .base import Attempt, Delegate, InFlight, Mismatch, Outcome, Replay
 from .db import DatabaseClaim, DatabaseStrategy
+from .redis import RedisClaim, RedisStrategy, redis_claim
 
 logger = logging.getLogger("django_idempotency")
 
@@ -141,13 +131,14 @@ class OutboxDatabaseClaim(DatabaseClaim):
     (from a process that still reaches Redis) exclude each other.
     """
 
-    strategy: HybridStrategy | None = None
+    strategy: OutboxDatabaseStrategy
 
     def _store(self, response: StoredResponse) -> None:
         with outbox_write(self.attempt, response):
             super()._store(response)
-            if self.strategy is not None:
-                transaction.on_commit(self.strategy.request_drain, using=self.attempt.database)
+
+    def after_commit(self) -> None:
+        self.strategy.parent.request_drain()
 
 
 class OutboxDatabaseStrategy(DatabaseStrategy):
@@ -162,38 +153,39 @@ class OutboxDatabaseStrategy(DatabaseStrategy):
     def reads_outbox(self) -> bool:
         return True
 
-    def claim(self, attempt: Attempt) -> Outcome:
-        outcome = super().claim(attempt)
-        if isinstance(outcome, OutboxDatabaseClaim):
-            outcome.strategy = self.parent
-        return outcome
-
 
 # -- the Redis claim -------------------------------------------------------------------------
 
 
-class HybridClaim(TransactionalClaim):
+class HybridClaim(RedisClaim):
     """This request holds the key in Redis; the view runs in the database transaction
-    that ``complete()`` adds the outbox row to."""
+    that ``complete()`` adds the outbox row to. Redis gets the completed record only
+    after COMMIT (``after_commit``)."""
 
     def __init__(
         self, strategy: HybridStrategy, store: RedisStore, attempt: Attempt, token: str
     ) -> None:
-        super().__init__(attempt)
+        super().__init__(store, attempt, token)
         self.strategy = strategy
-        self.store = store
-        self.token = token
+        #: Look the key up in the database before the view runs (``HYBRID_DB_CHECK``).
+        self.check_db = True
+        self.response: StoredResponse | None = None
 
-    def renew(self) -> bool:
-        attempt = self.attempt
-        return self.store.renew(attempt.scope, attempt.key, self.token, to_ms(attempt.lock_timeout))
+    def settled(self) -> Outcome | None:
+        """A key that Redis did not know but the database does: replay it (refilling
+        Redis), or leave a key that a ``db`` claim holds to the ``db`` strategy."""
+        if not self.check_db:
+            return None
+        found = self.strategy.lookup(self.attempt)
+        if found is None:
+            return None
+        return self.strategy.settle(self.store, self.attempt, found, token=self.token)
 
     def _store(self, response: StoredResponse) -> None:
-        """Insert the outbox row (in the view's transaction when there is one) and
-        arrange for Redis and the drain after the commit."""
+        """Insert the outbox row in the view's transaction (Redis follows the commit)."""
         with outbox_write(self.attempt, response):
             self._check_key_row()
-            transaction.on_commit(partial(self.publish, response), using=self.attempt.database)
+        self.response = response
 
     def _check_key_row(self) -> None:
         """Refuse to commit when IdempotencyKey already has the key: completed (drained
@@ -216,6 +208,10 @@ class HybridClaim(TransactionalClaim):
             if deleted:
                 return
         raise LeaseLost()
+
+    def after_commit(self) -> None:
+        if self.response is not None:
+            self.publish(self.response)
 
     def publish(self, response: StoredResponse) -> None:
         """After the commit: the completed record into Redis, and a drain queued."""
@@ -242,23 +238,29 @@ class HybridClaim(TransactionalClaim):
             )
         self.strategy.request_drain()
 
-    def delete(self) -> bool:
-        """Delete our Redis claim (compare-and-delete on the token)."""
+    def discard(self) -> None:
+        # Redis holds only the in-progress claim until the commit: give it back.
+        self.delete()
+
+    def lost(self) -> None:
+        """Our commit was refused: Redis gets the record that won, or loses our claim."""
+        attempt = self.attempt
         try:
-            return self.store.release(self.attempt.scope, self.attempt.key, self.token)
-        except RedisUnavailable:
-            logger.warning(
-                "could not release idempotency key %s in Redis; its lease will expire",
-                self.attempt.key,
-                exc_info=True,
-            )
-            return False
+            found = self.strategy.lookup(attempt)
+        except StoreUnavailable:
+            found = None
+        if found is not None and found.completed and found.response is not None:
+            self.strategy.refill(self.store, attempt, found, token=self.token)
+        else:
+            self.delete()
 
 
 # -- the strategy ----------------------------------------------------------------------------
 
 
-class HybridStrategy(Strategy):
+class HybridStrategy(RedisStrategy):
+    """Redis on the hot path, PostgreSQL authoritative; see docs/hybrid.md."""
+
     name = "hybrid"
 
     #: Seconds between a commit and the drain it queues; commits in between share it.
@@ -274,96 +276,39 @@ class HybridStrategy(Strategy):
         self._drain_lock = threading.Lock()
         self._drain_due = 0.0
 
-    # -- session --------------------------------------------------------------------------
+    # -- claim ----------------------------------------------------------------------------
 
-    @contextmanager
-    def session(self, attempt: Attempt) -> Iterator[Outcome]:
-        token = uuid.uuid4().hex
+    def claim(self, attempt: Attempt) -> Outcome:
         try:
             store = get_store()
-            first = self._claim(store, attempt, token)
-            check_db = isinstance(first, HybridClaim) and self._must_check_db(store, attempt)
-        except RedisUnavailable as exc:
-            first = None
-            failure: RedisUnavailable | None = exc
-        else:
-            failure = None
-        if failure is not None:
-            with self._unavailable(attempt, failure) as outcome:
-                yield outcome
-            return
-        if not isinstance(first, HybridClaim):
-            assert first is not None
-            yield first
-            return
-        with self._run(store, attempt, first, check_db) as outcome:
-            yield outcome
-
-    def _claim(self, store: RedisStore, attempt: Attempt, token: str) -> Outcome:
-        lease_ms = to_ms(attempt.lock_timeout)
-        for _attempt in range(3):
-            claimed, record = store.claim(
-                attempt.scope, attempt.key, attempt.fingerprint, token, lease_ms
+            outcome, record = redis_claim(
+                store, attempt, lambda token: HybridClaim(self, store, attempt, token)
             )
-            if claimed:
-                return HybridClaim(self, store, attempt, token)
-            if record is not None:
-                return self._from_redis(record, attempt)
-        return InFlight()
+            if isinstance(outcome, HybridClaim):
+                outcome.check_db = self._must_check_db(store, attempt)
+            elif (
+                isinstance(outcome, Mismatch)
+                and record is not None
+                and not record.completed
+                and self._must_check_db(store, attempt)
+            ):
+                # Redis holds another request's claim, perhaps a reuse of a key whose
+                # completed record Redis lost: the database's record wins over it.
+                return self._beneath_foreign_claim(attempt)
+        except RedisUnavailable as exc:
+            return self.unavailable(attempt, exc)
+        return outcome
 
-    @staticmethod
-    def _from_redis(record: RedisRecord, attempt: Attempt) -> Outcome:
-        if record.fingerprint != attempt.fingerprint:
+    def _beneath_foreign_claim(self, attempt: Attempt) -> Outcome:
+        found = self.lookup(attempt)
+        if found is None or found.fingerprint != attempt.fingerprint:
             return Mismatch()
-        if record.completed and record.response is not None:
-            return Replay(record.response)
+        if found.completed and found.response is not None:
+            return Replay(found.response)
         return InFlight()
 
-    @contextmanager
-    def _run(
-        self, store: RedisStore, attempt: Attempt, claim: HybridClaim, check_db: bool
-    ) -> Iterator[Outcome]:
-        using = attempt.database
-        found: KeyRecord | None = None
-        atomic: AbstractContextManager[object] = (
-            transaction.atomic(using=using) if attempt.atomic else nullcontext()
-        )
-        # On PostgreSQL the lookup is the first statement of the view's transaction (no
-        # commit of its own). On SQLite it runs before: there a read fixes the
-        # transaction's snapshot, and the view's first write would then fail at once
-        # ("database is locked") whenever another connection committed in between.
-        in_transaction = attempt.atomic and connections[using].vendor == "postgresql"
-        try:
-            if check_db and not in_transaction:
-                found = self._lookup(attempt)
-            if found is None:
-                with atomic:
-                    if check_db and in_transaction:
-                        found = self._lookup(attempt)
-                    if found is None:
-                        claim.in_transaction = attempt.atomic
-                        try:
-                            yield claim
-                        finally:
-                            claim.in_transaction = False
-                    else:
-                        transaction.set_rollback(True, using=using)  # nothing was written
-                if found is None and not claim.released and claim.pending is not None:
-                    claim._store(claim.pending)
-        except LeaseLost:
-            self._after_lease_lost(store, attempt, claim)
-            raise
-        except BaseException:
-            claim.delete()
-            raise
-        if found is not None:
-            with self._settle(store, attempt, claim, found) as outcome:
-                yield outcome
-            return
-        if claim.released:
-            claim.delete()
-
-    def _lookup(self, attempt: Attempt) -> KeyRecord | None:
+    def lookup(self, attempt: Attempt) -> KeyRecord | None:
+        """The key's live record in the outbox or IdempotencyKey (one statement)."""
         try:
             return IdempotencyOutbox.objects.lookup(
                 attempt.scope, attempt.key, using=attempt.database
@@ -371,14 +316,12 @@ class HybridStrategy(Strategy):
         except DatabaseError as exc:
             raise StoreUnavailable() from exc
 
-    @contextmanager
-    def _settle(
-        self, store: RedisStore, attempt: Attempt, claim: HybridClaim, found: KeyRecord
-    ) -> Iterator[Outcome]:
-        """The database knew the key that Redis did not: replay (refilling Redis), or
-        leave a key that a ``db`` claim holds to the ``db`` strategy."""
+    def settle(
+        self, store: RedisStore, attempt: Attempt, found: KeyRecord, *, token: str
+    ) -> Outcome:
+        """What a record that the database has and Redis had not means for ``attempt``."""
         if found.completed and found.response is not None:
-            self.refill(store, attempt, found, token=claim.token)
+            self.refill(store, attempt, found, token=token)
             logger.info(
                 "idempotency key %s (scope %s) was missing in Redis; replayed from the %s",
                 attempt.key,
@@ -386,13 +329,11 @@ class HybridStrategy(Strategy):
                 "outbox" if found.source == "outbox" else "database",
             )
             if found.fingerprint != attempt.fingerprint:
-                yield Mismatch()
-            else:
-                yield Replay(found.response)
-            return
-        claim.delete()
-        with self.fallback.session(attempt) as outcome:
-            yield outcome
+                return Mismatch()
+            return Replay(found.response)
+        # A ``db`` claim (made while Redis was down) holds the key: the ``db`` strategy
+        # answers 409 while it runs and takes it over once its lease is stale.
+        return Delegate(self.fallback)
 
     def refill(
         self, store: RedisStore, attempt: Attempt, found: KeyRecord, *, token: str = ""
@@ -410,17 +351,6 @@ class HybridStrategy(Strategy):
             )
         except RedisUnavailable:
             logger.warning("could not refill Redis for key %s", attempt.key, exc_info=True)
-
-    def _after_lease_lost(self, store: RedisStore, attempt: Attempt, claim: HybridClaim) -> None:
-        """Our commit was refused: Redis gets the record that won, or loses our claim."""
-        try:
-            found = self._lookup(attempt)
-        except StoreUnavailable:
-            found = None
-        if found is not None and found.completed and found.response is not None:
-            self.refill(store, attempt, found, token=claim.token)
-        else:
-            claim.delete()
 
     # -- HYBRID_DB_CHECK ------------------------------------------------------------------
 
@@ -459,18 +389,6 @@ class HybridStrategy(Strategy):
             return True
 
     # -- Redis down -----------------------------------------------------------------------
-
-    @contextmanager
-    def _unavailable(self, attempt: Attempt, exc: RedisUnavailable) -> Iterator[Outcome]:
-        if conf.REDIS_FAILURE_MODE == "fail_closed":
-            raise StoreUnavailable() from exc
-        logger.warning(
-            "Redis is unavailable (%s); idempotency key %s handled by the db strategy",
-            exc,
-            attempt.key,
-        )
-        with self.fallback.session(attempt) as outcome:
-            yield outcome
 
     # -- the drain ------------------------------------------------------------------------
 

@@ -48,10 +48,7 @@ cluster down) at claim time:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
-
-from django.db import transaction
+from collections.abc import Callable
 
 from ..conf import conf
 from ..errors import LeaseLost, StoreUnavailable
@@ -66,6 +63,7 @@ from ..redis_store import (
 from ..responses import StoredResponse
 from .base import (
     Attempt,
+    Delegate,
     InFlight,
     Mismatch,
     Outcome,
@@ -88,8 +86,6 @@ class RedisClaim(TransactionalClaim):
         super().__init__(attempt)
         self.store = store
         self.token = token
-        self.completed = False
-        self.deleted = False
 
     def renew(self) -> bool:
         a = self.attempt
@@ -106,16 +102,19 @@ class RedisClaim(TransactionalClaim):
             ) from exc
         if not stored:
             raise LeaseLost()
-        self.completed = True
 
     def delete(self) -> bool:
-        """Delete this claim's record (in progress or completed) if it is still ours."""
-        if self.deleted:
-            return False
-        self.deleted = True
+        """Delete this claim's in-progress record, if it is still ours."""
+        return self._redis_delete(self.store.release)
+
+    def discard(self) -> None:
+        """The transaction did not commit: delete our record, completed or not."""
+        self._redis_delete(self.store.discard)
+
+    def _redis_delete(self, operation: Callable[[str, str, str], bool]) -> bool:
         a = self.attempt
         try:
-            return self.store.release(a.scope, a.key, self.token)
+            return operation(a.scope, a.key, self.token)
         except RedisUnavailable:
             logger.warning(
                 "could not release idempotency key in Redis; it will expire after the lock timeout",
@@ -134,76 +133,56 @@ def outcome_for(record: RedisRecord, attempt: Attempt) -> Outcome:
     return InFlight()
 
 
+def redis_claim(
+    store: RedisStore, attempt: Attempt, make: Callable[[str], Outcome]
+) -> tuple[Outcome, RedisRecord | None]:
+    """One claim in Redis: ``make(token)`` when won, else the outcome of the record
+    found (and the record); raises ``RedisUnavailable``."""
+    lease = to_ms(attempt.lock_timeout)
+    for _ in range(CLAIM_ATTEMPTS):
+        token = new_token()
+        won, record = store.claim(attempt.scope, attempt.key, attempt.fingerprint, token, lease)
+        if won:
+            return make(token), None
+        if record is not None:
+            return outcome_for(record, attempt), record
+    # The holder kept finishing between our SET and GET: report it as busy.
+    return InFlight(), None
+
+
 class RedisStrategy(Strategy):
-    """Keys in Redis (a node or a cluster); see the module documentation."""
+    """Keys in Redis (a node or a cluster); see docs/redis.md."""
 
     name = "redis"
 
     def __init__(self) -> None:
-        self.fallback = DatabaseStrategy()
-
-    def store(self) -> RedisStore:
-        """The configured store (raises ``RedisUnavailable`` when a cluster is unreachable)."""
-        return get_store()
+        self.fallback: Strategy = DatabaseStrategy()
 
     def claim(self, attempt: Attempt) -> Outcome:
-        """One claim in Redis; raises ``RedisUnavailable``."""
-        store = self.store()
-        lease = to_ms(attempt.lock_timeout)
-        for _ in range(CLAIM_ATTEMPTS):
-            token = new_token()
-            won, record = store.claim(attempt.scope, attempt.key, attempt.fingerprint, token, lease)
-            if won:
-                return RedisClaim(store, attempt, token)
-            if record is not None:
-                return outcome_for(record, attempt)
-        # The holder kept finishing between our SET and GET: report it as busy.
-        return InFlight()
-
-    @contextmanager
-    def session(self, attempt: Attempt) -> Iterator[Outcome]:
         try:
-            outcome = self.claim(attempt)
-        except RedisUnavailable as exc:
-            if conf.REDIS_FAILURE_MODE != "db":
-                raise StoreUnavailable() from exc
-            logger.warning(
-                "Redis is unavailable (%s); idempotency key %s (scope %s) is handled by "
-                "the db strategy",
-                exc,
-                attempt.key,
-                attempt.scope,
-                extra={
-                    "idempotency_scope": attempt.scope,
-                    "idempotency_key": attempt.key,
-                    "idempotency_outcome": "redis_fallback",
-                    "idempotency_strategy": self.name,
-                },
+            store = get_store()
+            outcome, _record = redis_claim(
+                store, attempt, lambda token: RedisClaim(store, attempt, token)
             )
-            with self.fallback.session(attempt) as fallback_outcome:
-                yield fallback_outcome
-            return
-        if not isinstance(outcome, RedisClaim):
-            yield outcome
-            return
-        try:
-            if attempt.atomic:
-                with transaction.atomic(using=attempt.database):
-                    outcome.in_transaction = True
-                    try:
-                        yield outcome
-                    finally:
-                        outcome.in_transaction = False
-            else:
-                yield outcome
-        except LeaseLost:
-            raise  # not ours any more: nothing to release
-        except BaseException:
-            # The view failed, or the COMMIT failed after the response was stored:
-            # give the key back so that a retry runs the view again.
-            outcome.delete()
-            raise
-        if outcome.released:
-            outcome.delete()
-        elif outcome.pending is not None:
-            outcome._store(outcome.pending)
+        except RedisUnavailable as exc:
+            return self.unavailable(attempt, exc)
+        return outcome
+
+    def unavailable(self, attempt: Attempt, exc: RedisUnavailable) -> Outcome:
+        """Redis cannot be reached: the ``db`` strategy takes the request, or 503."""
+        if conf.REDIS_FAILURE_MODE != "db":
+            raise StoreUnavailable() from exc
+        logger.warning(
+            "Redis is unavailable (%s); idempotency key %s (scope %s) is handled by "
+            "the db strategy",
+            exc,
+            attempt.key,
+            attempt.scope,
+            extra={
+                "idempotency_scope": attempt.scope,
+                "idempotency_key": attempt.key,
+                "idempotency_outcome": "redis_fallback",
+                "idempotency_strategy": self.name,
+            },
+        )
+        return Delegate(self.fallback)
