@@ -28,11 +28,12 @@ from .errors import (
     LeaseLost,
     MissingKey,
     RequestInProgress,
+    ResponseNotStored,
     TransientConflict,
 )
 from .keys import bounded_scope, downstream_key, fingerprint, parse_key
 from .lease import keeper
-from .responses import NotStorable, capture, problem_response
+from .responses import NotStorable, StoredResponse, capture, problem_response
 from .strategies import get_strategy
 from .strategies.base import Attempt, Claimed, InFlight, Mismatch, Outcome, Replay, Strategy
 
@@ -225,31 +226,47 @@ class IdempotentRequest:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool | None:
+    ) -> None:
         if self._lease_cm is not None:
             self._lease_cm.__exit__(None, None, None)
             self._lease_cm = None
         session, self._session = self._session, None
-        if exc is not None and isinstance(self.outcome, Claimed):
-            if isinstance(exc, LeaseLost):
-                self._send(signals.lease_lost)
-                logger.warning(
-                    "idempotency key %s (scope %s): claim lost, the view's writes were rolled back",
-                    self.key,
-                    self.scope,
-                    extra=self._log_extra("lease_lost"),
-                )
-            else:
-                self._send(signals.key_released)
-                logger.info(
-                    "idempotency key %s (scope %s) released after an exception in the view",
-                    self.key,
-                    self.scope,
-                    extra=self._log_extra("released"),
-                )
-        if session is None:
-            return None
-        return bool(session.__exit__(exc_type, exc, tb))
+        error = exc
+        try:
+            if session is not None:
+                session.__exit__(exc_type, exc, tb)
+        except BaseException as raised:
+            error = raised
+            raise
+        finally:
+            if error is not None and isinstance(self.outcome, Claimed):
+                self._report_error(self.outcome, error)
+
+    def _report_error(self, claim: Claimed, error: BaseException) -> None:
+        if claim.committed:
+            logger.error(
+                "idempotency key %s (scope %s) completed; the error raised after COMMIT "
+                "(an on_commit hook) leaves the stored response in place",
+                self.key,
+                self.scope,
+                extra=self._log_extra("committed"),
+            )
+        elif isinstance(error, LeaseLost):
+            self._send(signals.lease_lost)
+            logger.warning(
+                "idempotency key %s (scope %s): claim lost, the view's writes were rolled back",
+                self.key,
+                self.scope,
+                extra=self._log_extra("lease_lost"),
+            )
+        else:
+            self._send(signals.key_released)
+            logger.info(
+                "idempotency key %s (scope %s) released after an exception in the view",
+                self.key,
+                self.scope,
+                extra=self._log_extra("released"),
+            )
 
     # -- step 4: the answer ----------------------------------------------------------------
 
@@ -264,6 +281,8 @@ class IdempotentRequest:
                 self.scope,
                 extra=self._log_extra("replayed"),
             )
+            if not outcome.response.replayable:
+                raise ResponseNotStored(outcome.response.status)
             return outcome.response.to_http()
         if isinstance(outcome, Mismatch):
             self._send(signals.key_mismatch)
@@ -300,7 +319,16 @@ class IdempotentRequest:
         try:
             stored = capture(response)
         except NotStorable as exc:
-            return self._release(claim, response, str(exc))
+            # The view's writes commit all the same: the key is completed, and a retry is
+            # told that the response was not kept instead of running the view again.
+            stored = StoredResponse.not_stored(response.status_code, str(exc))
+            logger.info(
+                "idempotency key %s (scope %s) completed without its response: %s",
+                self.key,
+                self.scope,
+                exc,
+                extra=self._log_extra("not_stored"),
+            )
         claim.complete(stored)
         self._send(signals.response_stored)
         return response

@@ -17,6 +17,9 @@ class IdempotencyError(Exception):
     title: str = "Idempotency error"
     default_detail: str = "The request could not be processed."
 
+    #: Extension members of the problem document (RFC 9457 section 3.2).
+    extra: dict[str, object] | None = None
+
     def __init__(self, detail: str | None = None, *, retry_after: int | None = None) -> None:
         self.detail = detail or self.default_detail
         self.retry_after = retry_after
@@ -91,6 +94,31 @@ class FingerprintMismatch(IdempotencyError):
         "This Idempotency-Key was already used with a different request "
         "(method, path, query or body). Use a new key for a new request."
     )
+
+
+class ResponseNotStored(IdempotencyError):
+    """The key's request completed, but its response was not kept (streamed, a file, or
+    larger than ``MAX_STORED_BODY_SIZE``), so it cannot be replayed. The problem
+    document carries the original status as ``original_status``."""
+
+    status = 409
+    slug = "response-not-stored"
+    title = "The response to this Idempotency-Key was not stored"
+    default_detail = (
+        "The request with this Idempotency-Key has completed, but its response was not "
+        "stored, so it cannot be sent again. Do not repeat the request: look its result up."
+    )
+
+    def __init__(self, original_status: int | None = None) -> None:
+        if original_status is None:
+            super().__init__()
+            return
+        super().__init__(
+            f"The request with this Idempotency-Key has completed with status "
+            f"{original_status}, but its response was not stored (streamed, a file, or too "
+            "large), so it cannot be sent again. Do not repeat the request: look its result up."
+        )
+        self.extra = {"original_status": original_status}
 
 
 class StoreUnavailable(IdempotencyError):

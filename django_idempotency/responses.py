@@ -14,6 +14,9 @@ from .errors import IdempotencyError
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 REPLAYED_HEADER = "Idempotent-Replayed"
+#: A pseudo-header (no HTTP field name holds a colon) marking a record whose response was
+#: not kept (streamed, a file, or over ``MAX_STORED_BODY_SIZE``); its value says why.
+NOT_STORED = ":not-stored"
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,16 @@ class StoredResponse:
     status: int
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes = b""
+
+    @classmethod
+    def not_stored(cls, status: int, reason: str) -> StoredResponse:
+        """The record of a response that completed the key but was not kept."""
+        return cls(status=status, headers={NOT_STORED: reason})
+
+    @property
+    def replayable(self) -> bool:
+        """False for the record of a response that was not kept."""
+        return NOT_STORED not in self.headers
 
     def to_http(self) -> HttpResponse:
         response = HttpResponse(self.body, status=self.status)
@@ -35,7 +48,8 @@ class StoredResponse:
 
 
 class NotStorable(Exception):
-    """The response cannot be stored (streaming or too large); the key is released."""
+    """The response cannot be stored (streaming or too large): the key is completed
+    with a :meth:`StoredResponse.not_stored` record instead."""
 
 
 def filter_headers(
@@ -55,13 +69,13 @@ def filter_headers(
 def capture(response: HttpResponseBase) -> StoredResponse:
     """Snapshot a rendered response for storage, or raise NotStorable."""
     if getattr(response, "streaming", False):
-        raise NotStorable("streaming responses are not stored")
+        raise NotStorable("streaming response")
     render = getattr(response, "render", None)
     if render is not None and not getattr(response, "is_rendered", True):
         render()
     body = bytes(getattr(response, "content", b""))
     if len(body) > conf.MAX_STORED_BODY_SIZE:
-        raise NotStorable("response body is larger than MAX_STORED_BODY_SIZE")
+        raise NotStorable("body larger than MAX_STORED_BODY_SIZE")
     headers = filter_headers(response.items(), conf.STORED_HEADERS, conf.NEVER_STORED_HEADERS)
     return StoredResponse(status=response.status_code, headers=headers, body=body)
 
@@ -76,6 +90,8 @@ def problem_response(
         "status": error.status,
         "detail": error.detail,
     }
+    if error.extra:
+        payload.update(error.extra)
     if extra:
         payload.update(extra)
     response = HttpResponse(

@@ -1,0 +1,457 @@
+"""The fault matrix: every strategy against every fault point, on the real servers.
+
+Each cell sends real requests through the DRF mixin (and, where the entry point
+matters, the ``@idempotent`` decorator) and asserts the invariant, not a status
+alone (:func:`check`):
+
+* at most one execution per key has committed its writes;
+* every replay, and every success the client was told about, is the response of the
+  execution that committed;
+* no 5xx but the documented 503s (and the view's own error where the view raised).
+
+docs/how-it-works.md has the table of what the client sees in each cell; the docs
+build checks it against ``CELLS`` below.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from django.db import connections
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from django_idempotency import redis_store, strategies
+from django_idempotency.models import IdempotencyKey
+from django_idempotency.redis_store import IN_PROGRESS, RedisRecord, encode_record, get_store
+from django_idempotency.responses import PROBLEM_CONTENT_TYPE, REPLAYED_HEADER
+from django_idempotency.strategies.hybrid import HybridStrategy
+from tests.testapp.models import SideEffect
+
+from . import faults
+from .factories import UserFactory
+from .redis_servers import RedisServer
+
+pytestmark = [
+    pytest.mark.urls("tests.faults"),
+    pytest.mark.django_db(transaction=True, databases=["default", "sqlite"]),
+]
+
+#: The documented 503 problem types.
+DOCUMENTED_503 = {"store-unavailable", "transient-conflict", "database-unavailable"}
+
+#: Every cell of the matrix, as docs/how-it-works.md names it (checked by docs/hooks.py).
+CELLS = (
+    "unstorable-response",
+    "on-commit-hook-raises",
+    "api-exception",
+    "api-exception-then-duplicate",
+    "exception-in-view",
+    "lease-lost",
+    "redis-lost-during-view",
+    "redis-lost-after-completion",
+    "redis-down-during-view",
+    "redis-down-after-completion",
+    "strategy-switch-undrained",
+)
+
+
+@dataclass
+class Setup:
+    name: str
+    alias: str
+    redis: Any = None
+
+    @property
+    def uses_redis(self) -> bool:
+        return self.name.startswith(("redis", "hybrid"))
+
+
+def _param(name: str, *marks: Any) -> Any:
+    return pytest.param(name, marks=list(marks), id=name)
+
+
+ALL = [
+    _param("db-postgres", pytest.mark.postgres),
+    _param("db-sqlite"),
+    _param("advisory_lock", pytest.mark.postgres),
+    _param("redis", pytest.mark.redis, pytest.mark.postgres),
+    _param("redis-cluster", pytest.mark.redis_cluster, pytest.mark.postgres),
+    _param("hybrid", pytest.mark.redis, pytest.mark.postgres),
+    _param("hybrid-after-loss", pytest.mark.redis, pytest.mark.postgres),
+]
+#: The strategies on the private Redis node (which a test may flush or kill).
+NODE = [p for p in ALL if p.values[0] in ("redis", "hybrid", "hybrid-after-loss")]
+
+
+def configure(request: pytest.FixtureRequest, settings: Any, prefix: str, name: str) -> Setup:
+    value: dict[str, Any] = {"MAX_STORED_BODY_SIZE": faults.LIMIT}
+    alias = "default"
+    server: Any = None
+    if name == "db-postgres":
+        value["STRATEGY"] = "db"
+    elif name == "db-sqlite":
+        value.update(STRATEGY="db", DATABASE="sqlite")
+        alias = "sqlite"
+    elif name == "advisory_lock":
+        value["STRATEGY"] = "advisory_lock"
+    else:
+        if name == "redis-cluster":
+            server = request.getfixturevalue("redis_cluster")
+            value["REDIS_CLUSTER"] = True
+        else:
+            server = request.getfixturevalue("running_private_redis")
+        value.update(
+            STRATEGY="redis" if name.startswith("redis") else "hybrid",
+            REDIS_URL=server.url,
+            REDIS_KEY_PREFIX=prefix,
+            REDIS_SOCKET_TIMEOUT=0.25,
+            HYBRID_DB_CHECK="after_loss" if name == "hybrid-after-loss" else "always",
+        )
+    settings.IDEMPOTENCY = value
+    strategies.reset()
+    redis_store.reset_clients()
+    return Setup(name, alias, server)
+
+
+@pytest.fixture(params=ALL)
+def setup(
+    request: pytest.FixtureRequest,
+    settings: Any,
+    redis_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Setup]:
+    monkeypatch.setattr(HybridStrategy, "queue_drain", False)  # no Celery traffic here
+    faults.reset()
+    yield configure(request, settings, redis_prefix, str(request.param))
+    faults.reset()
+    strategies.reset()
+    redis_store.reset_clients()
+
+
+@pytest.fixture
+def client(db: None) -> APIClient:
+    api = APIClient()
+    api.force_authenticate(UserFactory())
+    api.raise_request_exception = False
+    return api
+
+
+def post(client: APIClient, key: str, entry: str = "drf") -> Any:
+    return client.post(
+        f"/fault/{entry}/", b"{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY=key
+    )
+
+
+def replayed(response: Any) -> bool:
+    return response.headers.get(REPLAYED_HEADER) == "true"
+
+
+def problem(response: Any) -> str | None:
+    """The slug of a problem response's type, else None."""
+    if response.headers.get("Content-Type") != PROBLEM_CONTENT_TYPE:
+        return None
+    return str(json.loads(response.content)["type"]).rstrip("/").rsplit("/", 1)[-1]
+
+
+def committed(setup: Setup, key: str) -> list[int]:
+    return list(
+        SideEffect.objects.using(setup.alias).filter(label=key).values_list("pk", flat=True)
+    )
+
+
+def check(setup: Setup, key: str, *responses: Any, view_failed: bool = False) -> int | None:
+    """The invariant over every response a key got; returns the committed execution."""
+    effects = committed(setup, key)
+    assert len(effects) <= 1, f"{len(effects)} committed executions of one key"
+    effect = effects[0] if effects else None
+    for response in responses:
+        status = response.status_code
+        if status >= 500:
+            if status == 503:
+                assert problem(response) in DOCUMENTED_503, response.content
+            else:
+                assert view_failed, f"{status} although the view did not fail"
+                continue
+        if problem(response) == "response-not-stored":
+            assert effect is not None, "response-not-stored for a key whose writes rolled back"
+            continue
+        if problem(response) is not None:
+            continue
+        named = faults.body_of(response).get("effect")
+        named = None if named is None else int(named)  # DRF's error details are strings
+        if replayed(response):
+            assert named == effect or effect is None, "a replay of another execution"
+        elif 200 <= status < 300:
+            assert named == effect, "the client was told of a success that did not commit"
+    return effect
+
+
+# -- the view's own faults -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("entry", ["drf", "fn"])
+@pytest.mark.parametrize("kind", ["stream", "file", "large"])
+def test_unstorable_response(setup: Setup, client: APIClient, kind: str, entry: str) -> None:
+    """The view's writes commit; a retry is told the response was not kept, never runs."""
+    key = faults.new_key()
+    faults.plan.append(kind)
+    first = post(client, key, entry)
+    assert first.status_code == 201
+    assert faults.body_of(first)["effect"] is not None
+    retry = post(client, key, entry)
+    assert retry.status_code == 409 and problem(retry) == "response-not-stored"
+    assert json.loads(retry.content)["original_status"] == 201
+    assert "Retry-After" not in retry.headers
+    assert check(setup, key, first, retry) is not None
+
+
+@pytest.mark.parametrize("entry", ["drf", "fn"])
+def test_on_commit_hook_raises(setup: Setup, client: APIClient, entry: str) -> None:
+    """A hook that raises after COMMIT surfaces as the view's error; the key stays
+    completed and the retry replays the committed response."""
+    key = faults.new_key()
+    faults.plan.append("hook")
+    first = post(client, key, entry)
+    assert first.status_code == 500
+    retry = post(client, key, entry)
+    assert retry.status_code == 201 and replayed(retry)
+    effect = check(setup, key, first, retry, view_failed=True)
+    assert effect is not None and faults.body_of(retry)["effect"] == effect
+
+
+@pytest.mark.parametrize("atomic_requests", [False, True], ids=["plain", "atomic_requests"])
+def test_api_exception(
+    setup: Setup, client: APIClient, monkeypatch: pytest.MonkeyPatch, atomic_requests: bool
+) -> None:
+    """A DRF APIException is stored and replayed; with ATOMIC_REQUESTS DRF rolls the
+    view's writes back, and the response is stored after the rollback."""
+    monkeypatch.setitem(connections[setup.alias].settings_dict, "ATOMIC_REQUESTS", atomic_requests)
+    key = faults.new_key()
+    faults.plan.append("refuse")
+    first = post(client, key)
+    assert first.status_code == 409 and problem(first) is None
+    retry = post(client, key)
+    assert retry.status_code == 409 and replayed(retry)
+    assert retry.content == first.content
+    effect = check(setup, key, first, retry)
+    assert (effect is None) is atomic_requests
+
+
+def test_api_exception_then_duplicate(
+    setup: Setup, client: APIClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A's view refuses after a second (DRF rolls it back); duplicate B arrives 0.3 s
+    later. Whatever B gets (409 while A holds the key, or, under advisory_lock, a run
+    of its own after A's rollback), A's late store never overwrites a record another
+    execution completed, and C replays the execution that committed."""
+    monkeypatch.setitem(connections[setup.alias].settings_dict, "ATOMIC_REQUESTS", True)
+    key = faults.new_key()
+    faults.plan.extend(["slow_refuse", "ok"])
+    results: dict[str, Any] = {}
+
+    def send(name: str) -> None:
+        try:
+            results[name] = post(client, key)
+        finally:
+            connections.close_all()
+
+    a = threading.Thread(target=send, args=("a",))
+    b = threading.Thread(target=send, args=("b",))
+    a.start()
+    time.sleep(0.3)
+    b.start()
+    a.join(30)
+    b.join(30)
+    c = post(client, key)
+    effect = check(setup, key, results["a"], results["b"], c)
+    if effect is not None:  # B ran after A's rollback: C replays B's 201
+        assert results["b"].status_code == 201
+        assert c.status_code == 201 and replayed(c)
+    else:
+        assert c.status_code == 409 and replayed(c) and c.content == results["a"].content
+
+
+@pytest.mark.parametrize("entry", ["drf", "fn"])
+@pytest.mark.parametrize("step", ["raise_before", "raise_after"])
+def test_exception_in_view(setup: Setup, client: APIClient, step: str, entry: str) -> None:
+    """An exception before or after the view's writes rolls them back and releases the
+    key: the retry runs the view once, the next one replays it."""
+    key = faults.new_key()
+    faults.plan.append(step)
+    first = post(client, key, entry)
+    assert first.status_code == 500
+    assert committed(setup, key) == []
+    second = post(client, key, entry)
+    assert second.status_code == 201 and not replayed(second)
+    third = post(client, key, entry)
+    assert third.status_code == 201 and replayed(third)
+    assert check(setup, key, first, second, third, view_failed=True) is not None
+
+
+@pytest.mark.parametrize(
+    "setup", [p for p in ALL if p.values[0] != "advisory_lock"], indirect=True
+)  # advisory_lock has no lease to lose: the transaction holds the lock
+def test_lease_lost(setup: Setup, client: APIClient) -> None:
+    """Another owner takes the key while the view runs: this request's writes never
+    commit beside the other owner's."""
+    key = faults.new_key()
+
+    def steal(key: str) -> None:
+        if setup.uses_redis:
+            store = get_store()
+            row = IdempotencyKey.objects.using(setup.alias).filter(key=key).first()
+            scope = row.scope if row is not None else _scope_of(client)
+            record = RedisRecord(IN_PROGRESS, "f" * 64, uuid.uuid4().hex, None)
+            store.client.set(store.record_key(scope, key), encode_record(record), px=60_000)
+        else:
+
+            def other_owner() -> None:
+                IdempotencyKey.objects.using(setup.alias).filter(key=key).update(
+                    claim_token=uuid.uuid4(), locked_at=timezone.now()
+                )
+                connections.close_all()
+
+            thread = threading.Thread(target=other_owner)
+            thread.start()
+            thread.join(10)
+
+    faults.interference.append(steal)
+    faults.plan.append("interfere")
+    first = post(client, key)
+    effect = check(setup, key, first)
+    if setup.name.startswith("hybrid"):
+        # The outbox, not the Redis token, fences hybrid: this commit came first and wins.
+        assert first.status_code == 201 and effect is not None
+    else:
+        assert first.status_code == 409 and problem(first) == "lease-lost"
+        assert effect is None
+
+
+def _scope_of(client: APIClient) -> str:
+    user = client.handler._force_user
+    return f"user:{user.pk}"
+
+
+# -- Redis loses or refuses the key ----------------------------------------------------------
+
+
+def _flush(setup: Setup) -> None:
+    import redis
+
+    redis.Redis.from_url(setup.redis.url).flushall()
+
+
+@pytest.mark.parametrize("setup", NODE, indirect=True)
+def test_redis_lost_during_view(setup: Setup, client: APIClient) -> None:
+    key = faults.new_key()
+    faults.interference.append(lambda key: _flush(setup))
+    faults.plan.append("interfere")
+    first = post(client, key)
+    retry = post(client, key)
+    effect = check(setup, key, first, retry)
+    if setup.name == "redis":
+        # The completion's compare-and-set finds no claim: rolled back, the retry runs.
+        assert first.status_code == 409 and problem(first) == "lease-lost"
+        assert retry.status_code == 201 and not replayed(retry) and effect is not None
+    else:
+        assert first.status_code == 201 and retry.status_code == 201 and replayed(retry)
+
+
+@pytest.mark.parametrize("setup", NODE, indirect=True)
+def test_redis_lost_after_completion(setup: Setup, client: APIClient) -> None:
+    key = faults.new_key()
+    first = post(client, key)
+    _flush(setup)
+    retry = post(client, key)
+    if setup.name == "redis":
+        # Documented limit (docs/redis.md): a key that Redis forgets runs again.
+        assert retry.status_code == 201 and not replayed(retry)
+        assert len(committed(setup, key)) == 2
+        return
+    assert retry.status_code == 201 and replayed(retry)
+    check(setup, key, first, retry)
+
+
+@pytest.mark.parametrize("setup", NODE, indirect=True)
+def test_redis_down_during_view(setup: Setup, client: APIClient) -> None:
+    server: RedisServer = setup.redis
+    key = faults.new_key()
+    faults.interference.append(lambda key: server.kill())
+    faults.plan.append("interfere")
+    try:
+        first = post(client, key)
+        retry = post(client, key)  # Redis still down: the db strategy takes the request
+    finally:
+        server.start()
+        redis_store.reset_clients()
+    effect = check(setup, key, first, retry)
+    if setup.name == "redis":
+        assert first.status_code == 503 and problem(first) == "store-unavailable"
+        assert retry.status_code == 201 and not replayed(retry) and effect is not None
+    else:
+        after = post(client, key)  # Redis is back, without the key: found in the database
+        assert first.status_code == 201 and effect is not None
+        assert retry.status_code == 201 and replayed(retry)
+        assert after.status_code == 201 and replayed(after)
+        check(setup, key, first, retry, after)
+
+
+@pytest.mark.parametrize("setup", NODE, indirect=True)
+def test_redis_down_after_completion(setup: Setup, client: APIClient) -> None:
+    server: RedisServer = setup.redis
+    key = faults.new_key()
+    first = post(client, key)
+    server.kill()
+    try:
+        retry = post(client, key)
+    finally:
+        server.start()
+        redis_store.reset_clients()
+    if setup.name == "redis":
+        # Documented limit (docs/redis.md): the db fallback does not see Redis's keys.
+        assert retry.status_code == 201 and not replayed(retry)
+        assert len(committed(setup, key)) == 2
+        return
+    assert retry.status_code == 201 and replayed(retry)
+    check(setup, key, first, retry)
+
+
+# -- changing strategy -----------------------------------------------------------------------
+
+
+@pytest.mark.redis
+@pytest.mark.postgres
+@pytest.mark.parametrize("target", ["db", "advisory_lock"])
+def test_strategy_switch_undrained(
+    request: pytest.FixtureRequest,
+    settings: Any,
+    redis_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+    client: APIClient,
+    target: str,
+) -> None:
+    """Keys a hybrid deployment completed and has not drained yet are replayed after
+    the switch to another strategy, never run again."""
+    monkeypatch.setattr(HybridStrategy, "queue_drain", False)
+    faults.reset()
+    setup = configure(request, settings, redis_prefix, "hybrid")
+    key = faults.new_key()
+    first = post(client, key)
+    assert first.status_code == 201
+    try:
+        settings.IDEMPOTENCY = {"STRATEGY": target}
+        strategies.reset()
+        retry = post(client, key)
+    finally:
+        strategies.reset()
+        redis_store.reset_clients()
+    assert retry.status_code == 201 and replayed(retry)
+    check(setup, key, first, retry)
