@@ -13,4 +13,6 @@ urlpatterns = [
     path("t/drf-error/", views.ErrorView.as_view(), name="t-drf-error"),
     path("t/drf-anon/", views.AnonymousView.as_view(), name="t-drf-anon"),
     path("t/contended/", views.ContendedView.as_view(), name="t-contended"),
+    path("t/drf-guarded/", views.GuardedView.as_view(), name="t-drf-guarded"),
+    path("t/drf-narrow/", views.NarrowMethodsView.as_view(), name="t-drf-narrow"),
 ]
