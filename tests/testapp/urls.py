@@ -15,4 +15,5 @@ urlpatterns = [
     path("t/contended/", views.ContendedView.as_view(), name="t-contended"),
     path("t/drf-guarded/", views.GuardedView.as_view(), name="t-drf-guarded"),
     path("t/drf-narrow/", views.NarrowMethodsView.as_view(), name="t-drf-narrow"),
+    path("t/fn-post-only/", views.function_post_only, name="t-fn-post-only"),
 ]

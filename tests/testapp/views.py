@@ -8,6 +8,7 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_POST
 from rest_framework.permissions import AllowAny, BasePermission, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -140,3 +141,10 @@ class NarrowMethodsView(EchoView):
     def patch(self, request: Request) -> Response:
         SideEffect.objects.create(label="drf-patch")
         return Response({"patched": True})
+
+
+@csrf_exempt
+@require_POST
+@idempotent
+def function_post_only(request: HttpRequest) -> HttpResponse:
+    return _behave("fn-post-only", json.loads(request.body or b"{}"))
