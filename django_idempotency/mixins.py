@@ -5,14 +5,14 @@ from __future__ import annotations
 from contextlib import ExitStack
 from typing import Any
 
-from django.db import DatabaseError, transaction
+from django.db import transaction
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 from rest_framework.request import Request
 
 from .conf import conf
 from .engine import IdempotentRequest, Options, default_scope, transient_conflict_response
-from .errors import IdempotencyError
+from .errors import DATABASE_ERRORS, IdempotencyError
 from .keys import preload_body
 from .responses import problem_response
 
@@ -93,8 +93,9 @@ class IdempotencyMixin:
                     response = idem.finish(response)
         except IdempotencyError as error:
             return problem_response(error)
-        except DatabaseError as exc:
+        except DATABASE_ERRORS as exc:
             # Raised by the handler and past DRF: the claim's context has rolled back.
+            # A transient conflict or a lost connection is a 503; others propagate.
             return transient_conflict_response(exc)
         finally:
             self._idempotency_stack = None

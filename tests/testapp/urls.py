@@ -16,4 +16,6 @@ urlpatterns = [
     path("t/drf-guarded/", views.GuardedView.as_view(), name="t-drf-guarded"),
     path("t/drf-narrow/", views.NarrowMethodsView.as_view(), name="t-drf-narrow"),
     path("t/fn-post-only/", views.function_post_only, name="t-fn-post-only"),
+    path("t/drf-lost/", views.ConnectionLossView.as_view(), name="t-drf-lost"),
+    path("t/fn-lost/", views.function_connection_loss, name="t-fn-lost"),
 ]

@@ -148,3 +148,31 @@ class NarrowMethodsView(EchoView):
 @idempotent
 def function_post_only(request: HttpRequest) -> HttpResponse:
     return _behave("fn-post-only", json.loads(request.body or b"{}"))
+
+
+#: Called by the connection-loss views after their write, with the alias that holds the
+#: keys (set by the test: it breaks the view's database connection).
+after_write: list[Any] = []
+
+
+def _write_then_lose_the_connection(label: str) -> int:
+    from django_idempotency.conf import conf
+
+    using = conf.DATABASE
+    SideEffect.objects.using(using).create(label=label)
+    for interfere in after_write:
+        interfere(using)
+    return SideEffect.objects.using(using).filter(label=label).count()
+
+
+class ConnectionLossView(IdempotencyMixin, APIView):
+    permission_classes = [AllowAny]
+
+    def post(self, request: Request) -> Response:
+        return Response({"n": _write_then_lose_the_connection("drf-lost")}, status=201)
+
+
+@csrf_exempt
+@idempotent
+def function_connection_loss(request: HttpRequest) -> HttpResponse:
+    return JsonResponse({"n": _write_then_lose_the_connection("fn-lost")}, status=201)
