@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from django.db import DatabaseError, OperationalError
+from django.db import DatabaseError, InterfaceError, connections
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from django.utils.module_loading import import_string
@@ -23,6 +23,7 @@ from django.utils.module_loading import import_string
 from . import signals
 from .conf import conf
 from .errors import (
+    DATABASE_ERRORS,
     FingerprintMismatch,
     IdempotencyError,
     LeaseLost,
@@ -30,6 +31,7 @@ from .errors import (
     RequestInProgress,
     ResponseNotStored,
     TransientConflict,
+    classify_database_error,
 )
 from .keys import bounded_scope, downstream_key, fingerprint, parse_key
 from .lease import keeper
@@ -354,34 +356,27 @@ class IdempotentRequest:
         }
 
 
-#: PostgreSQL SQLSTATEs a retry gets past: serialization failure, deadlock, lock timeout.
-TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03"})
-#: SQLite's messages for a lock or snapshot conflict.
-TRANSIENT_SQLITE_MESSAGES = ("database is locked", "database table is locked")
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Whether a database error is a conflict with a concurrent transaction."""
-    if not isinstance(exc, OperationalError):
-        return False
-    sqlstate = getattr(exc.__cause__, "sqlstate", None)
-    if sqlstate is not None:
-        return sqlstate in TRANSIENT_SQLSTATES
-    message = str(exc).lower()
-    return any(text in message for text in TRANSIENT_SQLITE_MESSAGES)
-
-
-def transient_conflict_response(exc: DatabaseError) -> HttpResponse:
-    """503 problem+json for a transient conflict in the view's transaction; other
-    database errors propagate. By the time this runs the claim's session has rolled
-    the view's writes back and released the key."""
-    if not is_transient(exc):
-        raise exc
-    logger.warning("idempotent request rolled back by a transient database conflict: %s", exc)
+def transient_conflict_response(exc: DatabaseError | InterfaceError) -> HttpResponse:
+    """503 problem+json for a database error that a retry gets past: a transient conflict
+    in the view's transaction, or a lost connection (``errors.classify_database_error``);
+    other database errors propagate. By the time this runs the claim's session has rolled
+    the view's writes back and released the key (unless the database could not be reached
+    for that: the key is then taken over once its lease is stale)."""
     retry_after = conf.RETRY_AFTER
-    return problem_response(
-        TransientConflict(retry_after=1 if retry_after is None else retry_after)
+    error = classify_database_error(
+        exc, connections[conf.DATABASE], retry_after=1 if retry_after is None else retry_after
     )
+    if error is None:
+        raise exc
+    if isinstance(error, TransientConflict):
+        logger.warning("idempotent request rolled back by a transient database conflict: %s", exc)
+    else:
+        logger.warning(
+            "idempotent request rolled back, its database connection was lost: %s",
+            exc,
+            exc_info=exc,
+        )
+    return problem_response(error)
 
 
 def handle(
@@ -403,5 +398,5 @@ def handle(
             return idem.finish(view())
     except IdempotencyError as error:
         return problem_response(error)
-    except DatabaseError as exc:
+    except DATABASE_ERRORS as exc:
         return transient_conflict_response(exc)

@@ -5,14 +5,14 @@ from __future__ import annotations
 from contextlib import ExitStack
 from typing import Any
 
-from django.db import DatabaseError, transaction
+from django.db import transaction
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 from rest_framework.request import Request
 
 from .conf import conf
 from .engine import IdempotentRequest, Options, default_scope, transient_conflict_response
-from .errors import IdempotencyError
+from .errors import DATABASE_ERRORS, IdempotencyError
 from .keys import preload_body
 from .responses import problem_response
 
@@ -28,9 +28,10 @@ class _ShortCircuit(Exception):
 class IdempotencyMixin:
     """Honour the Idempotency-Key header; put it before ``APIView`` in the bases.
 
-    The key is claimed after authentication, permission and throttling checks
-    (so a request rejected by those is not stored), and the handler runs inside
-    the claim. Override the class attributes or the ``get_*`` hooks per view.
+    The key is claimed after authentication, permission and throttling checks,
+    and only when the view has a handler for the method (so a request rejected by
+    those, or answered 405, is not stored); the handler runs inside the claim.
+    Override the class attributes or the ``get_*`` hooks per view.
     """
 
     #: Methods that honour the header; None: ``IDEMPOTENCY["METHODS"]``.
@@ -92,8 +93,9 @@ class IdempotencyMixin:
                     response = idem.finish(response)
         except IdempotencyError as error:
             return problem_response(error)
-        except DatabaseError as exc:
+        except DATABASE_ERRORS as exc:
             # Raised by the handler and past DRF: the claim's context has rolled back.
+            # A transient conflict or a lost connection is a 503; others propagate.
             return transient_conflict_response(exc)
         finally:
             self._idempotency_stack = None
@@ -103,6 +105,10 @@ class IdempotencyMixin:
         super().initial(request, *args, **kwargs)  # type: ignore[misc]
         stack = self._idempotency_stack
         if stack is None:  # initial() called outside dispatch()
+            return
+        if not self._idempotency_has_handler(request):
+            # DRF answers 405 next; a request the view cannot handle leaves no claim,
+            # so a later request with this key (say, the POST) still runs the view.
             return
         try:
             idem = IdempotentRequest.from_request(
@@ -119,6 +125,14 @@ class IdempotencyMixin:
             raise _ShortCircuit(idem.short_circuit())
         except IdempotencyError as error:
             raise _ShortCircuit(problem_response(error)) from error
+
+    def _idempotency_has_handler(self, request: Request) -> bool:
+        """Whether ``dispatch()`` will find a handler for the method (as DRF looks it up)."""
+        method = (request.method or "").lower()
+        if method not in self.http_method_names:  # type: ignore[attr-defined]
+            return False
+        handler = getattr(self, method, None)
+        return handler is not None and handler != self.http_method_not_allowed  # type: ignore[attr-defined]
 
     def handle_exception(self, exc: Exception) -> HttpResponseBase:
         if isinstance(exc, _ShortCircuit):

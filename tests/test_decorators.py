@@ -210,3 +210,19 @@ def test_refund_example() -> None:
         ]
         == "true"
     )
+
+
+def test_require_post_outside_idempotent_answers_405_without_a_record() -> None:
+    """``@require_POST`` above ``@idempotent`` refuses a PATCH (a method in the default
+    METHODS) before the key is claimed, so the POST with the same key runs the view."""
+    client = Client()
+    response = client.patch(
+        "/t/fn-post-only/", b"{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY="k405"
+    )
+    assert response.status_code == 405
+    assert not IdempotencyKey.objects.exists()
+    created = post("/t/fn-post-only/", {"a": 1}, key="k405", client=client)
+    assert created.status_code == 201
+    assert post("/t/fn-post-only/", {"a": 1}, key="k405", client=client)[REPLAYED_HEADER] == "true"
+    assert IdempotencyKey.objects.count() == 1
+    assert SideEffect.objects.filter(label="fn-post-only").count() == 1

@@ -293,3 +293,49 @@ def test_validation_error_under_atomic_requests_rolls_back_and_is_stored(
     assert replay.status_code == 400 and replay.content == first.content
     assert replay[REPLAYED_HEADER] == "true"
     assert SideEffect.objects.count() == 0
+
+
+# -- requests the view cannot handle leave no record --------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/t/drf/", "/t/drf-narrow/"])
+def test_a_method_the_view_does_not_handle_is_not_claimed(alice: Any, path: str) -> None:
+    """PATCH is in the default METHODS: on a view without a PATCH handler (or with PATCH
+    outside ``http_method_names``) the 405 is DRF's, not stored under the key, and a POST
+    with the same key then runs the view."""
+    client = client_for(alice)
+    for _ in range(2):
+        response = client.patch(path, {"a": 1}, format="json", HTTP_IDEMPOTENCY_KEY="k405")
+        assert response.status_code == 405 and REPLAYED_HEADER not in response
+    assert not IdempotencyKey.objects.exists()
+    created = post(client, path, {"a": 1}, key="k405")
+    assert created.status_code == 201, created.content
+    assert post(client, path, {"a": 1}, key="k405")[REPLAYED_HEADER] == "true"
+    assert IdempotencyKey.objects.count() == 1
+    assert SideEffect.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "extra"),
+    [(401, {}), (403, {"HTTP_X_DENY": "1"}), (429, {"HTTP_X_THROTTLE": "1"})],
+    ids=["unauthenticated", "permission-denied", "throttled"],
+)
+def test_a_request_rejected_before_the_handler_is_not_claimed(
+    alice: Any, status: int, extra: dict[str, str]
+) -> None:
+    """Authentication, permissions and throttling answer before the key is claimed: the
+    rejection is not stored, and the accepted request with the same key (in the same
+    scope, the tenant) runs the view once."""
+    rejected_by = APIClient() if status == 401 else client_for(alice)
+    rejected = post(rejected_by, "/t/drf-guarded/", {"a": 1}, key="guarded", **extra)
+    assert rejected.status_code == status, rejected.content
+    if status == 429:
+        assert rejected["Retry-After"] == "7"
+    assert not IdempotencyKey.objects.exists()
+    assert SideEffect.objects.count() == 0
+    client = client_for(alice)
+    created = post(client, "/t/drf-guarded/", {"a": 1}, key="guarded")
+    assert created.status_code == 201, created.content
+    assert post(client, "/t/drf-guarded/", {"a": 1}, key="guarded")[REPLAYED_HEADER] == "true"
+    assert IdempotencyKey.objects.count() == 1
+    assert SideEffect.objects.count() == 1

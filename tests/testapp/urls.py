@@ -13,4 +13,9 @@ urlpatterns = [
     path("t/drf-error/", views.ErrorView.as_view(), name="t-drf-error"),
     path("t/drf-anon/", views.AnonymousView.as_view(), name="t-drf-anon"),
     path("t/contended/", views.ContendedView.as_view(), name="t-contended"),
+    path("t/drf-guarded/", views.GuardedView.as_view(), name="t-drf-guarded"),
+    path("t/drf-narrow/", views.NarrowMethodsView.as_view(), name="t-drf-narrow"),
+    path("t/fn-post-only/", views.function_post_only, name="t-fn-post-only"),
+    path("t/drf-lost/", views.ConnectionLossView.as_view(), name="t-drf-lost"),
+    path("t/fn-lost/", views.function_connection_loss, name="t-fn-lost"),
 ]

@@ -8,9 +8,11 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
-from rest_framework.permissions import AllowAny
+from django.views.decorators.http import require_POST
+from rest_framework.permissions import AllowAny, BasePermission, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.throttling import BaseThrottle
 from rest_framework.views import APIView
 
 from django_idempotency.decorators import idempotent
@@ -100,3 +102,77 @@ class ContendedView(IdempotencyMixin, APIView):
             interfere(using)
         SideEffect.objects.using(using).create(label="contended")
         return Response({"written": True}, status=201)
+
+
+class DenyOnHeader(BasePermission):
+    """Refuses a request that carries ``X-Deny`` (403 for an authenticated user)."""
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return "X-Deny" not in request.headers
+
+
+class ThrottleOnHeader(BaseThrottle):
+    """Throttles a request that carries ``X-Throttle`` (429)."""
+
+    def allow_request(self, request: Request, view: Any) -> bool:
+        return "X-Throttle" not in request.headers
+
+    def wait(self) -> float:
+        return 7
+
+
+class GuardedView(EchoView):
+    """EchoView behind a permission and a throttle the test switches with headers; its
+    scope is the X-Tenant header, so a request rejected before authentication and the
+    accepted one after it share the key's scope."""
+
+    permission_classes = [IsAuthenticated, DenyOnHeader]
+    throttle_classes = [ThrottleOnHeader]
+
+    def get_idempotency_scope(self, request: Request) -> str:
+        return "tenant:" + request.headers.get("X-Tenant", "none")
+
+
+class NarrowMethodsView(EchoView):
+    """Has a ``patch`` handler, but PATCH is not in ``http_method_names``."""
+
+    http_method_names = ["post", "options"]
+
+    def patch(self, request: Request) -> Response:
+        SideEffect.objects.create(label="drf-patch")
+        return Response({"patched": True})
+
+
+@csrf_exempt
+@require_POST
+@idempotent
+def function_post_only(request: HttpRequest) -> HttpResponse:
+    return _behave("fn-post-only", json.loads(request.body or b"{}"))
+
+
+#: Called by the connection-loss views after their write, with the alias that holds the
+#: keys (set by the test: it breaks the view's database connection).
+after_write: list[Any] = []
+
+
+def _write_then_lose_the_connection(label: str) -> int:
+    from django_idempotency.conf import conf
+
+    using = conf.DATABASE
+    SideEffect.objects.using(using).create(label=label)
+    for interfere in after_write:
+        interfere(using)
+    return SideEffect.objects.using(using).filter(label=label).count()
+
+
+class ConnectionLossView(IdempotencyMixin, APIView):
+    permission_classes = [AllowAny]
+
+    def post(self, request: Request) -> Response:
+        return Response({"n": _write_then_lose_the_connection("drf-lost")}, status=201)
+
+
+@csrf_exempt
+@idempotent
+def function_connection_loss(request: HttpRequest) -> HttpResponse:
+    return JsonResponse({"n": _write_then_lose_the_connection("fn-lost")}, status=201)
