@@ -186,7 +186,6 @@ def take_over(alias: str, pk: int, old_token: uuid.UUID) -> bool:
         old_token,
         uuid.uuid4(),
         PRINT,
-        timezone.now(),
         ttl=60,
         lock_timeout=30,
         method="POST",

@@ -142,3 +142,43 @@ def test_drain_holds_a_young_short_batch(using: str) -> None:
     manager.using(using).update(created_at=timezone.now() - timedelta(seconds=31))
     assert manager.drain(10, using=using, hold_partial=hold).drained == 5  # old enough
     assert IdempotencyKey.objects.using(using).count() == 15
+
+
+# -- fence_stale_claim (the hybrid strategy's check before it commits) ------------------------
+
+
+@pytest.mark.parametrize("using", BACKENDS)
+def test_fence_stale_claim(using: str) -> None:
+    manager = IdempotencyKey.objects
+
+    def free(key: str) -> bool:
+        return manager.fence_stale_claim("user:1", key, lock_timeout=30, using=using)
+
+    assert free("absent")
+    CompletedKeyFactory(_using=using, scope="user:1", key="done")
+    assert not free("done")
+    CompletedKeyFactory(
+        _using=using, scope="user:1", key="old", expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    assert free("old")
+    IdempotencyKeyFactory(_using=using, scope="user:1", key="running")
+    assert not free("running")
+    # A running claim past its TTL is still governed by its lease.
+    IdempotencyKeyFactory(
+        _using=using,
+        scope="user:1",
+        key="long",
+        expires_at=timezone.now() - timedelta(seconds=1),
+    )
+    assert not free("long")
+    stale = IdempotencyKeyFactory(
+        _using=using, scope="user:1", key="dead", locked_at=timezone.now() - timedelta(minutes=5)
+    )
+    assert free("dead")
+    assert not manager.using(using).filter(pk=stale.pk).exists()  # deleted: its owner is fenced
+    assert set(manager.using(using).values_list("key", flat=True)) == {
+        "done",
+        "old",
+        "running",
+        "long",
+    }
