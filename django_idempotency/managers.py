@@ -95,17 +95,20 @@ READ_COLUMNS = (
 
 
 class KeyRow(NamedTuple):
-    """One IdempotencyKey row as :meth:`IdempotencyKeyManager.read` returns it."""
+    """One IdempotencyKey row as :meth:`IdempotencyKeyManager.read` returns it, or a live
+    row of the hybrid strategy's outbox, as a completed key (``from_outbox``: its ``pk`` is
+    the outbox row's, and it has no claim token)."""
 
     pk: int
     fingerprint: str
     status: str
-    claim_token: uuid.UUID
+    claim_token: uuid.UUID | None
     locked_at: datetime | None
     expires_at: datetime
     response_status: int | None
     response_headers: dict[str, str] | None
     response_body: bytes | None
+    from_outbox: bool = False
 
 
 class _RowReader:
@@ -293,15 +296,22 @@ class _Statements:
     """
 
     def __init__(self, model: type[models.Model], connection: BaseDatabaseWrapper) -> None:
+        from .models import IdempotencyOutbox
+
         q = connection.ops.quote_name
         opts = model._meta
         table = q(opts.db_table)
         self.fields: dict[str, models.Field[Any, Any]] = {}
         for field in opts.concrete_fields:
             self.fields[field.name] = field
+        outbox = q(IdempotencyOutbox._meta.db_table)
+        outbox_fields = {f.name: f for f in IdempotencyOutbox._meta.concrete_fields}
 
         def col(name: str) -> str:
             return q(str(self.fields[name].column))
+
+        def outbox_col(name: str) -> str:
+            return f"{outbox}.{q(str(outbox_fields[name].column))}"
 
         def statement(*parts: _Part) -> _Statement:
             return _Statement(connection, self.fields["expires_at"], *parts)
@@ -326,20 +336,61 @@ class _Statements:
             "created_at": _Now(),
             "expires_at": _Now("ttl"),
         }
+        #: The key's live outbox row: a response the hybrid strategy committed that is not
+        #: drained yet. It settles the key whatever strategy is in use now.
+        outbox_live: list[_Part] = [
+            f" FROM {outbox} WHERE {outbox_col('scope')} = ",
+            _Param("scope"),
+            f" AND {outbox_col('key')} = ",
+            _Param("key"),
+            f" AND {outbox_col('expires_at')} > ",
+            _Now(),
+        ]
+        # One statement: a key settled in the outbox inserts nothing (on SQLite, INSERT …
+        # SELECT … ON CONFLICT needs the SELECT's WHERE clause, which it has).
         self.claim = statement(
-            f"INSERT INTO {table} ({', '.join(col(name) for name in CLAIM_COLUMNS)}) VALUES (",
+            f"INSERT INTO {table} ({', '.join(col(name) for name in CLAIM_COLUMNS)}) SELECT ",
             *_joined([stamped.get(name, _Param(name)) for name in CLAIM_COLUMNS]),
+            " WHERE NOT EXISTS (SELECT 1",
+            *outbox_live,
             f") ON CONFLICT ({q('scope')}, {q('key')}) DO NOTHING RETURNING {q('id')}",
         )
-        #: The loser's read: the row, and whether it may be taken over (decided in SQL, on
-        #: the database's clock).
-        self.claim_read = statement(
-            f"SELECT {', '.join(col(name) for name in READ_COLUMNS)}, ",
-            *takeover,
+        # The outbox row read as a completed key in READ_COLUMNS order, first, else the
+        # IdempotencyKey row: one statement.
+        as_key = {
+            "id": outbox_col("id"),
+            "fingerprint": outbox_col("fingerprint"),
+            "status": f"'{COMPLETED}'",
+            "claim_token": "NULL",
+            "locked_at": "NULL",
+            "expires_at": outbox_col("expires_at"),
+            "response_status": outbox_col("response_status"),
+            "response_headers": outbox_col("response_headers"),
+            "response_body": outbox_col("response_body"),
+        }
+        from_outbox = ", ".join(as_key[name] for name in READ_COLUMNS)
+        from_keys = ", ".join(col(name) for name in READ_COLUMNS)
+        key_row: list[_Part] = [
             f" FROM {table} WHERE {q('scope')} = ",
             _Param("scope"),
             f" AND {q('key')} = ",
             _Param("key"),
+            " ORDER BY 1 LIMIT 1",
+        ]
+        self.read = statement(
+            f"SELECT 0, {from_outbox}",
+            *outbox_live,
+            f" UNION ALL SELECT 1, {from_keys}",
+            *key_row,
+        )
+        #: The loser's read, the same with whether the row may be taken over (decided in
+        #: SQL, on the database's clock; never an outbox row).
+        self.claim_read = statement(
+            f"SELECT 0, {from_outbox}, FALSE",
+            *outbox_live,
+            f" UNION ALL SELECT 1, {from_keys}, ",
+            *takeover,
+            *key_row,
         )
         self.take_over = statement(
             f"UPDATE {table} SET {col('claim_token')} = ",
@@ -364,6 +415,11 @@ class _Statements:
             _Param("old_token"),
             " AND ",
             *takeover,
+            f" AND NOT EXISTS (SELECT 1 FROM {outbox} WHERE {outbox_col('scope')} = ",
+            f"{table}.{q('scope')} AND {outbox_col('key')} = {table}.{q('key')} ",
+            f"AND {outbox_col('expires_at')} > ",
+            _Now(),
+            ")",
         )
         owner: list[_Part] = [
             f" WHERE {q('id')} = ",
@@ -420,7 +476,6 @@ class _Statements:
             *stale,
         )
 
-        self.reader = _RowReader(model, connection, READ_COLUMNS)
         self.read_converters = _converters(model, connection, READ_COLUMNS)
 
     def prep(self, name: str, value: Any, connection: BaseDatabaseWrapper) -> Any:
@@ -498,11 +553,13 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
             if row is not None:
                 return ClaimResult(ClaimState.CLAIMED, pk=int(row[0]), token=token)
 
+            # Nothing inserted: the key has a row, or a live outbox row (which comes first).
             found, _count = self._execute(connection, sql.claim_read, values)
             if found is None:
-                continue  # released or purged between the two statements: claim again
-            existing = KeyRow(*_convert(connection, found, sql.read_converters))
-            if found[len(READ_COLUMNS)]:  # a stale lease or an expired completed key
+                continue  # released, purged or drained between the two statements: again
+            existing = self._key_row(connection, sql, found)
+            if found[-1]:  # a stale lease or an expired completed key (never in the outbox)
+                assert existing.claim_token is not None
                 if self._take_over(
                     existing.pk,
                     existing.claim_token,
@@ -524,17 +581,26 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
         return ClaimResult(ClaimState.IN_PROGRESS)
 
     @staticmethod
+    def _key_row(connection: BaseDatabaseWrapper, sql: _Statements, found: Any) -> KeyRow:
+        """The :class:`KeyRow` of a row of :attr:`_Statements.read` (or ``claim_read``)."""
+        values = _convert(connection, found[1:], sql.read_converters)
+        values.append(int(found[0]) == 0)  # from_outbox
+        return KeyRow(*values)
+
+    @staticmethod
     def _settled(existing: KeyRow, fingerprint: str) -> ClaimResult:
-        """What a live row that cannot be taken over answers."""
+        """What a live row that cannot be taken over answers (an outbox row's ``pk`` is not
+        an IdempotencyKey's, and is not returned)."""
+        pk = None if existing.from_outbox else existing.pk
         if existing.fingerprint != fingerprint:
-            return ClaimResult(ClaimState.MISMATCH, pk=existing.pk)
+            return ClaimResult(ClaimState.MISMATCH, pk=pk)
         if existing.status == IN_PROGRESS:
-            return ClaimResult(ClaimState.IN_PROGRESS, pk=existing.pk)
+            return ClaimResult(ClaimState.IN_PROGRESS, pk=pk)
         from .responses import StoredResponse
 
         return ClaimResult(
             ClaimState.COMPLETED,
-            pk=existing.pk,
+            pk=pk,
             response=StoredResponse(
                 status=int(existing.response_status or 0),
                 headers=dict(existing.response_headers or {}),
@@ -544,10 +610,16 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
 
     def read(self, scope: str, key: str, *, using: str = "default") -> KeyRow | None:
         """The row of ``(scope, key)``, or None: one SELECT whose text is built once, no ORM query
-        to compile per call (the values are converted as the ORM converts them)."""
+        to compile per call (the values are converted as the ORM converts them).
+
+        A live row of the hybrid strategy's outbox (a completion not drained yet) comes
+        first, as a completed row with ``from_outbox`` set: whatever strategy reads the
+        key now, it is settled.
+        """
         connection = connections[using]
-        row = self._sql(connection).reader.fetch(connection, scope, key)
-        return None if row is None else KeyRow(*row)
+        sql = self._sql(connection)
+        found, _count = self._execute(connection, sql.read, {"scope": scope, "key": key})
+        return None if found is None else self._key_row(connection, sql, found)
 
     def _take_over(
         self,
@@ -562,8 +634,9 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
         path: str,
         using: str,
     ) -> bool:
-        """Replace a stale or expired claim, only if its token is still ``old_token``
-        and it is *still* stale or expired (on the database's clock).
+        """Replace a stale or expired claim, only if its token is still ``old_token``,
+        it is *still* stale or expired (on the database's clock), and the outbox holds no
+        live completion of the key.
 
         The token alone is not enough: it does not change when the owner renews or
         completes, so an owner that was slow rather than dead could otherwise lose a
