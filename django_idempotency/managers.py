@@ -13,6 +13,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django.db import connections, models, transaction
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from .conf import conf
@@ -46,7 +47,7 @@ class ClaimResult:
     response: StoredResponse | None = None
 
 
-#: The columns of the claim's INSERT, in the order of :meth:`_Statements.claim_params`.
+#: The columns of the claim's INSERT.
 CLAIM_COLUMNS = (
     "scope",
     "key",
@@ -61,7 +62,7 @@ CLAIM_COLUMNS = (
     "expires_at",
 )
 
-#: The columns of :attr:`_Statements.store`, in the order of :meth:`_Statements.store_params`.
+#: The columns of :attr:`_Statements.store`.
 STORE_COLUMNS = (
     "scope",
     "key",
@@ -94,17 +95,20 @@ READ_COLUMNS = (
 
 
 class KeyRow(NamedTuple):
-    """One IdempotencyKey row as :meth:`IdempotencyKeyManager.read` returns it."""
+    """One IdempotencyKey row as :meth:`IdempotencyKeyManager.read` returns it, or a live
+    row of the hybrid strategy's outbox, as a completed key (``from_outbox``: its ``pk`` is
+    the outbox row's, and it has no claim token)."""
 
     pk: int
     fingerprint: str
     status: str
-    claim_token: uuid.UUID
+    claim_token: uuid.UUID | None
     locked_at: datetime | None
     expires_at: datetime
     response_status: int | None
     response_headers: dict[str, str] | None
     response_body: bytes | None
+    from_outbox: bool = False
 
 
 class _RowReader:
@@ -134,13 +138,7 @@ class _RowReader:
         self.live_only = live_only
         if live_only:
             self.sql += f" AND {q(str(self.expires_field.column))} > %s"
-        # What SQLCompiler.get_converters() gives the ORM for each column: the backend's
-        # converters, then the field's from_db_value.
-        self.converters: list[tuple[list[Any], Any]] = []
-        for name in columns:
-            col = fields[name].get_col(opts.db_table)
-            converters = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
-            self.converters.append((converters, col))
+        self.converters = _converters(model, connection, columns)
 
     def fetch(
         self, connection: BaseDatabaseWrapper, scope: str, key: str, now: datetime | None = None
@@ -155,137 +153,336 @@ class _RowReader:
             row = cursor.fetchone()
         if row is None:
             return None
-        values = []
-        for value, (converters, col) in zip(row, self.converters, strict=True):
-            for converter in converters:
-                value = converter(value, col, connection)
-            values.append(value)
-        return values
+        return _convert(connection, row, self.converters)
+
+
+def _converters(
+    model: type[models.Model], connection: BaseDatabaseWrapper, columns: tuple[str, ...]
+) -> list[tuple[list[Any], Any]]:
+    """What SQLCompiler.get_converters() gives the ORM for each column: the backend's
+    converters, then the field's from_db_value."""
+    fields = {f.name: f for f in model._meta.concrete_fields}
+    converters = []
+    for name in columns:
+        col = fields[name].get_col(model._meta.db_table)
+        converters.append(
+            (connection.ops.get_db_converters(col) + col.get_db_converters(connection), col)
+        )
+    return converters
+
+
+def _convert(
+    connection: BaseDatabaseWrapper, row: Any, converters: list[tuple[list[Any], Any]]
+) -> list[Any]:
+    """The first ``len(converters)`` values of ``row``, converted as the ORM converts them."""
+    values = []
+    for value, (functions, col) in zip(row, converters, strict=False):
+        for function in functions:
+            value = function(value, col, connection)
+        values.append(value)
+    return values
+
+
+# -- the clock -------------------------------------------------------------------------------
+
+
+def clock_in_sql(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the statements take the time from the database server's clock.
+
+    On PostgreSQL they do: every lease, expiry and purge decision is made on the one
+    clock of the database server, with ``statement_timestamp()`` (the start of the
+    statement; not ``now()``, the start of the transaction, which for ``complete`` is
+    the start of the view's transaction). App servers whose clocks disagree then still
+    agree on whether a lease is stale. On SQLite the time is ``timezone.now()``: the
+    database is a file on the app server's own host, so that clock *is* the database's
+    (and it is stored exactly as Django stores datetimes there).
+    """
+    return connection.vendor == "postgresql"
+
+
+class _Param:
+    """A named parameter of a :class:`_Statement`."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class _Now:
+    """The current time in a :class:`_Statement` (see :func:`clock_in_sql`), plus the
+    number of seconds in parameter ``offset`` when given (negative for the past)."""
+
+    __slots__ = ("offset",)
+
+    def __init__(self, offset: str | None = None) -> None:
+        self.offset = offset
+
+
+_Part = str | _Param | _Now
+
+
+class _Statement:
+    """One statement's text and the order of its named parameters, composed once per backend.
+
+    A :class:`_Now` is ``statement_timestamp()`` in the SQL on PostgreSQL and a parameter
+    from ``timezone.now()`` on SQLite, so that the same statement serves both.
+    """
+
+    __slots__ = ("_slots", "_time_field", "app_clock", "sql")
+
+    def __init__(
+        self,
+        connection: BaseDatabaseWrapper,
+        time_field: models.Field[Any, Any],
+        *parts: _Part,
+    ) -> None:
+        in_sql = clock_in_sql(connection)
+        text: list[str] = []
+        # (parameter name, is a time from the app); a time's name is its offset's, or "".
+        slots: list[tuple[str, bool]] = []
+        for part in parts:
+            if isinstance(part, str):
+                text.append(part)
+            elif isinstance(part, _Param):
+                text.append("%s")
+                slots.append((part.name, False))
+            elif not in_sql:
+                text.append("%s")
+                slots.append((part.offset or "", True))
+            elif part.offset is None:
+                text.append("statement_timestamp()")
+            else:
+                text.append("(statement_timestamp() + make_interval(secs => %s))")
+                slots.append((part.offset, False))
+        self.sql = "".join(text)
+        self._slots = tuple(slots)
+        self._time_field = time_field
+        self.app_clock = any(is_time for _name, is_time in slots)
+
+    def params(self, connection: BaseDatabaseWrapper, values: dict[str, Any]) -> list[Any]:
+        """The parameter list: ``values`` by name (already adapted for the backend; the
+        offsets of :class:`_Now` in seconds), and the app's time where the SQL needs it."""
+        now = timezone.now() if self.app_clock else None
+        params: list[Any] = []
+        for name, is_time in self._slots:
+            if not is_time:
+                params.append(values[name])
+                continue
+            assert now is not None
+            at = now + timedelta(seconds=values[name]) if name else now
+            params.append(self._time_field.get_db_prep_value(at, connection, prepared=True))
+        return params
+
+
+def _joined(parts: list[_Part], separator: str = ", ") -> list[_Part]:
+    joined: list[_Part] = []
+    for index, part in enumerate(parts):
+        if index:
+            joined.append(separator)
+        joined.append(part)
+    return joined
 
 
 class _Statements:
-    """SQL for one table on one backend, built once, and the parameters that go with it.
+    """SQL for one table on one backend, built once.
 
-    The parameters are adapted with the model's own fields, through
-    ``get_db_prep_value(prepared=True)``: every value here is made by this module
-    and already has the field's Python type (an aware datetime from
-    ``timezone.now()``, a ``uuid.UUID``, a dict, bytes, str), so the generic
-    ``get_prep_value`` step of ``get_db_prep_save`` would only repeat checks; the
-    backend's adaptation (``connection.ops``) is still applied.
+    Parameters are adapted with the model's own fields, through
+    ``get_db_prep_value(prepared=True)``: every value here is made by this module and
+    already has the field's Python type (a ``uuid.UUID``, a dict, bytes, str), so the
+    generic ``get_prep_value`` step of ``get_db_prep_save`` would only repeat checks; the
+    backend's adaptation (``connection.ops``) is still applied. Times come from the
+    database's clock (:func:`clock_in_sql`).
     """
 
     def __init__(self, model: type[models.Model], connection: BaseDatabaseWrapper) -> None:
+        from .models import IdempotencyOutbox
+
         q = connection.ops.quote_name
         opts = model._meta
         table = q(opts.db_table)
         self.fields: dict[str, models.Field[Any, Any]] = {}
         for field in opts.concrete_fields:
             self.fields[field.name] = field
-        columns = ", ".join(q(str(self.fields[name].column)) for name in CLAIM_COLUMNS)
-        marks = ", ".join(["%s"] * len(CLAIM_COLUMNS))
-        self.claim = (
-            f"INSERT INTO {table} ({columns}) VALUES ({marks}) "
-            f"ON CONFLICT ({q('scope')}, {q('key')}) DO NOTHING RETURNING {q('id')}"
-        )
-        self.complete = (
-            f"UPDATE {table} SET {q('status')} = %s, {q('response_status')} = %s, "
-            f"{q('response_headers')} = %s, {q('response_body')} = %s, "
-            f"{q('completed_at')} = %s, {q('locked_at')} = NULL, {q('expires_at')} = %s "
-            f"WHERE {q('id')} = %s AND {q('claim_token')} = %s AND {q('status')} = %s"
-        )
-        self.renew = (
-            f"UPDATE {table} SET {q('locked_at')} = %s "
-            f"WHERE {q('id')} = %s AND {q('claim_token')} = %s AND {q('status')} = %s"
-        )
-        self.release = (
-            f"DELETE FROM {table} "
-            f"WHERE {q('id')} = %s AND {q('claim_token')} = %s AND {q('status')} = %s"
-        )
+        outbox = q(IdempotencyOutbox._meta.db_table)
+        outbox_fields = {f.name: f for f in IdempotencyOutbox._meta.concrete_fields}
 
-        store_columns = ", ".join(q(str(self.fields[name].column)) for name in STORE_COLUMNS)
-        updates = ", ".join(
-            f"{q(str(self.fields[name].column))} = EXCLUDED.{q(str(self.fields[name].column))}"
-            for name in STORE_COLUMNS[2:]
+        def col(name: str) -> str:
+            return q(str(self.fields[name].column))
+
+        def outbox_col(name: str) -> str:
+            return f"{outbox}.{q(str(outbox_fields[name].column))}"
+
+        def statement(*parts: _Part) -> _Statement:
+            return _Statement(connection, self.fields["expires_at"], *parts)
+
+        status, locked, expires = col("status"), col("locked_at"), col("expires_at")
+        #: In progress under a lease older than ``lock_timeout`` (``stale`` = -lock_timeout).
+        stale: list[_Part] = [
+            f"{status} = '{IN_PROGRESS}' AND ({locked} IS NULL OR {locked} <= ",
+            _Now("stale"),
+            ")",
+        ]
+        #: A stale lease, or a completed key whose TTL is over: free for a takeover.
+        takeover: list[_Part] = [
+            f"(({status} = '{COMPLETED}' AND {expires} <= ",
+            _Now(),
+            ") OR (",
+            *stale,
+            "))",
+        ]
+        stamped: dict[str, _Part] = {
+            "locked_at": _Now(),
+            "created_at": _Now(),
+            "expires_at": _Now("ttl"),
+        }
+        #: The key's live outbox row: a response the hybrid strategy committed that is not
+        #: drained yet. It settles the key whatever strategy is in use now.
+        outbox_live: list[_Part] = [
+            f" FROM {outbox} WHERE {outbox_col('scope')} = ",
+            _Param("scope"),
+            f" AND {outbox_col('key')} = ",
+            _Param("key"),
+            f" AND {outbox_col('expires_at')} > ",
+            _Now(),
+        ]
+        # One statement: a key settled in the outbox inserts nothing (on SQLite, INSERT …
+        # SELECT … ON CONFLICT needs the SELECT's WHERE clause, which it has).
+        self.claim = statement(
+            f"INSERT INTO {table} ({', '.join(col(name) for name in CLAIM_COLUMNS)}) SELECT ",
+            *_joined([stamped.get(name, _Param(name)) for name in CLAIM_COLUMNS]),
+            " WHERE NOT EXISTS (SELECT 1",
+            *outbox_live,
+            f") ON CONFLICT ({q('scope')}, {q('key')}) DO NOTHING RETURNING {q('id')}",
         )
-        self.store = (
-            f"INSERT INTO {table} ({store_columns}) "
-            f"VALUES ({', '.join(['%s'] * len(STORE_COLUMNS))}) "
-            f"ON CONFLICT ({q('scope')}, {q('key')}) DO UPDATE SET {updates} "
+        # The outbox row read as a completed key in READ_COLUMNS order, first, else the
+        # IdempotencyKey row: one statement.
+        as_key = {
+            "id": outbox_col("id"),
+            "fingerprint": outbox_col("fingerprint"),
+            "status": f"'{COMPLETED}'",
+            "claim_token": "NULL",
+            "locked_at": "NULL",
+            "expires_at": outbox_col("expires_at"),
+            "response_status": outbox_col("response_status"),
+            "response_headers": outbox_col("response_headers"),
+            "response_body": outbox_col("response_body"),
+        }
+        from_outbox = ", ".join(as_key[name] for name in READ_COLUMNS)
+        from_keys = ", ".join(col(name) for name in READ_COLUMNS)
+        key_row: list[_Part] = [
+            f" FROM {table} WHERE {q('scope')} = ",
+            _Param("scope"),
+            f" AND {q('key')} = ",
+            _Param("key"),
+            " ORDER BY 1 LIMIT 1",
+        ]
+        self.read = statement(
+            f"SELECT 0, {from_outbox}",
+            *outbox_live,
+            f" UNION ALL SELECT 1, {from_keys}",
+            *key_row,
+        )
+        #: The loser's read, the same with whether the row may be taken over (decided in
+        #: SQL, on the database's clock; never an outbox row).
+        self.claim_read = statement(
+            f"SELECT 0, {from_outbox}, FALSE",
+            *outbox_live,
+            f" UNION ALL SELECT 1, {from_keys}, ",
+            *takeover,
+            *key_row,
+        )
+        self.take_over = statement(
+            f"UPDATE {table} SET {col('claim_token')} = ",
+            _Param("token"),
+            f", {col('fingerprint')} = ",
+            _Param("fingerprint"),
+            f", {status} = '{IN_PROGRESS}', {locked} = ",
+            _Now(),
+            f", {col('request_method')} = ",
+            _Param("method"),
+            f", {col('request_path')} = ",
+            _Param("path"),
+            f", {col('response_status')} = NULL, {col('response_headers')} = ",
+            _Param("response_headers"),
+            f", {col('response_body')} = NULL, {col('created_at')} = ",
+            _Now(),
+            f", {col('completed_at')} = NULL, {expires} = ",
+            _Now("ttl"),
+            f" WHERE {q('id')} = ",
+            _Param("pk"),
+            f" AND {col('claim_token')} = ",
+            _Param("old_token"),
+            " AND ",
+            *takeover,
+            f" AND NOT EXISTS (SELECT 1 FROM {outbox} WHERE {outbox_col('scope')} = ",
+            f"{table}.{q('scope')} AND {outbox_col('key')} = {table}.{q('key')} ",
+            f"AND {outbox_col('expires_at')} > ",
+            _Now(),
+            ")",
+        )
+        owner: list[_Part] = [
+            f" WHERE {q('id')} = ",
+            _Param("pk"),
+            f" AND {col('claim_token')} = ",
+            _Param("token"),
+            f" AND {status} = '{IN_PROGRESS}'",
+        ]
+        self.complete = statement(
+            f"UPDATE {table} SET {status} = '{COMPLETED}', {col('response_status')} = ",
+            _Param("response_status"),
+            f", {col('response_headers')} = ",
+            _Param("response_headers"),
+            f", {col('response_body')} = ",
+            _Param("response_body"),
+            f", {col('completed_at')} = ",
+            _Now(),
+            f", {locked} = NULL, {expires} = ",
+            _Now("ttl"),
+            *owner,
+        )
+        self.renew = statement(f"UPDATE {table} SET {locked} = ", _Now(), *owner)
+        self.release = statement(f"DELETE FROM {table}", *owner)
+
+        stored: dict[str, _Part] = {
+            "created_at": _Now(),
+            "completed_at": _Now(),
+            "expires_at": _Now("ttl"),
+            "status": f"'{COMPLETED}'",
+            "locked_at": "NULL",
+        }
+        updates = ", ".join(f"{col(name)} = EXCLUDED.{col(name)}" for name in STORE_COLUMNS[2:])
+        self.store = statement(
+            f"INSERT INTO {table} ({', '.join(col(name) for name in STORE_COLUMNS)}) VALUES (",
+            *_joined([stored.get(name, _Param(name)) for name in STORE_COLUMNS]),
+            f") ON CONFLICT ({q('scope')}, {q('key')}) DO UPDATE SET {updates} "
             # Only over an expired record: never over one another execution completed.
-            f"WHERE {table}.{q('expires_at')} <= EXCLUDED.{q('created_at')} "
-            f"RETURNING {q('id')}"
+            f"WHERE {table}.{expires} <= EXCLUDED.{q('created_at')} RETURNING {q('id')}",
         )
 
-        self.reader = _RowReader(model, connection, READ_COLUMNS)
+        #: The hybrid strategy's check of a key before its commit (fence_stale_claim).
+        self.fence_read = statement(
+            f"SELECT {q('id')}, {status}, {col('claim_token')}, ",
+            *takeover,
+            f" FROM {table} WHERE {q('scope')} = ",
+            _Param("scope"),
+            f" AND {q('key')} = ",
+            _Param("key"),
+        )
+        self.fence_delete = statement(
+            f"DELETE FROM {table} WHERE {q('id')} = ",
+            _Param("pk"),
+            f" AND {col('claim_token')} = ",
+            _Param("token"),
+            " AND ",
+            *stale,
+        )
+
+        self.read_converters = _converters(model, connection, READ_COLUMNS)
 
     def prep(self, name: str, value: Any, connection: BaseDatabaseWrapper) -> Any:
         """``value`` (already of field ``name``'s Python type) as the backend takes it."""
         return self.fields[name].get_db_prep_value(value, connection, prepared=True)
-
-    def claim_params(
-        self,
-        connection: BaseDatabaseWrapper,
-        *,
-        scope: str,
-        key: str,
-        fingerprint: str,
-        token: uuid.UUID,
-        now: datetime,
-        expires_at: datetime,
-        method: str,
-        path: str,
-    ) -> list[Any]:
-        """The parameters of :attr:`claim`, in :data:`CLAIM_COLUMNS` order."""
-        at = self.prep("created_at", now, connection)  # locked_at and created_at alike
-        return [
-            scope,
-            key,
-            fingerprint,
-            IN_PROGRESS,
-            self.prep("claim_token", token, connection),
-            at,
-            method,
-            path,
-            self.prep("response_headers", {}, connection),
-            at,
-            self.prep("expires_at", expires_at, connection),
-        ]
-
-    def store_params(
-        self,
-        connection: BaseDatabaseWrapper,
-        *,
-        scope: str,
-        key: str,
-        fingerprint: str,
-        response: StoredResponse,
-        now: datetime,
-        expires_at: datetime,
-        method: str,
-        path: str,
-    ) -> list[Any]:
-        """The parameters of :attr:`store`, in :data:`STORE_COLUMNS` order."""
-        at = self.prep("created_at", now, connection)  # created_at and completed_at alike
-        return [
-            scope,
-            key,
-            fingerprint,
-            COMPLETED,
-            self.prep("claim_token", uuid.uuid4(), connection),
-            None,
-            method,
-            path,
-            response.status,
-            self.prep("response_headers", response.headers, connection),
-            self.prep("response_body", response.body, connection),
-            at,
-            at,
-            self.prep("expires_at", expires_at, connection),
-        ]
-
-    def owner_params(self, connection: BaseDatabaseWrapper, pk: int, token: uuid.UUID) -> list[Any]:
-        """The WHERE parameters shared by renew, complete and release."""
-        return [pk, self.prep("claim_token", token, connection), IN_PROGRESS]
 
 
 class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
@@ -303,6 +500,15 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
         if statements is None:
             statements = self._statements[cache_key] = _Statements(self.model, connection)
         return statements
+
+    @staticmethod
+    def _execute(
+        connection: BaseDatabaseWrapper, statement: _Statement, values: dict[str, Any]
+    ) -> Any:
+        """Run ``statement``; returns its first row and its row count."""
+        with connection.cursor() as cursor:
+            cursor.execute(statement.sql, statement.params(connection, values))
+            return cursor.fetchone() if cursor.description else None, cursor.rowcount
 
     # -- claim -----------------------------------------------------------------------------
 
@@ -326,80 +532,96 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
         A lease older than ``lock_timeout`` and an expired *completed* record are
         taken over by a conditional UPDATE on the old claim token that re-checks
         staleness. An in-progress record is governed by its lease alone: its TTL
-        may pass while a heartbeat keeps the lease alive.
+        may pass while a heartbeat keeps the lease alive. Staleness and expiry are
+        judged on the database's clock (:func:`clock_in_sql`), in the SQL itself.
         """
         connection = connections[using]
         sql = self._sql(connection)
+        values = {
+            "scope": scope,
+            "key": key,
+            "fingerprint": fingerprint,
+            "status": IN_PROGRESS,
+            "request_method": method,
+            "request_path": path,
+            "response_headers": sql.prep("response_headers", {}, connection),
+            "ttl": float(ttl),
+            "stale": -float(lock_timeout),
+        }
         for _attempt in range(5):
-            now = timezone.now()
             token = uuid.uuid4()
-            params = sql.claim_params(
-                connection,
-                scope=scope,
-                key=key,
-                fingerprint=fingerprint,
-                token=token,
-                now=now,
-                expires_at=now + timedelta(seconds=ttl),
-                method=method,
-                path=path,
-            )
-            with connection.cursor() as cursor:
-                cursor.execute(sql.claim, params)
-                row = cursor.fetchone()
+            values["claim_token"] = sql.prep("claim_token", token, connection)
+            row, _count = self._execute(connection, sql.claim, values)
             if row is not None:
                 return ClaimResult(ClaimState.CLAIMED, pk=int(row[0]), token=token)
 
-            existing = self.read(scope, key, using=using)
-            if existing is None:
-                continue  # released or purged between the two statements: claim again
-            pk, stored_print, status, old_token, locked_at, expires_at = existing[:6]
-            now = timezone.now()
-            stale = status == IN_PROGRESS and (
-                locked_at is None or locked_at <= now - timedelta(seconds=lock_timeout)
-            )
-            expired = status == COMPLETED and expires_at <= now
-            if expired or stale:
+            # Nothing inserted: the key has a row, or a live outbox row (which comes first).
+            found, _count = self._execute(connection, sql.claim_read, values)
+            if found is None:
+                continue  # released, purged or drained between the two statements: again
+            existing = self._key_row(connection, sql, found)
+            if found[-1]:  # a stale lease or an expired completed key (never in the outbox)
+                assert existing.claim_token is not None
                 if self._take_over(
-                    pk,
-                    old_token,
+                    existing.pk,
+                    existing.claim_token,
                     token,
                     fingerprint,
-                    now,
                     ttl=ttl,
                     lock_timeout=lock_timeout,
                     method=method,
                     path=path,
                     using=using,
                 ):
-                    return ClaimResult(ClaimState.CLAIMED, pk=pk, token=token, taken_over=True)
+                    return ClaimResult(
+                        ClaimState.CLAIMED, pk=existing.pk, token=token, taken_over=True
+                    )
                 continue  # someone else moved first: read again
-            if stored_print != fingerprint:
-                return ClaimResult(ClaimState.MISMATCH, pk=pk)
-            if status == IN_PROGRESS:
-                return ClaimResult(ClaimState.IN_PROGRESS, pk=pk)
-            from .responses import StoredResponse
-
-            response_status, headers, body = existing[6:]
-            return ClaimResult(
-                ClaimState.COMPLETED,
-                pk=pk,
-                response=StoredResponse(
-                    status=int(response_status or 0),
-                    headers=dict(headers or {}),
-                    body=bytes(body or b""),
-                ),
-            )
+            return self._settled(existing, fingerprint)
         # The row kept changing under us (released, purged or taken over each time):
         # the key is busy, and the client is told to retry.
         return ClaimResult(ClaimState.IN_PROGRESS)
 
+    @staticmethod
+    def _key_row(connection: BaseDatabaseWrapper, sql: _Statements, found: Any) -> KeyRow:
+        """The :class:`KeyRow` of a row of :attr:`_Statements.read` (or ``claim_read``)."""
+        values = _convert(connection, found[1:], sql.read_converters)
+        values.append(int(found[0]) == 0)  # from_outbox
+        return KeyRow(*values)
+
+    @staticmethod
+    def _settled(existing: KeyRow, fingerprint: str) -> ClaimResult:
+        """What a live row that cannot be taken over answers (an outbox row's ``pk`` is not
+        an IdempotencyKey's, and is not returned)."""
+        pk = None if existing.from_outbox else existing.pk
+        if existing.fingerprint != fingerprint:
+            return ClaimResult(ClaimState.MISMATCH, pk=pk)
+        if existing.status == IN_PROGRESS:
+            return ClaimResult(ClaimState.IN_PROGRESS, pk=pk)
+        from .responses import StoredResponse
+
+        return ClaimResult(
+            ClaimState.COMPLETED,
+            pk=pk,
+            response=StoredResponse(
+                status=int(existing.response_status or 0),
+                headers=dict(existing.response_headers or {}),
+                body=bytes(existing.response_body or b""),
+            ),
+        )
+
     def read(self, scope: str, key: str, *, using: str = "default") -> KeyRow | None:
         """The row of ``(scope, key)``, or None: one SELECT whose text is built once, no ORM query
-        to compile per call (the values are converted as the ORM converts them)."""
+        to compile per call (the values are converted as the ORM converts them).
+
+        A live row of the hybrid strategy's outbox (a completion not drained yet) comes
+        first, as a completed row with ``from_outbox`` set: whatever strategy reads the
+        key now, it is settled.
+        """
         connection = connections[using]
-        row = self._sql(connection).reader.fetch(connection, scope, key)
-        return None if row is None else KeyRow(*row)
+        sql = self._sql(connection)
+        found, _count = self._execute(connection, sql.read, {"scope": scope, "key": key})
+        return None if found is None else self._key_row(connection, sql, found)
 
     def _take_over(
         self,
@@ -407,7 +629,6 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
         old_token: uuid.UUID,
         token: uuid.UUID,
         fingerprint: str,
-        now: datetime,
         *,
         ttl: float,
         lock_timeout: float,
@@ -415,60 +636,82 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
         path: str,
         using: str,
     ) -> bool:
-        """Replace a stale or expired claim, only if its token is still ``old_token``
-        and it is *still* stale or expired.
+        """Replace a stale or expired claim, only if its token is still ``old_token``,
+        it is *still* stale or expired (on the database's clock), and the outbox holds no
+        live completion of the key.
 
         The token alone is not enough: it does not change when the owner renews or
         completes, so an owner that was slow rather than dead could otherwise lose a
         renewed lease, or a stored response, to a claimant that read the row just before.
         """
-        stale_before = now - timedelta(seconds=lock_timeout)
-        updated = (
-            self.using(using)
-            .filter(pk=pk, claim_token=old_token)
-            .filter(
-                models.Q(status=COMPLETED, expires_at__lte=now)
-                | models.Q(status=IN_PROGRESS, locked_at__isnull=True)
-                | models.Q(status=IN_PROGRESS, locked_at__lte=stale_before)
-            )
-            .update(
-                claim_token=token,
-                fingerprint=fingerprint,
-                status=IN_PROGRESS,
-                locked_at=now,
-                request_method=method,
-                request_path=path,
-                response_status=None,
-                response_headers={},
-                response_body=None,
-                created_at=now,
-                completed_at=None,
-                expires_at=now + timedelta(seconds=ttl),
-            )
+        connection = connections[using]
+        sql = self._sql(connection)
+        _row, taken = self._execute(
+            connection,
+            sql.take_over,
+            {
+                "pk": pk,
+                "old_token": sql.prep("claim_token", old_token, connection),
+                "token": sql.prep("claim_token", token, connection),
+                "fingerprint": fingerprint,
+                "method": method,
+                "path": path,
+                "response_headers": sql.prep("response_headers", {}, connection),
+                "ttl": float(ttl),
+                "stale": -float(lock_timeout),
+            },
         )
-        return updated == 1
+        return bool(taken == 1)
+
+    def fence_stale_claim(
+        self, scope: str, key: str, lock_timeout: float, *, using: str = "default"
+    ) -> bool:
+        """Whether a commit of ``(scope, key)`` made elsewhere (the ``hybrid`` strategy's
+        outbox row) may go ahead: True when IdempotencyKey has no live row for it.
+
+        A completed row whose TTL is over does not count. An in-progress claim does as
+        long as its lease is live (on the database's clock), whatever its TTL; a stale
+        one is deleted (a conditional DELETE on its token that re-checks staleness), which
+        fences its owner out: its ``complete`` will find no row. Run it in the
+        transaction of the commit it guards. One statement when the key has no row.
+        """
+        connection = connections[using]
+        sql = self._sql(connection)
+        values: dict[str, Any] = {"scope": scope, "key": key, "stale": -float(lock_timeout)}
+        found, _count = self._execute(connection, sql.fence_read, values)
+        if found is None:
+            return True
+        pk, status, token, free = found
+        if not free:
+            return False
+        if status != IN_PROGRESS:
+            return True  # completed and expired: the commit replaces it
+        values["pk"] = pk
+        values["token"] = token  # as the database gave it
+        _row, deleted = self._execute(connection, sql.fence_delete, values)
+        return bool(deleted == 1)
 
     # -- the owner's statements ------------------------------------------------------------
 
     def _owner_update(
-        self, connection: BaseDatabaseWrapper, statement: str, params: list[Any]
+        self,
+        connection: BaseDatabaseWrapper,
+        statement: _Statement,
+        pk: int,
+        token: uuid.UUID,
+        **values: Any,
     ) -> bool:
-        with connection.cursor() as cursor:
-            cursor.execute(statement, params)
-            return bool(cursor.rowcount == 1)
+        sql = self._sql(connection)
+        values["pk"] = pk
+        values["token"] = sql.prep("claim_token", token, connection)
+        _row, count = self._execute(connection, statement, values)
+        return bool(count == 1)
 
     def renew(self, pk: int, token: uuid.UUID, *, using: str = "default") -> bool:
-        """Extend the lease; False when the claim was taken over or is gone."""
+        """Extend the lease (to the database's now); False when the claim was taken over
+        or is gone."""
         connection = connections[using]
-        sql = self._sql(connection)
-        return self._owner_update(
-            connection,
-            sql.renew,
-            [
-                sql.prep("locked_at", timezone.now(), connection),
-                *sql.owner_params(connection, pk, token),
-            ],
-        )
+        return self._owner_update(connection, self._sql(connection).renew, pk, token)
 
     def complete(
         self,
@@ -482,19 +725,15 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
         """Store the response; False when ``token`` is no longer the claim's (fencing)."""
         connection = connections[using]
         sql = self._sql(connection)
-        now = timezone.now()
         return self._owner_update(
             connection,
             sql.complete,
-            [
-                COMPLETED,
-                response.status,
-                sql.prep("response_headers", response.headers, connection),
-                sql.prep("response_body", response.body, connection),
-                sql.prep("completed_at", now, connection),
-                sql.prep("expires_at", now + timedelta(seconds=ttl), connection),
-                *sql.owner_params(connection, pk, token),
-            ],
+            pk,
+            token,
+            response_status=response.status,
+            response_headers=sql.prep("response_headers", response.headers, connection),
+            response_body=sql.prep("response_body", response.body, connection),
+            ttl=float(ttl),
         )
 
     def store_completed(
@@ -519,27 +758,28 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
         """
         connection = connections[using]
         sql = self._sql(connection)
-        now = timezone.now()
-        params = sql.store_params(
+        row, _count = self._execute(
             connection,
-            scope=scope,
-            key=key,
-            fingerprint=fingerprint,
-            response=response,
-            now=now,
-            expires_at=now + timedelta(seconds=ttl),
-            method=method,
-            path=path,
+            sql.store,
+            {
+                "scope": scope,
+                "key": key,
+                "fingerprint": fingerprint,
+                "claim_token": sql.prep("claim_token", uuid.uuid4(), connection),
+                "request_method": method,
+                "request_path": path,
+                "response_status": response.status,
+                "response_headers": sql.prep("response_headers", response.headers, connection),
+                "response_body": sql.prep("response_body", response.body, connection),
+                "ttl": float(ttl),
+            },
         )
-        with connection.cursor() as cursor:
-            cursor.execute(sql.store, params)
-            return cursor.fetchone() is not None
+        return row is not None
 
     def release(self, pk: int, token: uuid.UUID, *, using: str = "default") -> bool:
         """Delete an in-progress claim so the client may retry; only for its own token."""
         connection = connections[using]
-        sql = self._sql(connection)
-        return self._owner_update(connection, sql.release, sql.owner_params(connection, pk, token))
+        return self._owner_update(connection, self._sql(connection).release, pk, token)
 
     # -- operations ------------------------------------------------------------------------
 
@@ -551,8 +791,29 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
         deleted, _ = queryset.delete()
         return deleted
 
-    def expired(self, *, now: datetime | None = None, using: str = "default") -> Any:
-        return self.using(using).filter(expires_at__lte=now or timezone.now())
+    def _time(
+        self, using: str, at: datetime | None, before: timedelta | float | None = None
+    ) -> Any:
+        """``at``, else the database's now (see :func:`clock_in_sql`), less ``before``
+        (seconds or a timedelta), for an ORM filter."""
+        if isinstance(before, (int, float)):
+            before = timedelta(seconds=before)
+        if at is not None:
+            return at - before if before else at
+        if clock_in_sql(connections[using]):
+            return Now() - before if before else Now()
+        return timezone.now() - before if before else timezone.now()
+
+    def expired(
+        self,
+        *,
+        now: datetime | None = None,
+        older_than: timedelta | None = None,
+        using: str = "default",
+    ) -> Any:
+        """The keys whose ``expires_at`` has passed (``older_than`` ago, when given) at
+        ``now``, by default on the database's clock."""
+        return self.using(using).filter(expires_at__lte=self._time(using, now, older_than))
 
     def delete_expired(
         self,
@@ -565,15 +826,20 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
     ) -> int:
         """Delete expired keys in batches of ``batch_size``, one short transaction each.
 
-        ``older_than`` keeps keys that expired less than that long ago. Returns the
-        number of rows deleted.
+        ``older_than`` keeps keys that expired less than that long ago. Expiry is
+        judged at ``now``, by default on the database's clock. Returns the number of
+        rows deleted.
         """
-        cutoff = now or timezone.now()
-        if older_than is not None:
-            cutoff -= older_than
+        cutoff = None
+        if now is not None:
+            cutoff = now - older_than if older_than else now
         total = 0
         for _count in self.iter_delete_expired(
-            batch_size=batch_size, cutoff=cutoff, using=using, max_batches=max_batches
+            batch_size=batch_size,
+            cutoff=cutoff,
+            older_than=older_than,
+            using=using,
+            max_batches=max_batches,
         ):
             total += _count
         return total
@@ -582,16 +848,19 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
         self,
         *,
         batch_size: int,
-        cutoff: datetime,
+        cutoff: datetime | None = None,
         using: str = "default",
         max_batches: int | None = None,
         lease_cutoff: datetime | None = None,
+        older_than: timedelta | None = None,
     ) -> Any:
         """Yield the number of rows deleted by each batch (for progress reporting).
 
-        A key still in progress under a live lease (renewed after ``lease_cutoff``,
-        by default ``LOCK_TIMEOUT`` ago) is never deleted, however old it is: its
-        request is running and will complete it.
+        Deletes the keys that expired before ``cutoff``; by default, before the
+        database's now (:func:`clock_in_sql`, taken again by each batch) less
+        ``older_than``. A key still in progress under a live lease (renewed after
+        ``lease_cutoff``, by default ``LOCK_TIMEOUT`` before the database's now) is never
+        deleted, however old it is: its request is running and will complete it.
 
         On PostgreSQL and SQLite each batch is one statement in its own short
         transaction, ``DELETE … WHERE expires_at <= cutoff AND id IN (SELECT id …
@@ -601,32 +870,54 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
         signals are sent for the purged rows.
         """
         connection = connections[using]
-        lease_cutoff = lease_cutoff or self._lease_cutoff()
         if connection.vendor not in {"postgresql", "sqlite"}:
             yield from self._iter_delete_expired_orm(
-                batch_size, cutoff, using, max_batches, lease_cutoff
+                batch_size,
+                cutoff if cutoff is not None else self._time(using, None, older_than),
+                using,
+                max_batches,
+                lease_cutoff,
             )
             return
+        sql = self._sql(connection)
         q = connection.ops.quote_name
         table = q(self.model._meta.db_table)
         pk, expires, status, locked = q("id"), q("expires_at"), q("status"), q("locked_at")
-        purgeable = f"{expires} <= %s AND ({status} <> %s OR {locked} IS NULL OR {locked} <= %s)"
+        expired_at: _Part = _Now("older") if cutoff is None else _Param("cutoff")
+        lease_at: _Part = _Now("lease") if lease_cutoff is None else _Param("lease_cutoff")
+        purgeable: list[_Part] = [
+            f"{expires} <= ",
+            expired_at,
+            f" AND ({status} <> '{IN_PROGRESS}' OR {locked} IS NULL OR {locked} <= ",
+            lease_at,
+            ")",
+        ]
         # The outer condition is checked again on the row version the DELETE locks: a key
         # that a request took over (renewed) after the subquery read it is not deleted.
-        statement = (
-            f"DELETE FROM {table} WHERE {purgeable} AND {pk} IN (SELECT {pk} FROM {table} "
-            f"WHERE {purgeable} ORDER BY {expires} LIMIT %s)"
+        statement = _Statement(
+            connection,
+            sql.fields["expires_at"],
+            f"DELETE FROM {table} WHERE ",
+            *purgeable,
+            f" AND {pk} IN (SELECT {pk} FROM {table} WHERE ",
+            *purgeable,
+            f" ORDER BY {expires} LIMIT ",
+            _Param("limit"),
+            ")",
         )
-        condition = [
-            self._sql(connection).prep("expires_at", cutoff, connection),
-            IN_PROGRESS,
-            self._sql(connection).prep("locked_at", lease_cutoff, connection),
-        ]
-        params = [*condition, *condition, int(batch_size)]
+        values = {
+            "cutoff": None if cutoff is None else sql.prep("expires_at", cutoff, connection),
+            "older": -older_than.total_seconds() if older_than else 0.0,
+            "lease_cutoff": (
+                None if lease_cutoff is None else sql.prep("locked_at", lease_cutoff, connection)
+            ),
+            "lease": -float(conf.LOCK_TIMEOUT),
+            "limit": int(batch_size),
+        }
         batches = 0
         while max_batches is None or batches < max_batches:
             with transaction.atomic(using=using), connection.cursor() as cursor:
-                cursor.execute(statement, params)
+                cursor.execute(statement.sql, statement.params(connection, values))
                 deleted = cursor.rowcount
             if deleted <= 0:
                 return
@@ -635,12 +926,9 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
             if deleted < batch_size:
                 return
 
-    @staticmethod
-    def _lease_cutoff() -> datetime:
-        return timezone.now() - timedelta(seconds=conf.LOCK_TIMEOUT)
-
-    def _purgeable(self, cutoff: datetime, lease_cutoff: datetime, using: str) -> Any:
-        """Expired keys, less those in progress under a live lease."""
+    def _purgeable(self, cutoff: Any, lease_cutoff: Any, using: str) -> Any:
+        """Expired keys, less those in progress under a live lease (``cutoff`` and
+        ``lease_cutoff``: datetimes or expressions)."""
         return (
             self.using(using)
             .filter(expires_at__lte=cutoff)
@@ -650,26 +938,24 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
     def _iter_delete_expired_orm(
         self,
         batch_size: int,
-        cutoff: datetime,
+        cutoff: Any,
         using: str,
         max_batches: int | None,
         lease_cutoff: datetime | None = None,
     ) -> Any:
         """The same through the ORM, for other databases."""
-        lease_cutoff = lease_cutoff or self._lease_cutoff()
+        lease = self._time(using, lease_cutoff, None if lease_cutoff else conf.LOCK_TIMEOUT)
         batches = 0
         while max_batches is None or batches < max_batches:
             with transaction.atomic(using=using):
                 pks = list(
-                    self._purgeable(cutoff, lease_cutoff, using)
+                    self._purgeable(cutoff, lease, using)
                     .order_by("expires_at")
                     .values_list("pk", flat=True)[:batch_size]
                 )
                 if not pks:
                     return
-                deleted, _ = (
-                    self._purgeable(cutoff, lease_cutoff, using).filter(pk__in=pks).delete()
-                )
+                deleted, _ = self._purgeable(cutoff, lease, using).filter(pk__in=pks).delete()
             batches += 1
             yield deleted
             if len(pks) < batch_size:
@@ -686,11 +972,12 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
         """Delete those of ``pks`` that have expired (the admin's purge action).
 
         A key that is not expired (any more: a retry may have renewed it) is left
-        alone. Runs one short transaction per ``batch_size`` keys; returns how many
-        rows were deleted.
+        alone, and so is one in progress under a live lease. Expiry is judged at
+        ``now``, by default on the database's clock, and leases always are. Runs one
+        short transaction per ``batch_size`` keys; returns how many rows were deleted.
         """
-        cutoff = now or timezone.now()
-        lease_cutoff = self._lease_cutoff()
+        cutoff = self._time(using, now)
+        lease_cutoff = self._time(using, None, conf.LOCK_TIMEOUT)
         total = 0
         for start in range(0, len(pks), batch_size):
             chunk = pks[start : start + batch_size]
@@ -724,11 +1011,16 @@ class KeyRecord:
         return self.status == COMPLETED
 
     def ttl_seconds(self, now: datetime | None = None) -> float:
-        """Seconds this record is still replayed."""
+        """Seconds this record is still replayed, by this process's clock (the TTL of a
+        Redis refill: a clock that is off shortens or lengthens that copy's life by as
+        much, and the database record stays the authority)."""
         return max((self.expires_at - (now or timezone.now())).total_seconds(), 0.0)
 
     def is_stale(self, lock_timeout: float, now: datetime | None = None) -> bool:
-        """An in-progress claim whose lease was not renewed for ``lock_timeout`` seconds."""
+        """An in-progress claim whose lease was not renewed for ``lock_timeout`` seconds,
+        by this process's clock: for display only. Whether a lease may be taken over is
+        decided on the database's clock (:meth:`IdempotencyKeyManager.claim`,
+        :meth:`IdempotencyKeyManager.fence_stale_claim`)."""
         if self.status != IN_PROGRESS:
             return False
         cutoff = (now or timezone.now()) - timedelta(seconds=lock_timeout)

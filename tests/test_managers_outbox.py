@@ -11,13 +11,14 @@ import threading
 import time
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db import connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_idempotency.managers import COMPLETED, IN_PROGRESS
+from django_idempotency.managers import COMPLETED, IN_PROGRESS, ClaimState
 from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
 from django_idempotency.responses import StoredResponse
 
@@ -142,3 +143,140 @@ def test_drain_holds_a_young_short_batch(using: str) -> None:
     manager.using(using).update(created_at=timezone.now() - timedelta(seconds=31))
     assert manager.drain(10, using=using, hold_partial=hold).drained == 5  # old enough
     assert IdempotencyKey.objects.using(using).count() == 15
+
+
+# -- a claim of a key that is still in the outbox (switching from hybrid) ---------------------
+
+
+def _claim(using: str, key: str, fingerprint: str = "f" * 64) -> Any:
+    return IdempotencyKey.objects.claim(
+        "user:1", key, fingerprint, ttl=60, lock_timeout=30, using=using
+    )
+
+
+@pytest.mark.parametrize("using", BACKENDS)
+def test_claim_replays_an_undrained_outbox_row_in_one_statement_pair(using: str) -> None:
+    assert _add(using, "k")
+    with CaptureQueriesContext(connections[using]) as queries:
+        result = _claim(using, "k")
+    assert result.state is ClaimState.COMPLETED and result.response == RESPONSE
+    assert len(queries) == 2, "the claim's INSERT, then one read"
+    assert not IdempotencyKey.objects.using(using).filter(key="k").exists()
+    mismatch = _claim(using, "k", fingerprint="0" * 64)
+    assert mismatch.state is ClaimState.MISMATCH and mismatch.response is None
+    assert not IdempotencyKey.objects.using(using).filter(key="k").exists()
+
+
+@pytest.mark.parametrize("using", BACKENDS)
+def test_a_new_key_is_still_claimed_in_one_statement(using: str) -> None:
+    with CaptureQueriesContext(connections[using]) as queries:
+        result = _claim(using, "new")
+    assert result.state is ClaimState.CLAIMED and len(queries) == 1
+    assert IdempotencyOutbox.objects.using(using).count() == 0
+
+
+@pytest.mark.parametrize("using", BACKENDS)
+@pytest.mark.parametrize("row", ["expired", "stale"])
+def test_an_outbox_row_beats_a_key_row_that_could_be_taken_over(using: str, row: str) -> None:
+    """The key's IdempotencyKey row is expired (or a stale claim), but the outbox holds a
+    newer completion that was not drained yet: that is replayed, nothing is taken over."""
+    if row == "expired":
+        old = CompletedKeyFactory(
+            _using=using,
+            scope="user:1",
+            key="k",
+            expires_at=timezone.now() - timedelta(seconds=5),
+        )
+    else:
+        old = IdempotencyKeyFactory(
+            _using=using,
+            scope="user:1",
+            key="k",
+            locked_at=timezone.now() - timedelta(hours=1),
+        )
+    assert _add(using, "k")
+    result = _claim(using, "k")
+    assert result.state is ClaimState.COMPLETED and result.response == RESPONSE
+    assert IdempotencyKey.objects.using(using).get(pk=old.pk).claim_token == old.claim_token
+    # The takeover statement itself refuses while the outbox row is live ...
+    assert not IdempotencyKey.objects._take_over(
+        old.pk,
+        old.claim_token,
+        uuid.uuid4(),
+        "f" * 64,
+        ttl=60,
+        lock_timeout=30,
+        method="POST",
+        path="/",
+        using=using,
+    )
+    # ... and takes the row over once the outbox row has expired.
+    IdempotencyOutbox.objects.using(using).update(expires_at=timezone.now() - timedelta(seconds=1))
+    taken = _claim(using, "k")
+    assert taken.state is ClaimState.CLAIMED and taken.taken_over and taken.pk == old.pk
+
+
+@pytest.mark.parametrize("using", BACKENDS)
+def test_an_expired_outbox_row_does_not_block_a_claim(using: str) -> None:
+    assert _add(using, "k")
+    IdempotencyOutbox.objects.using(using).update(expires_at=timezone.now() - timedelta(seconds=1))
+    result = _claim(using, "k")
+    assert result.state is ClaimState.CLAIMED and not result.taken_over
+
+
+@pytest.mark.parametrize("using", BACKENDS)
+def test_read_returns_a_live_outbox_row_as_a_completed_key(using: str) -> None:
+    """``read`` (the advisory_lock strategy's) sees an undrained outbox row first."""
+    CompletedKeyFactory(
+        _using=using, scope="user:1", key="k", expires_at=timezone.now() - timedelta(seconds=5)
+    )
+    assert _add(using, "k")
+    with CaptureQueriesContext(connections[using]) as queries:
+        found = IdempotencyKey.objects.read("user:1", "k", using=using)
+    assert len(queries) == 1
+    assert found is not None and found.from_outbox and found.status == COMPLETED
+    assert (found.response_status, found.response_body) == (RESPONSE.status, RESPONSE.body)
+    assert found.response_headers == RESPONSE.headers and found.fingerprint == "f" * 64
+    IdempotencyOutbox.objects.using(using).update(expires_at=timezone.now() - timedelta(seconds=1))
+    found = IdempotencyKey.objects.read("user:1", "k", using=using)
+    assert found is not None and not found.from_outbox
+
+
+# -- fence_stale_claim (the hybrid strategy's check before it commits) ------------------------
+
+
+@pytest.mark.parametrize("using", BACKENDS)
+def test_fence_stale_claim(using: str) -> None:
+    manager = IdempotencyKey.objects
+
+    def free(key: str) -> bool:
+        return manager.fence_stale_claim("user:1", key, lock_timeout=30, using=using)
+
+    assert free("absent")
+    CompletedKeyFactory(_using=using, scope="user:1", key="done")
+    assert not free("done")
+    CompletedKeyFactory(
+        _using=using, scope="user:1", key="old", expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    assert free("old")
+    IdempotencyKeyFactory(_using=using, scope="user:1", key="running")
+    assert not free("running")
+    # A running claim past its TTL is still governed by its lease.
+    IdempotencyKeyFactory(
+        _using=using,
+        scope="user:1",
+        key="long",
+        expires_at=timezone.now() - timedelta(seconds=1),
+    )
+    assert not free("long")
+    stale = IdempotencyKeyFactory(
+        _using=using, scope="user:1", key="dead", locked_at=timezone.now() - timedelta(minutes=5)
+    )
+    assert free("dead")
+    assert not manager.using(using).filter(pk=stale.pk).exists()  # deleted: its owner is fenced
+    assert set(manager.using(using).values_list("key", flat=True)) == {
+        "done",
+        "old",
+        "running",
+        "long",
+    }

@@ -37,10 +37,13 @@ def _statements_for_new_key(user: Any, key: str) -> list[str]:
 
 @override_settings(IDEMPOTENCY={"STRATEGY": "db"})
 def test_a_project_without_hybrid_never_reads_the_outbox(fresh_strategies: None) -> None:
+    """No statement of its own: the claim's INSERT checks the outbox (NOT EXISTS)."""
     outbox = IdempotencyOutbox._meta.db_table
     sql = _statements_for_new_key(UserFactory(), "k-plain")
     assert any("INSERT INTO" in s and "idempotencykey" in s for s in sql)
-    assert not [s for s in sql if outbox in s]
+    assert [s for s in sql if outbox in s] == [
+        s for s in sql if s.startswith("INSERT INTO") and "idempotencykey" in s
+    ]
 
 
 @override_settings(IDEMPOTENCY={"STRATEGY": "db"})
@@ -48,4 +51,66 @@ def test_once_hybrid_is_loaded_new_db_claims_read_the_outbox(fresh_strategies: N
     strategies.load_strategy("hybrid")  # a view of this project uses it
     outbox = IdempotencyOutbox._meta.db_table
     sql = _statements_for_new_key(UserFactory(), "k-mixed")
-    assert len([s for s in sql if outbox in s]) == 1
+    assert len([s for s in sql if outbox in s and not s.startswith("INSERT INTO")]) == 1
+
+
+# -- switching STRATEGY from hybrid: keys still in the outbox ---------------------------------
+
+
+def _move_to_outbox(key: str) -> None:
+    """Turn the completed key row into what the hybrid strategy leaves before the drain: an
+    outbox row for (scope, key, fingerprint) with the response, and no IdempotencyKey row."""
+    from django_idempotency.models import IdempotencyKey
+    from django_idempotency.responses import StoredResponse
+
+    row = IdempotencyKey.objects.get(key=key)
+    assert row.status == "completed"
+    row.delete()
+    assert IdempotencyOutbox.objects.add(
+        row.scope,
+        row.key,
+        row.fingerprint,
+        StoredResponse(
+            status=int(row.response_status or 0),
+            headers=dict(row.response_headers),
+            body=bytes(row.response_body or b""),
+        ),
+        ttl=3600,
+        method=row.request_method,
+        path=row.request_path,
+    )
+
+
+def _client(user: Any) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {user.auth_token.key}")
+    return client
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    ["db", pytest.param("advisory_lock", marks=pytest.mark.postgres)],
+)
+def test_a_key_completed_under_hybrid_and_not_drained_is_replayed_after_switching(
+    strategy: str, fresh_strategies: None
+) -> None:
+    from tests.testapp.models import SideEffect
+
+    client = _client(UserFactory())
+    with override_settings(IDEMPOTENCY={"STRATEGY": strategy}):
+        first = client.post("/t/drf/", {"a": 1}, format="json", HTTP_IDEMPOTENCY_KEY="k-moved")
+        assert first.status_code == 201
+        _move_to_outbox("k-moved")
+        strategies.reset()  # the hybrid strategy was never loaded in this process
+        assert not strategies.hybrid_in_use()
+
+        replay = client.post("/t/drf/", {"a": 1}, format="json", HTTP_IDEMPOTENCY_KEY="k-moved")
+        assert replay.status_code == 201
+        assert replay.headers.get("Idempotent-Replayed") == "true"
+        assert replay.content == first.content
+        assert SideEffect.objects.count() == 1
+
+        other = client.post("/t/drf/", {"a": 2}, format="json", HTTP_IDEMPOTENCY_KEY="k-moved")
+        assert other.status_code == 422
+        assert SideEffect.objects.count() == 1
+        assert not strategies.hybrid_in_use()

@@ -65,15 +65,13 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
 
 from django.db import DatabaseError, transaction
-from django.utils import timezone
 from redis.cluster import RedisCluster
 
 from ..conf import conf
 from ..errors import LeaseLost, StoreUnavailable
-from ..managers import IN_PROGRESS, KeyRecord
+from ..managers import KeyRecord
 from ..models import IdempotencyKey, IdempotencyOutbox
 from ..redis_store import (
     REDIS_ERRORS,
@@ -190,24 +188,13 @@ class HybridClaim(RedisClaim):
     def _check_key_row(self) -> None:
         """Refuse to commit when IdempotencyKey already has the key: completed (drained
         earlier) or claimed by the ``db`` strategy. A ``db`` claim whose lease went stale
-        is deleted here, in this transaction, which fences its owner out."""
+        (on the database's clock) is deleted here, in this transaction, which fences its
+        owner out."""
         attempt = self.attempt
-        now = timezone.now()
-        row = IdempotencyKey.objects.read(attempt.scope, attempt.key, using=attempt.database)
-        if row is None or row.expires_at <= now:
-            return
-        stale = row.status == IN_PROGRESS and (
-            row.locked_at is None or row.locked_at <= now - timedelta(seconds=attempt.lock_timeout)
-        )
-        if stale:
-            deleted, _ = (
-                IdempotencyKey.objects.using(attempt.database)
-                .filter(pk=row.pk, claim_token=row.claim_token, status=IN_PROGRESS)
-                .delete()
-            )
-            if deleted:
-                return
-        raise LeaseLost()
+        if not IdempotencyKey.objects.fence_stale_claim(
+            attempt.scope, attempt.key, attempt.lock_timeout, using=attempt.database
+        ):
+            raise LeaseLost()
 
     def after_commit(self) -> None:
         if self.response is not None:

@@ -19,7 +19,6 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
-from django.utils import timezone
 
 from ...conf import conf
 from ...durations import format_duration, parse_duration
@@ -84,16 +83,13 @@ class Command(BaseCommand):
             raise CommandError(f"--database: unknown database alias {using!r} (known: {known})")
         older_than: timedelta | None = options["older_than"]
         size: int = options["batch_size"]
-        cutoff = timezone.now()
-        if older_than:
-            cutoff -= older_than
         which = "expired idempotency keys" + (
             f" (expired more than {format_duration(older_than)} ago)" if older_than else ""
         )
 
         if options["dry_run"]:
             try:
-                count = IdempotencyKey.objects.expired(now=cutoff, using=using).count()
+                count = IdempotencyKey.objects.expired(older_than=older_than, using=using).count()
             except DatabaseError as exc:
                 raise CommandError(f"database {using!r}: {exc}") from exc
             self.stdout.write(f"Would delete {count} {which} from database {using!r}.")
@@ -106,7 +102,7 @@ class Command(BaseCommand):
         batch_started = time.monotonic()
         try:
             for deleted in IdempotencyKey.objects.iter_delete_expired(
-                batch_size=size, cutoff=cutoff, using=using
+                batch_size=size, older_than=older_than, using=using
             ):
                 now = time.monotonic()
                 longest = max(longest, now - batch_started)
