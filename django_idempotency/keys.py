@@ -5,12 +5,18 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from io import BytesIO
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
-from django.http import HttpRequest
-from django.http.multipartparser import MultiPartParserError
+from django.core.files.uploadedfile import UploadedFile
+from django.core.files.uploadhandler import FileUploadHandler
+from django.http import HttpRequest, QueryDict
+from django.http.multipartparser import MultiPartParser, MultiPartParserError
 from django.http.request import RawPostDataException
+from django.utils.datastructures import MultiValueDict
 
 from .errors import InvalidBody, InvalidKey, RequestTooLarge
 
@@ -101,11 +107,17 @@ def _is_multipart(request: HttpRequest) -> bool:
     return bool(request.META.get("CONTENT_TYPE", "").lower().startswith("multipart/"))
 
 
+def _parsed_by_django(request: HttpRequest) -> bool:
+    """Django parses multipart bodies into ``request.POST`` and ``FILES`` for POST only,
+    streaming the files to its upload handlers; other methods are read whole."""
+    return request.method == "POST" and _is_multipart(request)
+
+
 def preload_body(request: HttpRequest) -> None:
     """Read the body into memory before a framework parses the stream, so the
-    fingerprint can still see it. Multipart bodies are left to the form parser.
-    Raises RequestTooLarge (413) past ``DATA_UPLOAD_MAX_MEMORY_SIZE``."""
-    if _is_multipart(request):
+    fingerprint can still see it. Multipart POST bodies are left to Django's form
+    parser. Raises RequestTooLarge (413) past ``DATA_UPLOAD_MAX_MEMORY_SIZE``."""
+    if _parsed_by_django(request):
         return
     try:
         request.body  # noqa: B018 - caches the body on the request
@@ -127,34 +139,87 @@ def _parsed_form(request: HttpRequest) -> None:
         raise InvalidBody() from exc
 
 
-def _form_digest(request: HttpRequest) -> bytes:
-    _parsed_form(request)
+if TYPE_CHECKING:
+    _Upload = UploadedFile[Any]
+else:
+    _Upload = UploadedFile
+
+
+class _HashedUpload(_Upload):
+    """What the digesting upload handler keeps of a file: name, size and SHA-256."""
+
+    def __init__(self, name: str | None, size: int, sha256: bytes) -> None:
+        super().__init__(None, name, None, size)
+        self.sha256 = sha256
+
+
+class _DigestingUploadHandler(FileUploadHandler):
+    """Hashes each uploaded file as it is parsed and keeps nothing else."""
+
+    def new_file(self, *args: Any, **kwargs: Any) -> None:
+        super().new_file(*args, **kwargs)
+        self._digest = hashlib.sha256()
+
+    def receive_data_chunk(self, raw_data: bytes, start: int) -> None:
+        self._digest.update(raw_data)
+
+    def file_complete(self, file_size: int) -> UploadedFile[Any]:
+        return _HashedUpload(self.file_name, file_size, self._digest.digest())
+
+
+def _hashed(upload: UploadedFile[Any]) -> _HashedUpload:
+    if isinstance(upload, _HashedUpload):
+        return upload
     digest = hashlib.sha256()
-    for name, value in sorted(request.POST.lists()):
-        digest.update(json.dumps([name, value]).encode())
-    for name, files in sorted(request.FILES.lists()):
-        for upload in files:
-            file_digest = hashlib.sha256()
-            for chunk in upload.chunks():
-                file_digest.update(chunk)
-            upload.seek(0)
-            digest.update(json.dumps([name, upload.name, upload.size]).encode())
-            digest.update(file_digest.digest())
+    for chunk in upload.chunks():
+        digest.update(chunk)
+    upload.seek(0)
+    return _HashedUpload(upload.name, upload.size or 0, digest.digest())
+
+
+def _form_digest(post: QueryDict, files: MultiValueDict[str, UploadedFile[Any]]) -> bytes:
+    """Fields in name order, the values of one name in their order, then the files."""
+    digest = hashlib.sha256()
+    for name, values in sorted(post.lists(), key=itemgetter(0)):
+        digest.update(json.dumps([name, values]).encode())
+    for name, uploads in sorted(files.lists(), key=itemgetter(0)):
+        for upload in uploads:
+            hashed = _hashed(upload)
+            digest.update(json.dumps([name, hashed.name, hashed.size]).encode())
+            digest.update(hashed.sha256)
     return digest.digest()
+
+
+def _multipart_digest(request: HttpRequest, body: bytes) -> bytes:
+    """Parse a copy of a multipart body that Django does not parse (any method but
+    POST); the request's own body and stream are left for the view's parsers."""
+    meta = {"CONTENT_TYPE": request.META.get("CONTENT_TYPE", ""), "CONTENT_LENGTH": len(body)}
+    try:
+        parser = MultiPartParser(meta, BytesIO(body), [_DigestingUploadHandler()], request.encoding)
+        post, files = parser.parse()
+    except RequestDataTooBig as exc:
+        raise RequestTooLarge() from exc
+    except (MultiPartParserError, SuspiciousOperation) as exc:
+        raise InvalidBody() from exc
+    return _form_digest(post, files)
 
 
 def _body_digest(request: HttpRequest) -> bytes:
     django_request: HttpRequest = getattr(request, "_request", request)
-    if _is_multipart(django_request):
+    if _parsed_by_django(django_request):
         # Boundaries differ between retries: fingerprint the parsed form and files.
-        return _form_digest(django_request)
+        _parsed_form(django_request)
+        return _form_digest(django_request.POST, django_request.FILES)
     content_type = django_request.META.get("CONTENT_TYPE", "")
     try:
         body = django_request.body
     except RequestDataTooBig as exc:
         raise RequestTooLarge() from exc
     except RawPostDataException:
-        return _form_digest(django_request)
+        _parsed_form(django_request)
+        return _form_digest(django_request.POST, django_request.FILES)
+    if _is_multipart(django_request):
+        return _multipart_digest(django_request, body)
     return hashlib.sha256(canonical_body(content_type, body)).digest()
 
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from io import BytesIO
+from typing import Any
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
-from django.test import RequestFactory, override_settings
+from django.test import Client, RequestFactory, override_settings
 from django.test.client import BOUNDARY, MULTIPART_CONTENT, encode_multipart
 
 from django_idempotency.errors import InvalidBody, InvalidKey, RequestTooLarge
@@ -19,6 +21,9 @@ from django_idempotency.keys import (
     parse_key,
     preload_body,
 )
+from django_idempotency.responses import REPLAYED_HEADER
+
+from .testapp.models import SideEffect
 
 rf = RequestFactory()
 
@@ -139,11 +144,111 @@ def test_form_bodies_ignore_field_order() -> None:
     assert fingerprint(post("/pay/", "currency=EUR&amount=100", form)) != a
 
 
-def _multipart(data: dict[str, object], boundary: str = BOUNDARY):  # type: ignore[no-untyped-def]
+def _multipart(data: dict[str, object], boundary: str = BOUNDARY, method: str = "POST"):  # type: ignore[no-untyped-def]
     body = encode_multipart(boundary, data)
     return rf.generic(
-        "POST", "/upload/", body, content_type=f"multipart/form-data; boundary={boundary}"
+        method, "/upload/", body, content_type=f"multipart/form-data; boundary={boundary}"
     )
+
+
+def _upload(content: bytes, name: str = "receipt.pdf") -> SimpleUploadedFile:
+    return SimpleUploadedFile(name, content, content_type="application/pdf")
+
+
+@pytest.mark.parametrize("method", ["PATCH", "PUT"])
+def test_multipart_bodies_of_other_methods_are_in_the_fingerprint(method: str) -> None:
+    def form(amount: str, content: bytes = b"%PDF-1", boundary: str = BOUNDARY):  # type: ignore[no-untyped-def]
+        return _multipart({"amount": amount, "file": _upload(content)}, boundary, method)
+
+    request = form("100")
+    printed = fingerprint(request)
+    assert fingerprint(form("100", boundary="OtherBoundary42")) == printed
+    assert fingerprint(form("101")) != printed
+    assert fingerprint(form("100", b"%PDF-2")) != printed
+    assert fingerprint(_multipart({"amount": "100"}, method=method)) != printed
+    # the body is left whole for the view and its parsers
+    data, files = request.parse_file_upload(request.META, BytesIO(request.body))
+    assert data.getlist("amount") == ["100"]
+    assert files["file"].read() == b"%PDF-1"
+
+
+@pytest.mark.parametrize("method", ["PATCH", "PUT"])
+def test_multipart_of_other_methods_keeps_the_order_of_repeated_fields(method: str) -> None:
+    def form(*amounts: str):  # type: ignore[no-untyped-def]
+        return _multipart({"amount": list(amounts), "note": "x"}, method=method)
+
+    assert fingerprint(form("1", "100")) == fingerprint(form("1", "100"))
+    assert fingerprint(form("1", "100")) != fingerprint(form("100", "1"))
+
+
+@pytest.mark.parametrize("method", ["PATCH", "PUT"])
+def test_malformed_multipart_of_other_methods_is_an_invalid_body(method: str) -> None:
+    request = rf.generic(
+        method, "/upload/", b"--x\r\nnot a part\r\n", content_type="multipart/form-data"
+    )
+    with pytest.raises(InvalidBody):
+        fingerprint(request)
+
+
+@override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=10)
+def test_multipart_of_other_methods_over_the_upload_limit_is_request_too_large() -> None:
+    request = _multipart({"note": "x" * 100}, method="PATCH")
+    with pytest.raises(RequestTooLarge):
+        preload_body(request)
+    with pytest.raises(RequestTooLarge):
+        fingerprint(_multipart({"note": "x" * 100}, method="PATCH"))
+
+
+def _send_form(path: str, method: str, amount: str, boundary: str = BOUNDARY) -> Any:
+    fields = {"amount": amount, "currency": "EUR", "receipt": _upload(b"receipt", "r.txt")}
+    return Client().generic(
+        method,
+        path,
+        encode_multipart(boundary, fields),
+        content_type=f"multipart/form-data; boundary={boundary}",
+        HTTP_IDEMPOTENCY_KEY="form-1",
+    )
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", ["/t/drf-form/", "/t/fn-form/"])
+@pytest.mark.parametrize("method", ["PATCH", "PUT"])
+def test_multipart_patch_and_put_replay_or_422_and_the_view_reads_the_form(
+    path: str, method: str
+) -> None:
+    first = _send_form(path, method, "100")
+    assert first.status_code == 201, first.content
+    assert json.loads(first.content) == {
+        "data": {"amount": ["100"], "currency": ["EUR"]},
+        "files": {"receipt": ["receipt"]},
+    }
+    replay = _send_form(path, method, "100", boundary="AnotherBoundary7")
+    assert replay[REPLAYED_HEADER] == "true"
+    assert replay.content == first.content
+    reused = _send_form(path, method, "101")
+    assert reused.status_code == 422
+    assert json.loads(reused.content)["type"].endswith("/key-reused")
+    assert SideEffect.objects.count() == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", ["/t/drf-form/", "/t/fn-form/"])
+def test_urlencoded_patch_replays_or_422_and_the_view_reads_the_form(path: str) -> None:
+    def send(body: str) -> Any:
+        return Client().generic(
+            "PATCH",
+            path,
+            body,
+            content_type="application/x-www-form-urlencoded",
+            HTTP_IDEMPOTENCY_KEY="form-2",
+        )
+
+    first = send("amount=100&currency=EUR")
+    assert first.status_code == 201, first.content
+    assert json.loads(first.content)["data"] == {"amount": ["100"], "currency": ["EUR"]}
+    assert send("currency=EUR&amount=100")[REPLAYED_HEADER] == "true"
+    assert send("amount=101&currency=EUR").status_code == 422
+    assert SideEffect.objects.count() == 1
 
 
 def test_multipart_fingerprint_ignores_the_boundary_and_sees_the_files() -> None:
