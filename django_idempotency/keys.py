@@ -6,6 +6,7 @@ import hashlib
 import hmac
 import json
 from io import BytesIO
+from json.encoder import encode_basestring_ascii
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
@@ -22,6 +23,8 @@ from .errors import InvalidBody, InvalidKey, RequestTooLarge
 
 MAX_KEY_LENGTH = 255
 MAX_SCOPE_LENGTH = 255
+#: JSON nested deeper than this is fingerprinted by its bytes, not canonicalised.
+MAX_JSON_DEPTH = 64
 
 
 def _is_visible_ascii(value: str) -> bool:
@@ -77,28 +80,95 @@ def _is_json(content_type: str) -> bool:
     return media == "application/json" or media.endswith("+json")
 
 
+class _Number(str):
+    """A JSON number, kept as the text it was sent as (``19.990`` is not ``19.99``)."""
+
+    __slots__ = ()
+
+
+class _Object(list[tuple[str, Any]]):
+    """A JSON object: its members in the order they were sent, repeated names too."""
+
+    __slots__ = ()
+
+
+class _TooDeep(Exception):
+    pass
+
+
+# One decoder for every request: numbers keep their text, objects all their members.
+_JSON_DECODER = json.JSONDecoder(
+    object_pairs_hook=_Object, parse_float=_Number, parse_int=_Number, parse_constant=_Number
+)
+_name = itemgetter(0)
+
+
+def _write_json(value: Any, out: list[str], depth: int) -> None:
+    kind = type(value)
+    if kind is str:
+        out.append(encode_basestring_ascii(value))  # escapes lone surrogates too
+    elif kind is _Number:
+        out.append(value)
+    elif kind is _Object or kind is list:
+        if depth >= MAX_JSON_DEPTH:
+            raise _TooDeep
+        if kind is _Object:
+            out.append("{")
+            # Stable: members that repeat a name keep their order.
+            for i, (name, member) in enumerate(sorted(value, key=_name)):
+                if i:
+                    out.append(",")
+                out.append(encode_basestring_ascii(name))
+                out.append(":")
+                _write_json(member, out, depth + 1)
+            out.append("}")
+        else:
+            out.append("[")
+            for i, item in enumerate(value):
+                if i:
+                    out.append(",")
+                _write_json(item, out, depth + 1)
+            out.append("]")
+    elif value is None:
+        out.append("null")
+    elif value is True:
+        out.append("true")
+    else:
+        out.append("false")
+
+
+def canonical_json(body: bytes) -> bytes | None:
+    """``body`` with object members sorted by name and no whitespace, numbers and
+    strings as they were meant; None when it cannot be canonicalised: not UTF-8,
+    not JSON, or nested deeper than ``MAX_JSON_DEPTH``."""
+    try:
+        parsed = _JSON_DECODER.decode(body.decode("utf-8"))
+        out: list[str] = []
+        _write_json(parsed, out, 0)
+    except (ValueError, RecursionError, _TooDeep):
+        return None
+    return "".join(out).encode("ascii")
+
+
 def canonical_body(content_type: str, body: bytes) -> bytes:
     """Bytes that differ only when the body's meaning differs.
 
-    JSON is re-serialised with sorted keys and no whitespace; form bodies are
-    sorted by field; anything else is taken as it is.
+    JSON is re-serialised with sorted object members and no whitespace, keeping
+    the text of numbers; form bodies are sorted by field name, keeping the order
+    of a repeated field's values. Anything else, and JSON that cannot be
+    canonicalised, is taken byte for byte.
     """
     media = content_type.split(";", 1)[0].strip().lower()
     if body and _is_json(media):
-        try:
-            parsed = json.loads(body)
-        except ValueError:
-            return body
-        return json.dumps(
-            parsed, sort_keys=True, separators=(",", ":"), ensure_ascii=False
-        ).encode()
+        canonical = canonical_json(body)
+        return body if canonical is None else canonical
     if body and media == "application/x-www-form-urlencoded":
         try:
             pairs = parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
         except UnicodeDecodeError:
             return body
         # Fields in name order; repeated fields keep their order, which can carry meaning.
-        pairs.sort(key=lambda pair: pair[0])
+        pairs.sort(key=_name)
         return json.dumps(pairs, separators=(",", ":")).encode()
     return body
 

@@ -123,11 +123,87 @@ def test_query_order_does_not_matter_but_values_do() -> None:
     assert fingerprint(post("/pay/?a=1&b=2", "{}")) != a
 
 
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        ('{"amount": 19.99}', '{"amount": 19.990000000000000001}'),
+        ('{"amount": 19.99}', '{"amount": 19.990}'),
+        ('{"amount": 1e400}', '{"amount": 2e999}'),
+        ('{"amount": 1}', '{"amount": 1.0}'),
+        ('{"amount": 100}', '{"amount": 1e2}'),
+        ('{"amount": 0}', '{"amount": -0}'),
+        ('{"amount": 12345678901234567890123}', '{"amount": 12345678901234567890124}'),
+        ('{"amount": 1}', '{"amount": "1"}'),
+        ('{"a": 1, "a": 2}', '{"a": 2, "a": 1}'),
+        ('{"a": 1, "a": 2}', '{"a": 2}'),
+        ("[1, 2]", "[2, 1]"),
+        ('{"a": null}', '{"a": false}'),
+        ('{"a": true}', '{"a": "true"}'),
+    ],
+)
+def test_json_numbers_keep_their_text_and_values_their_meaning(one: str, other: str) -> None:
+    assert fingerprint(post("/pay/", one)) != fingerprint(post("/pay/", other))
+
+
+def test_json_numbers_keep_their_text_through_reordering() -> None:
+    a = post("/pay/", '{"amount": 19.990000000000000001, "big": 1e400, "n": [-0, 1E+2]}')
+    b = post("/pay/", '{ "n" : [ -0 , 1E+2 ] , "big" : 1e400 , "amount" : 19.990000000000000001 }')
+    assert fingerprint(a) == fingerprint(b)
+    canonical = canonical_body("application/json", b'{"b": 1E+2, "a": [19.990, -0]}')
+    assert canonical == b'{"a":[19.990,-0],"b":1E+2}'
+
+
+def test_json_string_escapes_that_mean_the_same_text_are_equal() -> None:
+    assert fingerprint(post("/pay/", '{"c": "\\u00e9/"}')) == fingerprint(
+        post("/pay/", '{"c": "\u00e9\\/"}')
+    )
+
+
 def test_invalid_json_is_fingerprinted_as_bytes() -> None:
     assert canonical_body("application/json", b"{not json") == b"{not json"
     a = fingerprint(post("/pay/", "{not json"))
     assert fingerprint(post("/pay/", "{not json")) == a
     assert fingerprint(post("/pay/", "{not  json")) != a
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "[" * 100_000,  # deeper than the parser's recursion limit
+        '{"a":' * 100_000,
+        "[" * 900 + "]" * 900,  # valid, but deeper than is canonicalised
+    ],
+)
+def test_bodies_that_cannot_be_canonicalised_are_fingerprinted_by_their_bytes(body: str) -> None:
+    printed = fingerprint(post("/pay/", body))
+    assert fingerprint(post("/pay/", body)) == printed
+    assert fingerprint(post("/pay/", body + " ")) != printed
+    assert canonical_body("application/json", body.encode()) == body.encode()
+
+
+def test_lone_surrogates_are_canonicalised_like_other_strings() -> None:
+    a = post("/pay/", '{"note": "\\ud800", "amount": 1}')
+    b = post("/pay/", '{"amount":1,"note":"\\ud800"}')
+    c = post("/pay/", '{"amount":1,"note":"\\udbff"}')
+    assert fingerprint(a) == fingerprint(b) != fingerprint(c)
+    canonical = canonical_body("application/json", b'{"b": ["\\udfff", "\\ud800"], "a": 1}')
+    assert canonical == b'{"a":1,"b":["\\udfff","\\ud800"]}'
+
+
+@pytest.mark.django_db
+def test_a_lone_surrogate_goes_through_a_view_and_replays() -> None:
+    def send() -> Any:
+        return Client().post(
+            "/t/fn/",
+            b'{"note": "\\ud800"}',
+            content_type="application/json",
+            HTTP_IDEMPOTENCY_KEY="surrogate",
+        )
+
+    first = send()
+    assert first.status_code == 201, first.content
+    assert send()[REPLAYED_HEADER] == "true"
+    assert SideEffect.objects.count() == 1
 
 
 def test_other_media_types_are_taken_byte_for_byte() -> None:
