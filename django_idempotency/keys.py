@@ -150,6 +150,15 @@ def canonical_json(body: bytes) -> bytes | None:
     return "".join(out).encode("ascii")
 
 
+def _canonical_pairs(encoded: str) -> bytes:
+    """A query string or urlencoded form in name order; the values of a repeated name
+    keep their order, which can carry meaning. Percent-escapes that are not UTF-8 are
+    kept apart (``%ff`` is not ``%fe``)."""
+    pairs = parse_qsl(encoded, keep_blank_values=True, errors="surrogateescape")
+    pairs.sort(key=_name)
+    return json.dumps(pairs, separators=(",", ":")).encode()
+
+
 def canonical_body(content_type: str, body: bytes) -> bytes:
     """Bytes that differ only when the body's meaning differs.
 
@@ -164,12 +173,9 @@ def canonical_body(content_type: str, body: bytes) -> bytes:
         return body if canonical is None else canonical
     if body and media == "application/x-www-form-urlencoded":
         try:
-            pairs = parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
+            return _canonical_pairs(body.decode("utf-8"))
         except UnicodeDecodeError:
             return body
-        # Fields in name order; repeated fields keep their order, which can carry meaning.
-        pairs.sort(key=_name)
-        return json.dumps(pairs, separators=(",", ":")).encode()
     return body
 
 
@@ -294,14 +300,13 @@ def _body_digest(request: HttpRequest) -> bytes:
 
 
 def fingerprint(request: HttpRequest) -> str:
-    """SHA-256 (hex) over method, path, sorted query string and canonical body."""
-    query = sorted(parse_qsl(request.META.get("QUERY_STRING", ""), keep_blank_values=True))
+    """SHA-256 (hex) over method, path, canonical query string and canonical body."""
     digest = hashlib.sha256()
     digest.update((request.method or "").upper().encode())
     digest.update(b"\n")
     digest.update(request.path.encode("utf-8", "surrogateescape"))
     digest.update(b"\n")
-    digest.update(json.dumps(query, separators=(",", ":")).encode())
+    digest.update(_canonical_pairs(request.META.get("QUERY_STRING", "")))
     digest.update(b"\n")
     digest.update(_body_digest(request))
     return digest.hexdigest()

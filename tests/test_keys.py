@@ -123,6 +123,28 @@ def test_query_order_does_not_matter_but_values_do() -> None:
     assert fingerprint(post("/pay/?a=1&b=2", "{}")) != a
 
 
+def test_repeated_query_names_keep_the_order_of_their_values() -> None:
+    a = fingerprint(post("/pay/?a=1&a=100", "{}"))
+    assert fingerprint(post("/pay/?a=100&a=1", "{}")) != a
+    assert fingerprint(post("/pay/?a=1&a=100&a=1", "{}")) != a
+    # other names may move around them
+    assert fingerprint(post("/pay/?b=2&a=1&c=3&a=100", "{}")) == fingerprint(
+        post("/pay/?a=1&c=3&a=100&b=2", "{}")
+    )
+
+
+def test_query_bytes_that_are_not_utf8_stay_apart() -> None:
+    assert fingerprint(post("/pay/?a=%ff", "{}")) != fingerprint(post("/pay/?a=%fe", "{}"))
+
+
+def test_form_fields_keep_the_order_of_repeated_names() -> None:
+    form = "application/x-www-form-urlencoded"
+    a = fingerprint(post("/pay/", "a=1&b=x&a=100", form))
+    assert fingerprint(post("/pay/", "b=x&a=1&a=100", form)) == a
+    assert fingerprint(post("/pay/", "a=100&b=x&a=1", form)) != a
+    assert fingerprint(post("/pay/", "a=%ff", form)) != fingerprint(post("/pay/", "a=%fe", form))
+
+
 @pytest.mark.parametrize(
     ("one", "other"),
     [
