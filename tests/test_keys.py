@@ -45,6 +45,14 @@ rf = RequestFactory()
         ("!#$%&'*+-.^_`|~", "!#$%&'*+-.^_`|~"),
         ("k" * MAX_KEY_LENGTH, "k" * MAX_KEY_LENGTH),
         ('"' + "k" * MAX_KEY_LENGTH + '"', "k" * MAX_KEY_LENGTH),
+        # RFC 8941 parameters on the quoted form are parsed and ignored
+        ('"abc";p=1', "abc"),
+        ('"abc";p', "abc"),
+        ('"abc"; p=1;q', "abc"),
+        ('"a;b,c";p=1', "a;b,c"),
+        ('"abc";a=-1;b=1.5;c=-123456789012.123;d=?0;e=?1;f="x\\"y;z"', "abc"),
+        ('"abc";g=tok/en:1*;h=*;i=:aGVsbG8=:;j=:aGVsbG8:;k=::;*l-._*=1', "abc"),
+        ('"abc";p=123456789012345', "abc"),
     ],
 )
 def test_parse_key_accepts(raw: str, expected: str) -> None:
@@ -60,7 +68,39 @@ def test_parse_key_accepts(raw: str, expected: str) -> None:
         ('"abc', "no closing quote"),
         ('"abc\\"', "no closing quote"),
         ('"abc"def', "text after"),
-        ('"abc";p=1', "text after"),
+        ('"abc" ;p=1', "text after"),
+        ('"abc";p=1 x', "text after"),
+        # a list: the header sent twice is joined into one line with a comma
+        ("k1,k2", "list of keys"),
+        ("k1, k2", "list of keys"),
+        ("k1,", "list of keys"),
+        (",k2", "list of keys"),
+        ("k1;p=1,k2", "list of keys"),
+        ('"k1", "k2"', "list of keys"),
+        ('"k1","k2"', "list of keys"),
+        ('"k1";p=1, "k2"', "list of keys"),
+        ('k1, "k2"', "list of keys"),
+        # parameters need the quoted form
+        ("abc;p=1", "may not contain ';'"),
+        ("abc;", "may not contain ';'"),
+        # malformed parameters
+        ('"abc";', "parameter name"),
+        ('"abc";P=1', "parameter name"),
+        ('"abc";1=1', "parameter name"),
+        ('"abc";p=', "parameter value"),
+        ('"abc";p=1.', "number"),
+        ('"abc";p=1.2345', "number"),
+        ('"abc";p=1234567890123.5', "number"),
+        ('"abc";p=1234567890123456', "number"),
+        ('"abc";p=-', "number"),
+        ('"abc";p=-a', "number"),
+        ('"abc";p=?2', "boolean"),
+        ('"abc";p=?', "boolean"),
+        ('"abc";p=:aGVsbG8', "byte sequence"),
+        ('"abc";p=:aGV$bG8=:', "byte sequence"),
+        ('"abc";p="x', "no closing quote"),
+        ('"abc";p="x\\n"', "invalid escape"),
+        ('"abc";p=%x', "parameter value"),
         ('"a\\nb"', "invalid escape"),
         ('"abc\\', "invalid escape"),
         ('"a b"', "visible ASCII"),
@@ -81,6 +121,25 @@ def test_parse_key_rejects(raw: str, reason: str) -> None:
     assert reason in info.value.detail
     assert info.value.status == 400
     assert info.value.type_uri.endswith("/invalid-key")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("header", ["k1,k2", "k1, k2", '"k1", "k2"', "k1;p=1"])
+def test_a_list_or_a_bare_key_with_parameters_is_400_through_a_view(header: str) -> None:
+    response = Client().post("/t/fn/", b"{}", "application/json", HTTP_IDEMPOTENCY_KEY=header)
+    assert response.status_code == 400
+    assert json.loads(response.content)["type"].endswith("/invalid-key")
+    assert SideEffect.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_parameters_on_a_quoted_key_are_ignored_through_a_view() -> None:
+    def send(header: str) -> Any:
+        return Client().post("/t/fn/", b"{}", "application/json", HTTP_IDEMPOTENCY_KEY=header)
+
+    assert send("abc").status_code == 201
+    assert send('"abc";v=2')[REPLAYED_HEADER] == "true"
+    assert SideEffect.objects.count() == 1
 
 
 # -- canonical bodies and fingerprints ------------------------------------------------------
