@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import time
+from io import BytesIO
 from typing import Any
 
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, QueryDict
+from django.utils.datastructures import MultiValueDict
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 from rest_framework.permissions import AllowAny, BasePermission, IsAuthenticated
@@ -44,6 +46,25 @@ def function_view(request: HttpRequest) -> HttpResponse:
     return _behave("fn", payload)
 
 
+def _form_echo(data: Any, files: Any) -> dict[str, Any]:
+    return {
+        "data": {name: data.getlist(name) for name in data if name not in files},
+        "files": {name: [f.read().decode() for f in files.getlist(name)] for name in files},
+    }
+
+
+@csrf_exempt
+@idempotent(methods=["POST", "PATCH", "PUT"])
+def form_function_view(request: HttpRequest) -> HttpResponse:
+    """Parses a form body of any method itself, as views that take PATCH or PUT forms do."""
+    SideEffect.objects.create(label="fn-form")
+    if request.content_type == "multipart/form-data":
+        data, files = request.parse_file_upload(request.META, BytesIO(request.body))
+    else:
+        data, files = QueryDict(request.body), MultiValueDict()
+    return JsonResponse(_form_echo(data, files), status=201)
+
+
 @csrf_exempt
 @idempotent(required=True, methods=["POST", "PUT"], ttl=5)
 def function_required(request: HttpRequest) -> HttpResponse:
@@ -75,6 +96,19 @@ class EchoView(IdempotencyMixin, APIView):
 class TenantView(EchoView):
     def get_idempotency_scope(self, request: Request) -> str:
         return "tenant:" + request.headers.get("X-Tenant", "none")
+
+
+class FormView(IdempotencyMixin, APIView):
+    """Echoes ``request.data`` and the uploaded files of a PATCH or PUT."""
+
+    permission_classes = [AllowAny]
+    idempotency_methods = ("POST", "PATCH", "PUT")
+
+    def patch(self, request: Request) -> Response:
+        SideEffect.objects.create(label="drf-form")
+        return Response(_form_echo(request.data, request.FILES), status=201)
+
+    put = patch
 
 
 class ErrorView(EchoView):
