@@ -284,7 +284,7 @@ class IdempotentRequest:
                 extra=self._log_extra("replayed"),
             )
             if not outcome.response.replayable:
-                raise ResponseNotStored(outcome.response.status)
+                raise ResponseNotStored(original_status=outcome.response.status)
             return outcome.response.to_http()
         if isinstance(outcome, Mismatch):
             self._send(signals.key_mismatch)

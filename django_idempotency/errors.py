@@ -116,16 +116,23 @@ class ResponseNotStored(IdempotencyError):
         "stored, so it cannot be sent again. Do not repeat the request: look its result up."
     )
 
-    def __init__(self, original_status: int | None = None) -> None:
-        if original_status is None:
-            super().__init__()
-            return
-        super().__init__(
-            f"The request with this Idempotency-Key has completed with status "
-            f"{original_status}, but its response was not stored (streamed, a file, or too "
-            "large), so it cannot be sent again. Do not repeat the request: look its result up."
-        )
-        self.extra = {"original_status": original_status}
+    def __init__(
+        self,
+        detail: str | None = None,
+        *,
+        retry_after: int | None = None,
+        original_status: int | None = None,
+    ) -> None:
+        if detail is None and original_status is not None:
+            detail = (
+                f"The request with this Idempotency-Key has completed with status "
+                f"{original_status}, but its response was not stored (streamed, a file, or "
+                "too large), so it cannot be sent again. Do not repeat the request: look its "
+                "result up."
+            )
+        super().__init__(detail, retry_after=retry_after)
+        if original_status is not None:
+            self.extra = {"original_status": original_status}
 
 
 class StoreUnavailable(IdempotencyError):

@@ -275,21 +275,30 @@ def test_replay_without_a_stored_content_type_has_none() -> None:
 
 @pytest.mark.django_db
 @override_settings(IDEMPOTENCY={"MAX_STORED_BODY_SIZE": 10})
-def test_response_too_large_to_store_releases_the_key() -> None:
+def test_response_too_large_to_store_completes_the_key_without_it() -> None:
     response = handle(request(), view(body=b"x" * 11))
     assert response.status_code == 201 and response.content == b"x" * 11
-    assert not IdempotencyKey.objects.exists()
-    assert SideEffect.objects.count() == 0  # released in the transaction: rolled back
+    assert SideEffect.objects.count() == 1  # the writes the client was told of committed
+    row = IdempotencyKey.objects.get()
+    assert row.status == "completed" and row.response_status == 201
+    assert bytes(row.response_body) == b""
+    retry = handle(request(), view(body=b"x" * 11))
+    problem(retry, 409, "response-not-stored")
+    assert json.loads(retry.content)["original_status"] == 201
+    assert SideEffect.objects.count() == 1  # the retry did not run the view
 
 
 @pytest.mark.django_db
-def test_streaming_response_releases_the_key() -> None:
+def test_streaming_response_completes_the_key_without_it() -> None:
     def streaming() -> StreamingHttpResponse:
+        SideEffect.objects.create(label="streamed")
         return StreamingHttpResponse(iter([b"a", b"b"]))
 
     response = handle(request(), streaming)
     assert b"".join(response) == b"ab"  # type: ignore[arg-type]
-    assert not IdempotencyKey.objects.exists()
+    assert IdempotencyKey.objects.get().status == "completed"
+    problem(handle(request(), streaming), 409, "response-not-stored")
+    assert SideEffect.objects.count() == 1
 
 
 @pytest.mark.django_db

@@ -59,6 +59,8 @@ CELLS = (
     "redis-lost-after-completion",
     "redis-down-during-view",
     "redis-down-after-completion",
+    "reuse-after-redis-lost",
+    "connection-lost-during-view",
     "strategy-switch-undrained",
 )
 
@@ -86,6 +88,7 @@ ALL = [
     _param("redis-cluster", pytest.mark.redis_cluster, pytest.mark.postgres),
     _param("hybrid", pytest.mark.redis, pytest.mark.postgres),
     _param("hybrid-after-loss", pytest.mark.redis, pytest.mark.postgres),
+    _param("custom", pytest.mark.postgres),  # tests/custom_strategy.py, from docs/api.md
 ]
 #: The strategies on the private Redis node (which a test may flush or kill).
 NODE = [p for p in ALL if p.values[0] in ("redis", "hybrid", "hybrid-after-loss")]
@@ -102,6 +105,8 @@ def configure(request: pytest.FixtureRequest, settings: Any, prefix: str, name: 
         alias = "sqlite"
     elif name == "advisory_lock":
         value["STRATEGY"] = "advisory_lock"
+    elif name == "custom":
+        value["STRATEGY"] = "tests.custom_strategy.MemoryStrategy"
     else:
         if name == "redis-cluster":
             server = request.getfixturevalue("redis_cluster")
@@ -305,7 +310,12 @@ def test_lease_lost(setup: Setup, client: APIClient) -> None:
     key = faults.new_key()
 
     def steal(key: str) -> None:
-        if setup.uses_redis:
+        if setup.name == "custom":
+            memory: Any = strategies.get_strategy()
+            for (_scope, name), record in memory.records.items():
+                if name == key:
+                    record.token = uuid.uuid4().hex
+        elif setup.uses_redis:
             store = get_store()
             row = IdempotencyKey.objects.using(setup.alias).filter(key=key).first()
             scope = row.scope if row is not None else _scope_of(client)
@@ -422,6 +432,49 @@ def test_redis_down_after_completion(setup: Setup, client: APIClient) -> None:
         return
     assert retry.status_code == 201 and replayed(retry)
     check(setup, key, first, retry)
+
+
+@pytest.mark.parametrize("setup", [p for p in NODE if p.values[0] != "redis"], indirect=True)
+def test_reuse_after_redis_lost(setup: Setup, client: APIClient) -> None:
+    """Redis lost a completed key, and a reuse of the key (another body) claimed it in
+    Redis first: the original's retry still gets its replay, never a 422, because the
+    database's completed record wins over a foreign in-progress claim."""
+    key = faults.new_key()
+    first = post(client, key)
+    _flush(setup)
+    store = get_store()
+    reuse = RedisRecord(IN_PROGRESS, "e" * 64, uuid.uuid4().hex, None)
+    store.client.set(store.record_key(_scope_of(client), key), encode_record(reuse), px=60_000)
+    retry = post(client, key)
+    assert retry.status_code == 201 and replayed(retry)
+    check(setup, key, first, retry)
+
+
+POSTGRES = [p for p in ALL if p.values[0] not in ("db-sqlite",)]
+
+
+@pytest.mark.parametrize("setup", POSTGRES, indirect=True)
+def test_connection_lost_during_view(setup: Setup, client: APIClient) -> None:
+    """The view's PostgreSQL backend is terminated while it runs: 503
+    database-unavailable, nothing committed; the retry never runs it twice."""
+
+    def terminate(key: str) -> None:
+        with connections[setup.alias].cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+
+    faults.interference.append(terminate)
+    faults.plan.append("interfere")
+    key = faults.new_key()
+    first = post(client, key)
+    connections[setup.alias].close_if_unusable_or_obsolete()  # as request_finished does
+    assert first.status_code == 503 and problem(first) == "database-unavailable"
+    assert committed(setup, key) == []
+    retry = post(client, key)
+    again = post(client, key)
+    # The retry runs the view, or gets 409 while a claim the dead connection could not
+    # give back waits for its lease to go stale.
+    assert retry.status_code in (201, 409)
+    check(setup, key, first, retry, again)
 
 
 # -- changing strategy -----------------------------------------------------------------------
