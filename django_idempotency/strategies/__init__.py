@@ -46,11 +46,6 @@ def get_strategy(name: str | None = None) -> Strategy:
     return load_strategy(name or conf.STRATEGY)
 
 
-def hybrid_in_use() -> bool:
-    """True when the hybrid strategy is the default or has been loaded for a view."""
-    return conf.STRATEGY == "hybrid" or any(s.name == "hybrid" for s in _loaded.values())
-
-
 def reset() -> None:
     """Forget loaded strategies (tests, or after changing connection settings)."""
     with _lock:

@@ -6,10 +6,10 @@ transaction, and the key's completion is the last statement of that same
 transaction, guarded by the claim token: an owner whose claim was taken over
 rolls its own writes back instead of committing them a second time.
 
-When the ``hybrid`` strategy is in use, a key that it completed and that is still in its outbox
-(not yet drained into IdempotencyKey) is replayed from there: the first
-statement of the view's transaction reads the outbox, so that falling back from
-``hybrid`` to ``db`` (Redis down) never runs a completed request again.
+A key that the ``hybrid`` strategy completed and that is still in its outbox (not
+yet drained into IdempotencyKey) is never claimed: the claim's ``INSERT`` inserts
+nothing while the outbox holds a live row for the key, and the loser's read returns
+that row (see :meth:`IdempotencyKeyManager.claim`). See docs/strategies.md.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from django.db import DatabaseError
 
 from ..errors import LeaseLost, StoreUnavailable
 from ..managers import ClaimState
-from ..models import IdempotencyKey, IdempotencyOutbox
+from ..models import IdempotencyKey
 from ..responses import StoredResponse
 from .base import (
     Attempt,
@@ -52,11 +52,6 @@ class DatabaseClaim(TransactionalClaim):
         self.pk = pk
         self.token = token
         self.taken_over = taken_over
-
-    def settled(self) -> Outcome | None:
-        # Read after the claim committed, so a hybrid commit of the key that came first
-        # is seen.
-        return self.strategy.settled_in_outbox(self.attempt)
 
     def renew(self) -> bool:
         return IdempotencyKey.objects.renew(self.pk, self.token, using=self.attempt.database)
@@ -116,30 +111,3 @@ class DatabaseStrategy(Strategy):
             return InFlight()
         assert result.response is not None
         return Replay(result.response)
-
-    def reads_outbox(self) -> bool:
-        """Whether a new claim must also look in the hybrid strategy's outbox.
-
-        Only when the hybrid strategy is in use in this project (the default strategy,
-        or loaded for a view): a project that never used it has an empty outbox, and
-        its claims skip the read.
-        """
-        from . import hybrid_in_use
-
-        return hybrid_in_use()
-
-    def settled_in_outbox(self, attempt: Attempt) -> Outcome | None:
-        """Replay or Mismatch when the hybrid strategy's outbox holds the key, else None."""
-        if not self.reads_outbox():
-            return None
-        try:
-            record = IdempotencyOutbox.objects.lookup(
-                attempt.scope, attempt.key, using=attempt.database, outbox_only=True
-            )
-        except DatabaseError as exc:
-            raise StoreUnavailable() from exc
-        if record is None or record.response is None:
-            return None
-        if record.fingerprint != attempt.fingerprint:
-            return Mismatch()
-        return Replay(record.response)

@@ -148,9 +148,6 @@ class OutboxDatabaseStrategy(DatabaseStrategy):
     def __init__(self, parent: HybridStrategy) -> None:
         self.parent = parent
 
-    def reads_outbox(self) -> bool:
-        return True
-
 
 # -- the Redis claim -------------------------------------------------------------------------
 
