@@ -7,10 +7,14 @@
   ``settings.md`` a heading for every key of ``conf.DEFAULTS`` (and none for a key
   that no longer exists), and ``api.md`` a row for every system check id in
   ``checks.py``. A gap is a warning, so ``mkdocs build --strict`` fails.
+* The fault table of ``how-it-works.md`` has a row for every cell of the fault matrix
+  (``CELLS`` in ``tests/test_faults.py``, each with its ``test_<cell>`` function), and
+  no other row.
 """
 
 from __future__ import annotations
 
+import ast
 import inspect
 import json
 import logging
@@ -82,6 +86,35 @@ def _headings(markdown: str) -> set[str]:
     return set(re.findall(r"^#{2,4} `([A-Z0-9_]+)`\s*$", markdown, flags=re.MULTILINE))
 
 
+def fault_cells() -> tuple[list[str], set[str]]:
+    """``CELLS`` of tests/test_faults.py and the names of its test functions, read
+    without importing the tests."""
+    tree = ast.parse((ROOT / "tests" / "test_faults.py").read_text(encoding="utf-8"))
+    cells: list[str] = []
+    tests: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+            tests.add(node.name)
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if any(isinstance(t, ast.Name) and t.id == "CELLS" for t in targets):
+            cells = list(ast.literal_eval(node.value))  # type: ignore[union-attr]
+    return cells, tests
+
+
+def check_fault_table(how_it_works: str) -> None:
+    cells, tests = fault_cells()
+    if not cells:
+        log.warning("tests/test_faults.py has no CELLS")
+    rows = set(re.findall(r"^\| `([a-z0-9-]+)`:", how_it_works, flags=re.MULTILINE))
+    for cell in cells:
+        if "test_" + cell.replace("-", "_") not in tests:
+            log.warning("the fault cell %r has no test function in tests/test_faults.py", cell)
+        if cell not in rows:
+            log.warning("how-it-works.md's fault table has no row for the cell %r", cell)
+    for row in sorted(rows - set(cells)):
+        log.warning("how-it-works.md's fault table has a row %r that the matrix lacks", row)
+
+
 def on_pre_build(config: Any) -> None:
     docs = Path(config["docs_dir"])
     errors_md = (docs / "errors.md").read_text(encoding="utf-8")
@@ -98,6 +131,8 @@ def on_pre_build(config: Any) -> None:
     for check_id in sorted(set(re.findall(r'ID \+ "([EW]\d{3})"', checks_py))):
         if f"`django_idempotency.{check_id}`" not in api_md:
             log.warning("api.md does not list the system check django_idempotency.%s", check_id)
+
+    check_fault_table((docs / "how-it-works.md").read_text(encoding="utf-8"))
 
     from django_idempotency.conf import DEFAULTS
 
