@@ -359,6 +359,7 @@ class Session:
         try:
             stored = claim.store_pending(response)
         except LeaseLost:
+            claim.lost()
             stored = False
         except BaseException:
             claim.discard()
