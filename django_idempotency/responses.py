@@ -57,11 +57,12 @@ def filter_headers(
     allowed: frozenset[str],
     denied: frozenset[str],
 ) -> dict[str, str]:
-    """Keep the allow-listed headers, never the denied ones (case-insensitive)."""
+    """Keep the allow-listed headers, never the denied ones (case-insensitive), and never
+    a pseudo-header (a name starting with a colon, such as :data:`NOT_STORED`)."""
     kept: dict[str, str] = {}
     for name, value in items:
         lower = name.lower()
-        if lower in allowed and lower not in denied:
+        if lower in allowed and lower not in denied and not lower.startswith(":"):
             kept[name] = value
     return kept
 

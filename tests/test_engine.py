@@ -262,6 +262,23 @@ def test_never_stored_headers_win_over_the_allow_list() -> None:
 
 
 @pytest.mark.django_db
+@override_settings(IDEMPOTENCY={"STORED_HEADERS": ["Content-Type", ":not-stored"]})
+def test_a_view_cannot_forge_the_not_stored_marker() -> None:
+    """A pseudo-header is never stored, even allow-listed: a view that sets one does not
+    turn its own stored response into a response-not-stored record."""
+
+    def forging() -> HttpResponse:
+        response = HttpResponse(b'{"ok": 1}', status=201, content_type="application/json")
+        response[":not-stored"] = "forged"
+        return response
+
+    handle(request(), forging)
+    assert ":not-stored" not in IdempotencyKey.objects.get().response_headers
+    replay = handle(request(), forging)
+    assert replay.status_code == 201 and replay.content == b'{"ok": 1}'
+
+
+@pytest.mark.django_db
 def test_replay_without_a_stored_content_type_has_none() -> None:
     def no_type() -> HttpResponse:
         response = HttpResponse(b"", status=204)
