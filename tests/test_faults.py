@@ -61,6 +61,7 @@ CELLS = (
     "redis-down-after-completion",
     "reuse-after-redis-lost",
     "connection-lost-during-view",
+    "connection-lost-during-commit",
     "strategy-switch-undrained",
 )
 
@@ -474,6 +475,75 @@ def test_connection_lost_during_view(setup: Setup, client: APIClient) -> None:
     # The retry runs the view, or gets 409 while a claim the dead connection could not
     # give back waits for its lease to go stale.
     assert retry.status_code in (201, 409)
+    check(setup, key, first, retry, again)
+
+
+SLOW_COMMIT = """
+CREATE OR REPLACE FUNCTION idem_test_slow_commit() RETURNS trigger AS $$
+BEGIN PERFORM pg_sleep(2); RETURN NULL; END $$ LANGUAGE plpgsql;
+DROP TRIGGER IF EXISTS idem_test_slow_commit ON {table};
+CREATE CONSTRAINT TRIGGER idem_test_slow_commit AFTER INSERT ON {table}
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+    WHEN (NEW.label LIKE 'fault-commit-%') EXECUTE FUNCTION idem_test_slow_commit();
+"""
+
+
+@pytest.fixture
+def slow_commit() -> Iterator[None]:
+    """COMMIT of a transaction that wrote a ``fault-commit-*`` SideEffect row takes 2 s
+    (a deferred constraint trigger), long enough to terminate the backend inside it."""
+    table = SideEffect._meta.db_table
+    with connections["default"].cursor() as cursor:
+        cursor.execute(SLOW_COMMIT.format(table=table))
+    yield
+    with connections["default"].cursor() as cursor:
+        cursor.execute(f"DROP TRIGGER IF EXISTS idem_test_slow_commit ON {table}")
+
+
+def _terminate_the_commit(done: threading.Event) -> None:
+    """From another connection: terminate the backend that is running COMMIT."""
+    import psycopg
+
+    from .services import postgres_url
+
+    name = connections["default"].settings_dict["NAME"]
+    url = postgres_url()
+    assert url is not None
+    with psycopg.connect(url, autocommit=True) as admin:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not done.is_set():
+            row = admin.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %s AND state = 'active' "
+                "AND query = 'COMMIT' AND pid <> pg_backend_pid()",
+                [name],
+            ).fetchone()
+            if row is not None:
+                admin.execute("SELECT pg_terminate_backend(%s)", [row[0]])
+                return
+            time.sleep(0.02)
+
+
+@pytest.mark.parametrize("setup", POSTGRES, indirect=True)
+def test_connection_lost_during_commit(setup: Setup, client: APIClient, slow_commit: None) -> None:
+    """The backend is terminated while COMMIT runs (a deferred trigger holds it there):
+    the transaction did not commit, the client gets a 503, and no retry ever sees a
+    completed record for writes that rolled back."""
+    key = "fault-commit-" + uuid.uuid4().hex
+    done = threading.Event()
+    killer = threading.Thread(target=_terminate_the_commit, args=(done,))
+    killer.start()
+    try:
+        first = post(client, key)
+    finally:
+        done.set()
+        killer.join(30)
+    connections[setup.alias].close_if_unusable_or_obsolete()  # as request_finished does
+    assert first.status_code == 503 and problem(first) == "database-unavailable"
+    assert committed(setup, key) == []
+    retry = post(client, key)
+    again = post(client, key)
+    assert retry.status_code in (201, 409)
+    assert not replayed(retry), "a replay of writes that rolled back"
     check(setup, key, first, retry, again)
 
 
