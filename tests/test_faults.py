@@ -16,6 +16,8 @@ build checks it against ``CELLS`` below.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 import uuid
@@ -62,6 +64,7 @@ CELLS = (
     "reuse-after-redis-lost",
     "connection-lost-during-view",
     "connection-lost-during-commit",
+    "worker-killed-during-view",
     "strategy-switch-undrained",
 )
 
@@ -545,6 +548,82 @@ def test_connection_lost_during_commit(setup: Setup, client: APIClient, slow_com
     assert retry.status_code in (201, 409)
     assert not replayed(retry), "a replay of writes that rolled back"
     check(setup, key, first, retry, again)
+
+
+# -- the worker process dies ----------------------------------------------------------------
+
+KILLED = [
+    pytest.param("postgres", "db", marks=[pytest.mark.postgres], id="db-postgres"),
+    pytest.param("sqlite", "db", id="db-sqlite"),
+    pytest.param("postgres", "advisory_lock", marks=[pytest.mark.postgres], id="advisory_lock"),
+    pytest.param("postgres", "redis", marks=[pytest.mark.postgres, pytest.mark.redis], id="redis"),
+    pytest.param(
+        "postgres", "hybrid", marks=[pytest.mark.postgres, pytest.mark.redis], id="hybrid"
+    ),
+]
+
+
+@pytest.mark.server
+@pytest.mark.parametrize(("backend", "strategy"), KILLED)
+def test_worker_killed_during_view(
+    request: pytest.FixtureRequest, backend: str, strategy: str
+) -> None:
+    """``kill -9`` of the gunicorn worker in the middle of the view (a 4 s payment call of
+    the example API): nothing of it commits, and once its claim is dead (lease expired,
+    or the lock gone with its connection) exactly one retry runs the view."""
+    from .harness import count_rows, example_server, race, scratch_database
+    from .harness import request as http
+
+    env: dict[str, str] = {}
+    if strategy in ("redis", "hybrid"):
+        private: RedisServer = request.getfixturevalue("running_private_redis")
+        env = {"REDIS_URL": private.url, "IDEMPOTENCY_REDIS_PREFIX": "killed-" + uuid.uuid4().hex}
+    charge = {"amount": 1999, "currency": "EUR"}
+    with (
+        scratch_database(backend) as db,
+        example_server(
+            db, strategy=strategy, psp_delay_ms=4000, lock_timeout=1, workers=1, threads=4, env=env
+        ) as server,
+    ):
+        url = server.url + "/api/charges/"
+        outcome: list[object] = []
+
+        def doomed() -> None:
+            try:
+                outcome.append(http(url, key="crash", body=charge))
+            except OSError as exc:
+                outcome.append(exc)
+
+        runner = threading.Thread(target=doomed)
+        runner.start()
+        time.sleep(1.5)  # inside the 4 s payment call
+        (worker,) = server.worker_pids()
+        os.kill(worker, signal.SIGKILL)
+        runner.join(30)
+        assert isinstance(outcome[0], OSError) or outcome[0][0] >= 500  # type: ignore[index]
+        assert count_rows(db, "payments_charge") == 0
+        killed_at = time.monotonic()
+        while True:  # the master starts a new worker
+            try:
+                if http(url, method="GET")[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < killed_at + 20, "gunicorn did not start a new worker"
+            time.sleep(0.1)
+        time.sleep(max(0.0, killed_at + 1.3 - time.monotonic()))  # the dead lease is stale now
+        retries = race(url, n=8, key="crash", body=charge)
+        fresh = [
+            body
+            for status, body in retries
+            if status == 201 and body["_headers"].get("idempotent-replayed") != "true"
+        ]
+        assert len(fresh) == 1, retries
+        assert {status for status, _ in retries} <= {201, 409}
+        for status, body in retries:
+            if status == 201:
+                assert body["id"] == fresh[0]["id"]
+        assert count_rows(db, "payments_charge") == 1
 
 
 # -- changing strategy -----------------------------------------------------------------------
