@@ -92,10 +92,13 @@ ALL = [
     _param("redis-cluster", pytest.mark.redis_cluster, pytest.mark.postgres),
     _param("hybrid", pytest.mark.redis, pytest.mark.postgres),
     _param("hybrid-after-loss", pytest.mark.redis, pytest.mark.postgres),
+    _param("hybrid-cluster", pytest.mark.redis_cluster, pytest.mark.postgres),
     _param("custom", pytest.mark.postgres),  # tests/custom_strategy.py, from docs/api.md
 ]
 #: The strategies on the private Redis node (which a test may flush or kill).
 NODE = [p for p in ALL if p.values[0] in ("redis", "hybrid", "hybrid-after-loss")]
+#: The same and the cluster ones (which a test may flush, primary by primary).
+REDIS = [*NODE, *(p for p in ALL if p.values[0].endswith("-cluster"))]
 
 
 def configure(request: pytest.FixtureRequest, settings: Any, prefix: str, name: str) -> Setup:
@@ -112,7 +115,7 @@ def configure(request: pytest.FixtureRequest, settings: Any, prefix: str, name: 
     elif name == "custom":
         value["STRATEGY"] = "tests.custom_strategy.MemoryStrategy"
     else:
-        if name == "redis-cluster":
+        if name.endswith("-cluster"):
             server = request.getfixturevalue("redis_cluster")
             value["REDIS_CLUSTER"] = True
         else:
@@ -360,10 +363,14 @@ def _scope_of(client: APIClient) -> str:
 def _flush(setup: Setup) -> None:
     import redis
 
+    if setup.name.endswith("-cluster"):
+        for port in setup.redis.primaries():
+            redis.Redis(host="127.0.0.1", port=port).flushall()
+        return
     redis.Redis.from_url(setup.redis.url).flushall()
 
 
-@pytest.mark.parametrize("setup", NODE, indirect=True)
+@pytest.mark.parametrize("setup", REDIS, indirect=True)
 def test_redis_lost_during_view(setup: Setup, client: APIClient) -> None:
     key = faults.new_key()
     faults.interference.append(lambda key: _flush(setup))
@@ -371,7 +378,7 @@ def test_redis_lost_during_view(setup: Setup, client: APIClient) -> None:
     first = post(client, key)
     retry = post(client, key)
     effect = check(setup, key, first, retry)
-    if setup.name == "redis":
+    if setup.name.startswith("redis"):
         # The completion's compare-and-set finds no claim: rolled back, the retry runs.
         assert first.status_code == 409 and problem(first) == "lease-lost"
         assert retry.status_code == 201 and not replayed(retry) and effect is not None
@@ -379,13 +386,13 @@ def test_redis_lost_during_view(setup: Setup, client: APIClient) -> None:
         assert first.status_code == 201 and retry.status_code == 201 and replayed(retry)
 
 
-@pytest.mark.parametrize("setup", NODE, indirect=True)
+@pytest.mark.parametrize("setup", REDIS, indirect=True)
 def test_redis_lost_after_completion(setup: Setup, client: APIClient) -> None:
     key = faults.new_key()
     first = post(client, key)
     _flush(setup)
     retry = post(client, key)
-    if setup.name == "redis":
+    if setup.name.startswith("redis"):
         # Documented limit (docs/redis.md): a key that Redis forgets runs again.
         assert retry.status_code == 201 and not replayed(retry)
         assert len(committed(setup, key)) == 2
@@ -438,7 +445,9 @@ def test_redis_down_after_completion(setup: Setup, client: APIClient) -> None:
     check(setup, key, first, retry)
 
 
-@pytest.mark.parametrize("setup", [p for p in NODE if p.values[0] != "redis"], indirect=True)
+@pytest.mark.parametrize(
+    "setup", [p for p in REDIS if p.values[0].startswith("hybrid")], indirect=True
+)
 def test_reuse_after_redis_lost(setup: Setup, client: APIClient) -> None:
     """Redis lost a completed key, and a reuse of the key (another body) claimed it in
     Redis first: the original's retry still gets its replay, never a 422, because the
