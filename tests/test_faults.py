@@ -466,6 +466,20 @@ def test_reuse_after_redis_lost(setup: Setup, client: APIClient) -> None:
 POSTGRES = [p for p in ALL if p.values[0] not in ("db-sqlite",)]
 
 
+def after_connection_loss(setup: Setup, client: APIClient, key: str, first: Any) -> None:
+    """``first`` lost its connection: a 503, nothing committed; the retries run the view
+    once, or get 409 while a claim the dead connection could not give back waits for its
+    lease to go stale, and never replay writes that rolled back."""
+    connections[setup.alias].close_if_unusable_or_obsolete()  # as request_finished does
+    assert first.status_code == 503 and problem(first) == "database-unavailable"
+    assert committed(setup, key) == []
+    retry = post(client, key)
+    again = post(client, key)
+    assert retry.status_code in (201, 409)
+    assert not replayed(retry), "a replay of writes that rolled back"
+    check(setup, key, first, retry, again)
+
+
 @pytest.mark.parametrize("setup", POSTGRES, indirect=True)
 def test_connection_lost_during_view(setup: Setup, client: APIClient) -> None:
     """The view's PostgreSQL backend is terminated while it runs: 503
@@ -478,16 +492,7 @@ def test_connection_lost_during_view(setup: Setup, client: APIClient) -> None:
     faults.interference.append(terminate)
     faults.plan.append("interfere")
     key = faults.new_key()
-    first = post(client, key)
-    connections[setup.alias].close_if_unusable_or_obsolete()  # as request_finished does
-    assert first.status_code == 503 and problem(first) == "database-unavailable"
-    assert committed(setup, key) == []
-    retry = post(client, key)
-    again = post(client, key)
-    # The retry runs the view, or gets 409 while a claim the dead connection could not
-    # give back waits for its lease to go stale.
-    assert retry.status_code in (201, 409)
-    check(setup, key, first, retry, again)
+    after_connection_loss(setup, client, key, post(client, key))
 
 
 SLOW_COMMIT = """
@@ -549,14 +554,7 @@ def test_connection_lost_during_commit(setup: Setup, client: APIClient, slow_com
     finally:
         done.set()
         killer.join(30)
-    connections[setup.alias].close_if_unusable_or_obsolete()  # as request_finished does
-    assert first.status_code == 503 and problem(first) == "database-unavailable"
-    assert committed(setup, key) == []
-    retry = post(client, key)
-    again = post(client, key)
-    assert retry.status_code in (201, 409)
-    assert not replayed(retry), "a replay of writes that rolled back"
-    check(setup, key, first, retry, again)
+    after_connection_loss(setup, client, key, first)
 
 
 # -- the worker process dies ----------------------------------------------------------------
