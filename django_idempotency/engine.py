@@ -47,19 +47,6 @@ ClaimTimer = Callable[[str, str, float], None]
 claim_timer: ClaimTimer | None = None
 
 
-def outcome_name(outcome: Outcome | None) -> str:
-    """A short label for an outcome: claimed, taken_over, in_flight, replay, mismatch."""
-    if isinstance(outcome, Claimed):
-        return "taken_over" if outcome.taken_over else "claimed"
-    if isinstance(outcome, InFlight):
-        return "in_flight"
-    if isinstance(outcome, Replay):
-        return "replay"
-    if isinstance(outcome, Mismatch):
-        return "mismatch"
-    return "error"
-
-
 @dataclass(frozen=True)
 class Options:
     """Per-view settings; ``None`` fields fall back to ``settings.IDEMPOTENCY``."""
@@ -197,7 +184,7 @@ class IdempotentRequest:
         self.outcome = outcome
         try:
             if timer is not None:
-                timer(self.strategy.name, outcome_name(outcome), time.perf_counter() - started)
+                timer(self.strategy.name, outcome.label, time.perf_counter() - started)
             info = RequestIdempotency(self.scope, self.key, self.fingerprint)
             self.request.idempotency = info  # type: ignore[attr-defined]
             if isinstance(outcome, Claimed):
