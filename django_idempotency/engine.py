@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -47,15 +47,34 @@ ClaimTimer = Callable[[str, str, float], None]
 claim_timer: ClaimTimer | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Options:
-    """Per-view settings; ``None`` fields fall back to ``settings.IDEMPOTENCY``."""
+    """Per-view settings; ``None`` fields fall back to ``settings.IDEMPOTENCY``.
 
-    methods: frozenset[str] | None = None
-    required: bool | None = None
-    ttl: float | None = None
-    lock_timeout: float | None = None
-    strategy: str | None = None
+    ``methods`` is kept upper-cased, whatever case a view names them in.
+    """
+
+    methods: frozenset[str] | None
+    required: bool | None
+    ttl: float | None
+    lock_timeout: float | None
+    strategy: str | None
+
+    def __init__(
+        self,
+        methods: Iterable[str] | None = None,
+        required: bool | None = None,
+        ttl: float | None = None,
+        lock_timeout: float | None = None,
+        strategy: str | None = None,
+    ) -> None:
+        # Frozen: the fields are set the way a dataclass's own __init__ sets them.
+        upper = frozenset(m.upper() for m in methods) if methods is not None else None
+        object.__setattr__(self, "methods", upper)
+        object.__setattr__(self, "required", required)
+        object.__setattr__(self, "ttl", ttl)
+        object.__setattr__(self, "lock_timeout", lock_timeout)
+        object.__setattr__(self, "strategy", strategy)
 
     def applies_to(self, method: str | None) -> bool:
         methods = self.methods if self.methods is not None else conf.METHODS
