@@ -51,7 +51,7 @@ def idempotent(
     transaction, which also stores the response.
     """
     options = Options(
-        methods=frozenset(m.upper() for m in methods) if methods is not None else None,
+        methods=methods,
         required=required,
         ttl=ttl,
         lock_timeout=lock_timeout,

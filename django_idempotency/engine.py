@@ -3,19 +3,20 @@
     header -> key -> scope -> fingerprint -> strategy.session -> view -> store or release
 
 The DRF mixin and the function-view decorator are thin adapters over
-:class:`IdempotentRequest`; neither knows about SQL or Redis.
+:class:`IdempotentRequest`; neither knows about SQL or Redis. See docs/architecture.md.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
 
 from django.db import DatabaseError, InterfaceError, connections
+from django.dispatch import Signal
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from django.utils.module_loading import import_string
@@ -47,28 +48,34 @@ ClaimTimer = Callable[[str, str, float], None]
 claim_timer: ClaimTimer | None = None
 
 
-def outcome_name(outcome: Outcome | None) -> str:
-    """A short label for an outcome: claimed, taken_over, in_flight, replay, mismatch."""
-    if isinstance(outcome, Claimed):
-        return "taken_over" if outcome.taken_over else "claimed"
-    if isinstance(outcome, InFlight):
-        return "in_flight"
-    if isinstance(outcome, Replay):
-        return "replay"
-    if isinstance(outcome, Mismatch):
-        return "mismatch"
-    return "error"
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Options:
-    """Per-view settings; ``None`` fields fall back to ``settings.IDEMPOTENCY``."""
+    """Per-view settings; ``None`` fields fall back to ``settings.IDEMPOTENCY``.
 
-    methods: frozenset[str] | None = None
-    required: bool | None = None
-    ttl: float | None = None
-    lock_timeout: float | None = None
-    strategy: str | None = None
+    ``methods`` is kept upper-cased, whatever case a view names them in.
+    """
+
+    methods: frozenset[str] | None
+    required: bool | None
+    ttl: float | None
+    lock_timeout: float | None
+    strategy: str | None
+
+    def __init__(
+        self,
+        methods: Iterable[str] | None = None,
+        required: bool | None = None,
+        ttl: float | None = None,
+        lock_timeout: float | None = None,
+        strategy: str | None = None,
+    ) -> None:
+        # Frozen: the fields are set the way a dataclass's own __init__ sets them.
+        upper = frozenset(m.upper() for m in methods) if methods is not None else None
+        object.__setattr__(self, "methods", upper)
+        object.__setattr__(self, "required", required)
+        object.__setattr__(self, "ttl", ttl)
+        object.__setattr__(self, "lock_timeout", lock_timeout)
+        object.__setattr__(self, "strategy", strategy)
 
     def applies_to(self, method: str | None) -> bool:
         methods = self.methods if self.methods is not None else conf.METHODS
@@ -117,31 +124,18 @@ class IdempotentRequest:
     through :func:`problem_response`.
     """
 
-    def __init__(self, request: HttpRequest, key: str, scope: str, options: Options) -> None:
+    def __init__(self, request: HttpRequest, attempt: Attempt, strategy: Strategy) -> None:
         self.request = request
-        self.key = key
-        self.scope = bounded_scope(scope)
-        self.options = options
-        self.strategy: Strategy = get_strategy(options.strategy)
-        self.fingerprint = fingerprint(request)
-        self.attempt = Attempt(
-            scope=self.scope,
-            key=key,
-            fingerprint=self.fingerprint,
-            ttl=options.ttl if options.ttl is not None else conf.TTL,
-            lock_timeout=(
-                options.lock_timeout if options.lock_timeout is not None else conf.LOCK_TIMEOUT
-            ),
-            method=(request.method or "").upper(),
-            path=request.get_full_path()[:2048],
-            atomic=conf.ATOMIC,
-            database=conf.DATABASE,
-        )
+        self.attempt = attempt
+        self.strategy = strategy
+        self.key, self.scope, self.fingerprint = attempt.key, attempt.scope, attempt.fingerprint
         self.outcome: Outcome | None = None
-        self._session: Any = None
-        self._lease_cm: Any = None
+        # The session, and on top of it the lease keeper: unwound in that order, so the
+        # heartbeat has stopped before the session commits or gives the key back.
+        self._stack = ExitStack()
+        self._lease = ExitStack()
 
-    # -- step 1 and 2: header -> key ---------------------------------------------------------
+    # -- header -> key -> scope -> fingerprint -----------------------------------------------
 
     @staticmethod
     def header_key(request: HttpRequest, options: Options) -> str | None:
@@ -164,57 +158,36 @@ class IdempotentRequest:
         key = cls.header_key(request, options)
         if key is None:
             return None
-        return cls(request, key, scope(request), options)
+        bounded = bounded_scope(scope(request))
+        strategy = get_strategy(options.strategy)
+        attempt = Attempt(
+            scope=bounded,
+            key=key,
+            fingerprint=fingerprint(request),
+            ttl=options.ttl if options.ttl is not None else conf.TTL,
+            lock_timeout=(
+                options.lock_timeout if options.lock_timeout is not None else conf.LOCK_TIMEOUT
+            ),
+            method=(request.method or "").upper(),
+            path=request.get_full_path()[:2048],
+            atomic=conf.ATOMIC,
+            database=conf.DATABASE,
+        )
+        return cls(request, attempt, strategy)
 
-    # -- step 3: claim -------------------------------------------------------------------------
+    # -- the session: claim, lease -----------------------------------------------------------
 
     @property
     def claimed(self) -> bool:
         return isinstance(self.outcome, Claimed)
 
-    def _send(self, signal: Any) -> None:
-        signal.send(
-            sender=type(self.strategy),
-            request=self.request,
-            scope=self.scope,
-            key=self.key,
-            strategy=self.strategy.name,
-        )
-
     def __enter__(self) -> Outcome:
-        self._session = self.strategy.session(self.attempt)
-        timer = claim_timer
-        outcome: Outcome
-        if timer is None:
-            outcome = self._session.__enter__()
-        else:
-            started = time.perf_counter()
-            try:
-                outcome = self._session.__enter__()
-            except BaseException:
-                timer(self.strategy.name, "error", time.perf_counter() - started)
-                raise
-        self.outcome = outcome
         try:
-            if timer is not None:
-                timer(self.strategy.name, outcome_name(outcome), time.perf_counter() - started)
+            outcome = self._claim()
             info = RequestIdempotency(self.scope, self.key, self.fingerprint)
             self.request.idempotency = info  # type: ignore[attr-defined]
             if isinstance(outcome, Claimed):
-                self._send(signals.key_taken_over if outcome.taken_over else signals.key_claimed)
-                log = logger.warning if outcome.taken_over else logger.debug
-                log(
-                    "idempotency key %s (scope %s) %s",
-                    self.key,
-                    self.scope,
-                    "taken over from a stale lease" if outcome.taken_over else "claimed",
-                    extra=self._log_extra("taken_over" if outcome.taken_over else "claimed"),
-                )
-                # Renew well within *this* request's lock timeout: a view may set a
-                # shorter one than the global LOCK_TIMEOUT the default interval comes from.
-                interval = min(conf.HEARTBEAT_INTERVAL, self.attempt.lock_timeout / 3)
-                self._lease_cm = keeper.keep(outcome, interval)
-                self._lease_cm.__enter__()
+                self._keep(outcome)
         except BaseException as exc:
             # ``with`` does not call __exit__ when __enter__ raises: end the session here
             # (roll back its transaction, release the key) instead of leaving it to the
@@ -223,20 +196,47 @@ class IdempotentRequest:
             raise
         return outcome
 
+    def _claim(self) -> Outcome:
+        """Enter the strategy's session; ``claim_timer``, when set, times it by outcome."""
+        session = self.strategy.session(self.attempt)
+        timer = claim_timer
+        started = time.perf_counter() if timer is not None else 0.0
+        label = "error"
+        try:
+            outcome: Outcome = self._stack.enter_context(session)
+            self.outcome = outcome
+            label = outcome.label
+        finally:
+            if timer is not None:
+                timer(self.strategy.name, label, time.perf_counter() - started)
+        return outcome
+
+    def _keep(self, claim: Claimed) -> None:
+        """Announce the claim and keep its lease alive until ``finish()`` or the exit."""
+        taken_over = claim.taken_over
+        self._event(
+            claim.label,
+            signals.key_taken_over if taken_over else signals.key_claimed,
+            logging.WARNING if taken_over else logging.DEBUG,
+            "idempotency key %s (scope %s) %s",
+            "taken over from a stale lease" if taken_over else "claimed",
+        )
+        # Renew well within *this* request's lock timeout: a view may set a
+        # shorter one than the global LOCK_TIMEOUT the default interval comes from.
+        interval = min(conf.HEARTBEAT_INTERVAL, self.attempt.lock_timeout / 3)
+        self._lease = self._stack.enter_context(ExitStack())
+        self._lease.enter_context(keeper.keep(claim, interval))
+
     def __exit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._lease_cm is not None:
-            self._lease_cm.__exit__(None, None, None)
-            self._lease_cm = None
-        session, self._session = self._session, None
+        stack, self._stack = self._stack, ExitStack()
         error = exc
         try:
-            if session is not None:
-                session.__exit__(exc_type, exc, tb)
+            stack.__exit__(exc_type, exc, tb)
         except BaseException as raised:
             error = raised
             raise
@@ -246,62 +246,57 @@ class IdempotentRequest:
 
     def _report_error(self, claim: Claimed, error: BaseException) -> None:
         if claim.committed:
-            logger.error(
+            self._event(
+                "committed",
+                None,
+                logging.ERROR,
                 "idempotency key %s (scope %s) completed; the error raised after COMMIT "
                 "(an on_commit hook) leaves the stored response in place",
-                self.key,
-                self.scope,
-                extra=self._log_extra("committed"),
             )
         elif isinstance(error, LeaseLost):
-            self._send(signals.lease_lost)
-            logger.warning(
+            self._event(
+                "lease_lost",
+                signals.lease_lost,
+                logging.WARNING,
                 "idempotency key %s (scope %s): claim lost, the view's writes were rolled back",
-                self.key,
-                self.scope,
-                extra=self._log_extra("lease_lost"),
             )
         else:
-            self._send(signals.key_released)
-            logger.info(
+            self._event(
+                "released",
+                signals.key_released,
+                logging.INFO,
                 "idempotency key %s (scope %s) released after an exception in the view",
-                self.key,
-                self.scope,
-                extra=self._log_extra("released"),
             )
 
-    # -- step 4: the answer ----------------------------------------------------------------
+    # -- the answer: short_circuit() or finish() ---------------------------------------------
 
     def short_circuit(self) -> HttpResponse:
         """The response for an outcome other than Claimed."""
         outcome = self.outcome
         if isinstance(outcome, Replay):
-            self._send(signals.response_replayed)
-            logger.info(
+            self._event(
+                "replayed",
+                signals.response_replayed,
+                logging.INFO,
                 "idempotency key %s (scope %s) replayed",
-                self.key,
-                self.scope,
-                extra=self._log_extra("replayed"),
             )
             if not outcome.response.replayable:
                 raise ResponseNotStored(original_status=outcome.response.status)
             return outcome.response.to_http()
         if isinstance(outcome, Mismatch):
-            self._send(signals.key_mismatch)
-            logger.info(
+            self._event(
+                "mismatch",
+                signals.key_mismatch,
+                logging.INFO,
                 "idempotency key %s (scope %s) reused with a different request",
-                self.key,
-                self.scope,
-                extra=self._log_extra("mismatch"),
             )
             raise FingerprintMismatch()
         if isinstance(outcome, InFlight):
-            self._send(signals.request_conflict)
-            logger.info(
+            self._event(
+                "conflict",
+                signals.request_conflict,
+                logging.INFO,
                 "idempotency key %s (scope %s) is in progress",
-                self.key,
-                self.scope,
-                extra=self._log_extra("conflict"),
             )
             retry_after = conf.RETRY_AFTER
             raise RequestInProgress(
@@ -313,47 +308,66 @@ class IdempotentRequest:
         """Store a storable response under the key, or release the key."""
         claim = self.outcome
         assert isinstance(claim, Claimed)
-        if self._lease_cm is not None:
-            self._lease_cm.__exit__(None, None, None)
-            self._lease_cm = None
+        self._lease.close()  # the view is done: no more renewals
         if response.status_code >= 500 and not conf.STORE_SERVER_ERRORS:
-            return self._release(claim, response, "a server error")
+            claim.release()
+            self._event(
+                "released",
+                signals.key_released,
+                logging.INFO,
+                "idempotency key %s (scope %s) released: %s",
+                "a server error",
+            )
+            return response
         try:
             stored = capture(response)
         except NotStorable as exc:
             # The view's writes commit all the same: the key is completed, and a retry is
             # told that the response was not kept instead of running the view again.
             stored = StoredResponse.not_stored(response.status_code, str(exc))
-            logger.info(
+            self._event(
+                "not_stored",
+                None,
+                logging.INFO,
                 "idempotency key %s (scope %s) completed without its response: %s",
-                self.key,
-                self.scope,
                 exc,
-                extra=self._log_extra("not_stored"),
             )
         claim.complete(stored)
         self._send(signals.response_stored)
         return response
 
-    def _release(self, claim: Claimed, response: HttpResponseBase, why: str) -> HttpResponseBase:
-        claim.release()
-        self._send(signals.key_released)
-        logger.info(
-            "idempotency key %s (scope %s) released: %s",
+    # -- events ----------------------------------------------------------------------------
+
+    def _event(
+        self, outcome: str, signal: Signal | None, level: int, message: str, *args: object
+    ) -> None:
+        """Send ``signal`` (when there is one), then log ``message``, whose first two
+        placeholders are the key and the scope, with the ``idempotency_*`` extra fields."""
+        if signal is not None:
+            self._send(signal)
+        logger.log(
+            level,
+            message,
             self.key,
             self.scope,
-            why,
-            extra=self._log_extra("released"),
+            *args,
+            extra={
+                "idempotency_scope": self.scope,
+                "idempotency_key": self.key,
+                "idempotency_outcome": outcome,
+                "idempotency_strategy": self.strategy.name,
+            },
+            stacklevel=2,
         )
-        return response
 
-    def _log_extra(self, outcome: str) -> dict[str, str]:
-        return {
-            "idempotency_scope": self.scope,
-            "idempotency_key": self.key,
-            "idempotency_outcome": outcome,
-            "idempotency_strategy": self.strategy.name,
-        }
+    def _send(self, signal: Signal) -> None:
+        signal.send(
+            sender=type(self.strategy),
+            request=self.request,
+            scope=self.scope,
+            key=self.key,
+            strategy=self.strategy.name,
+        )
 
 
 def transient_conflict_response(exc: DatabaseError | InterfaceError) -> HttpResponse:

@@ -57,9 +57,8 @@ class IdempotencyMixin:
     # -- hooks ---------------------------------------------------------------------------
 
     def get_idempotency_options(self, request: Request) -> Options:
-        methods = self.idempotency_methods
         return Options(
-            methods=frozenset(m.upper() for m in methods) if methods is not None else None,
+            methods=self.idempotency_methods,
             required=self.idempotency_required,
             ttl=self.idempotency_ttl,
             lock_timeout=self.idempotency_lock_timeout,

@@ -1,33 +1,10 @@
 """The Redis side of the ``redis`` and ``hybrid`` strategies (imports ``redis``).
 
-One record per (scope, key), stored under one key::
-
-    <prefix>:{<sha256(scope \\x00 key) hex[:32]>}:rec
-
-The part in braces is a Redis Cluster hash tag: every key that belongs to one
-(scope, key) lands in the same cluster slot, so each Lua script below touches
-one slot and runs on a cluster as on a single node.
-
-The value is compact JSON::
-
-    {"s": "in_progress" | "completed", "f": fingerprint,
-     "r": {"c": status, "h": {headers}, "b": base64 body} | null, "t": claim token}
-
-* ``claim`` is one ``SET key value NX PX lease`` (with ``GET`` on Redis 7+, so a
-  duplicate learns what it collided with in the same round trip; older servers
-  get one ``GET`` after the failed ``SET``). The lease expires by itself, so a
-  crashed owner's key is free again after the lease without any clean-up.
-* ``renew``, ``complete`` and ``release`` are Lua compare-and-set scripts (string
-  comparisons, no JSON decoding in Redis): they act only when the record still
-  carries the caller's claim token, so an owner whose lease expired and whose key
-  was claimed again cannot extend, overwrite or delete the new owner's record.
-  The scripts are registered once per store and sent with ``EVALSHA``
-  (``SCRIPT LOAD`` and retry when a server does not know them).
-* A replay is one round trip: the failed ``SET NX GET`` of the claim returns the
-  stored response (two on Redis < 7); ``get`` is one ``GET``.
-
-Every method raises :class:`RedisUnavailable` when Redis cannot be reached or
-answers with an error, and never waits longer than the client's socket timeouts.
+One compact-JSON record per (scope, key), under a key whose hash tag keeps it in one
+Redis Cluster slot; the claim is one ``SET NX PX``, and renew, complete and release are
+Lua compare-and-set scripts on the claim token. Every method raises
+:class:`RedisUnavailable` when Redis cannot be reached or answers with an error. See
+docs/redis.md.
 """
 
 from __future__ import annotations

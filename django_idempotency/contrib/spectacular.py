@@ -28,6 +28,7 @@ from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.plumbing import ResolvedComponent, get_class
 
 from ..conf import conf
+from ..engine import Options
 from ..errors import PROBLEM_BASE, FingerprintMismatch, InvalidKey, RequestInProgress
 from ..keys import MAX_KEY_LENGTH
 from ..mixins import IdempotencyMixin
@@ -77,8 +78,7 @@ def idempotency_settings(view: Any) -> tuple[frozenset[str], bool]:
     methods = options.methods if options is not None else None
     required = options.required if options is not None else None
     if methods is None:
-        attribute = getattr(view, "idempotency_methods", None)
-        methods = frozenset(m.upper() for m in attribute) if attribute is not None else None
+        methods = Options(methods=getattr(view, "idempotency_methods", None)).methods
     if required is None:
         required = getattr(view, "idempotency_required", None)
     return (

@@ -51,20 +51,30 @@ class Attempt:
 class Outcome:
     """What a claim found."""
 
+    @property
+    def label(self) -> str:
+        """The outcome's name in metrics and logs: ``claimed``, ``taken_over``,
+        ``in_flight``, ``replay``, ``mismatch``; ``error`` for one the engine does not
+        handle. Subclasses override it with a class attribute (unannotated: not a field),
+        or with a property where it depends on the claim."""
+        return "error"
+
 
 @dataclass(frozen=True)
 class InFlight(Outcome):
     retry_after: int = 1
+    label = "in_flight"
 
 
 @dataclass(frozen=True)
 class Replay(Outcome):
     response: StoredResponse
+    label = "replay"
 
 
 @dataclass(frozen=True)
 class Mismatch(Outcome):
-    pass
+    label = "mismatch"
 
 
 @dataclass(frozen=True)
@@ -83,6 +93,10 @@ class Claimed(Outcome, abc.ABC):
     renewable: bool = True
     #: True once the view's writes and the stored response are durable (after COMMIT).
     committed: bool = False
+
+    @property
+    def label(self) -> str:
+        return "taken_over" if self.taken_over else "claimed"
 
     @abc.abstractmethod
     def renew(self) -> bool:

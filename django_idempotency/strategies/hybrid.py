@@ -1,60 +1,9 @@
 """The ``hybrid`` strategy: Redis on the hot path, PostgreSQL authoritative (imports ``redis``).
 
-::
-
-    request -> Redis SET NX PX lease
-      taken     -> in progress: 409 | completed: replay from Redis | other request: 422
-      new       -> HYBRID_DB_CHECK: look the key up in IdempotencyKey and the outbox
-                   found     -> refill Redis, replay (or 422, or 409 while a db claim runs)
-                   not found -> run the view in transaction.atomic; complete() inserts the
-                                outbox row in that transaction; after the commit, Redis gets
-                                the completed record (token compare-and-set) and a drain task
-                                is queued
-
-The request path writes no row of its own to the database: the outbox row is one
-more statement of the view's transaction, so a request costs exactly the commits
-the view already makes. The Celery task ``drain_outbox`` moves outbox rows into
-IdempotencyKey later, a thousand per transaction.
-
-Two commits for one key cannot both succeed. The outbox has a unique constraint on
-(scope, key), so a second insert waits for the first transaction and then finds
-its row; and ``complete()`` reads IdempotencyKey in the same transaction, so a key
-that was drained already, or is held by a ``db`` claim (see below), fails too.
-Either way the loser raises ``LeaseLost``: its transaction rolls back, Redis is
-refilled from the committed record, and the client's retry is replayed.
-
-``HYBRID_DB_CHECK``
-
-* ``"always"`` (default): every key that is new in Redis costs one indexed read
-  (two when the outbox has no row for it) inside the view's transaction, before
-  the view runs. A key whose Redis record was lost - a restart without
-  persistence, ``FLUSHALL``, a failover to a replica that had not received it, an
-  eviction - is found in the database and replayed; the view never runs twice.
-* ``"after_loss"``: the read happens only while a loss is suspected. Each Redis
-  server holds a marker key, ``<prefix>:{hybrid}:epoch``, with the ``run_id`` of
-  the server that wrote it and the time it was written. A key that is new in
-  Redis is checked in the database when the marker is missing (flush, restart
-  without persistence, eviction of the marker), when its ``run_id`` is not the
-  server's current one (a restart or a failover: the last writes before it may be
-  gone, whatever the persistence settings), and for TTL seconds after the marker
-  was (re)written (records lost then would still be replayed otherwise). A loss
-  that removes records but leaves the marker and the server process in place is
-  not detected: an eviction under an ``allkeys-*`` or ``volatile-*`` policy (the
-  marker has no TTL, the records do), or a ``DEL`` by hand. Use ``maxmemory-policy
-  noeviction``. Even then a second commit is refused by the outbox and
-  IdempotencyKey check above; what the mode risks is running the view's code a
-  second time (an outside call it makes, such as a payment provider, is then
-  protected only by the downstream key). On a Redis Cluster each node can lose
-  data on its own, so ``after_loss`` checks every new key there, as ``always``.
-
-Redis unreachable: with ``REDIS_FAILURE_MODE = "db"`` the request is handled by the
-``db`` strategy (the claim, the view and the completion in the database; the
-completion also inserts the outbox row, so that a hybrid commit of the same key
-and this one exclude each other through its unique constraint); with
-``"fail_closed"`` the answer is 503 (``StoreUnavailable``). A key that a ``db``
-claim holds is left to the ``db`` strategy by later hybrid requests too: they
-answer 409 while it runs, and take it over through the ``db`` strategy when its
-lease went stale.
+Redis decides who runs the view; the view's transaction inserts the response as an
+outbox row (which ``drain_outbox`` moves into IdempotencyKey later), so the database
+refuses a second commit of a key and answers for a key Redis lost (``HYBRID_DB_CHECK``).
+See docs/hybrid.md.
 """
 
 from __future__ import annotations

@@ -1,48 +1,9 @@
 """The ``redis`` strategy: the key lives in Redis, the view's writes in the database.
 
-Claim: one ``SET key value NX PX lock_timeout`` (see :mod:`django_idempotency.redis_store`).
-A duplicate gets 409 while the lease lives, the stored response once the key is
-completed, 422 for a different request. The lease is renewed by the heartbeat
-while the view runs and expires by itself when the worker dies, so a crashed
-request's key is free again after ``LOCK_TIMEOUT``. The completed record lives
-``TTL`` seconds.
-
-**What it guarantees, and what it does not.** Redis and the database are two
-stores, and no commit spans both. With ``ATOMIC`` (the default) the view runs in
-``transaction.atomic(using=DATABASE)`` and the response is stored in Redis as the
-*last step before COMMIT*, with a compare-and-set on the claim token:
-
-* if the claim was lost (the lease expired and another request took the key), the
-  compare-and-set fails, the transaction rolls back and this request answers 409
-  ``lease-lost``: two owners never both commit;
-* if Redis fails at that moment, the transaction rolls back and the request
-  answers 503: the retry runs the view again, once;
-* if the COMMIT itself fails after Redis stored the response, the record is
-  deleted again (compare-and-delete on the token) so that a retry runs the view.
-  Should Redis fail in that same instant, the stored response is replayed for
-  writes that were rolled back. This window (between two network round trips)
-  is the price of keeping the key outside the database.
-
-Without ``ATOMIC`` the view's writes are committed as it makes them and a lost
-claim is reported after the fact (409 ``lease-lost``; the writes stay).
-
-Redis itself is the last limit: a key is only as durable as Redis makes it. A
-restart without persistence, an eviction (use ``maxmemory-policy noeviction`` or
-``volatile-*`` with room to spare), or a failover to a replica that had not yet
-received the write forgets keys, and a retry of a forgotten key runs the view
-again. Use this strategy for traffic where that is acceptable, and the ``db``,
-``advisory_lock`` or ``hybrid`` strategies for payments.
-
-**When Redis fails** (connection refused, timeout after ``REDIS_SOCKET_TIMEOUT``,
-cluster down) at claim time:
-
-* ``REDIS_FAILURE_MODE = "db"`` (default): a warning is logged and this request
-  runs under the ``db`` strategy instead. The two stores do not see each other's
-  keys, so a duplicate that reached Redis while the first request fell back (or
-  the other way round) is not recognised; availability is bought with the
-  guarantee during the outage.
-* ``REDIS_FAILURE_MODE = "fail_closed"``: the request is answered 503
-  ``store-unavailable`` (problem+json) and the view does not run.
+A claim is one ``SET NX PX`` (see :mod:`django_idempotency.redis_store`), the response
+is stored by a compare-and-set on the claim token as the last step before COMMIT, and
+``REDIS_FAILURE_MODE`` decides what a request does while Redis is down. A key is only as
+durable as Redis makes it: not for payments. See docs/redis.md.
 """
 
 from __future__ import annotations
