@@ -17,6 +17,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from .conf import conf
+from .status import COMPLETED, IN_PROGRESS
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -26,9 +27,6 @@ if TYPE_CHECKING:
         IdempotencyOutbox,  # noqa: F401 - named in a string annotation
     )
     from .responses import StoredResponse
-
-IN_PROGRESS = "in_progress"
-COMPLETED = "completed"
 
 
 class ClaimState(Enum):

@@ -17,9 +17,9 @@ from django.db.utils import OperationalError
 from django.utils import timezone
 
 from ..errors import LeaseLost, StoreUnavailable
-from ..managers import COMPLETED
 from ..models import IdempotencyKey
 from ..responses import StoredResponse
+from ..status import COMPLETED
 from .base import (
     Attempt,
     InFlight,
