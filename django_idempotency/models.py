@@ -6,7 +6,8 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from .managers import IdempotencyKeyManager, IdempotencyOutboxManager
+from .managers import IdempotencyKeyManager
+from .outbox import IdempotencyOutboxManager
 from .status import Status
 
 

@@ -116,10 +116,4 @@ class AdvisoryLockStrategy(Strategy):
             return Mismatch()
         if row.status != COMPLETED:
             return InFlight()
-        return Replay(
-            StoredResponse(
-                status=int(row.response_status or 0),
-                headers=dict(row.response_headers or {}),
-                body=bytes(row.response_body or b""),
-            )
-        )
+        return Replay(row.stored_response())
