@@ -190,8 +190,8 @@ def manager_loop(alias: str) -> Loop:
     """``IdempotencyKey.objects.claim`` then ``complete`` in ``transaction.atomic``."""
     from django.db import transaction
 
-    from django_idempotency.managers import ClaimState
     from django_idempotency.models import IdempotencyKey
+    from django_idempotency.records import ClaimState
     from django_idempotency.responses import StoredResponse
 
     manager = IdempotencyKey.objects
@@ -226,9 +226,9 @@ def statements(alias: str) -> Any:
     """The manager's SQL text for ``alias`` (the raw loops send the same text)."""
     from django.db import connections
 
-    from django_idempotency.models import IdempotencyKey
+    from django_idempotency._sql import statements as compiled
 
-    return IdempotencyKey.objects._sql(connections[alias])
+    return compiled(connections[alias])
 
 
 def raw_db_postgres(conninfo: str, alias: str, *, client_cursor: bool = True) -> Loop:

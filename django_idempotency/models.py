@@ -6,13 +6,13 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from .managers import IdempotencyKeyManager, IdempotencyOutboxManager
+from .managers import IdempotencyKeyManager
+from .outbox import IdempotencyOutboxManager
+from .status import Status
 
 
 class IdempotencyKey(models.Model):
-    class Status(models.TextChoices):
-        IN_PROGRESS = "in_progress", _("in progress")
-        COMPLETED = "completed", _("completed")
+    Status = Status
 
     id = models.BigAutoField(primary_key=True)
     scope = models.CharField(

@@ -29,11 +29,10 @@ from redis.retry import Retry
 
 from .conf import conf
 from .responses import StoredResponse
+from .status import COMPLETED, IN_PROGRESS
 
 RedisClient = Union[redis.Redis, RedisCluster]  # noqa: UP007 - a runtime alias
 
-IN_PROGRESS = "in_progress"
-COMPLETED = "completed"
 
 #: Errors that mean "the store did not answer as it should" (redis-py wraps socket errors).
 REDIS_ERRORS: tuple[type[BaseException], ...] = (RedisError, RedisClusterException, OSError)

@@ -28,6 +28,17 @@ class StoredResponse:
     body: bytes = b""
 
     @classmethod
+    def from_row(
+        cls,
+        status: int | None,
+        headers: Mapping[str, str] | None,
+        body: bytes | memoryview | None,
+    ) -> StoredResponse:
+        """The response kept in a database row's ``response_status``, ``response_headers``
+        and ``response_body`` columns (of IdempotencyKey or of the outbox)."""
+        return cls(status=int(status or 0), headers=dict(headers or {}), body=bytes(body or b""))
+
+    @classmethod
     def not_stored(cls, status: int, reason: str) -> StoredResponse:
         """The record of a response that completed the key but was not kept."""
         return cls(status=status, headers={NOT_STORED: reason})

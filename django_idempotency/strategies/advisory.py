@@ -17,9 +17,9 @@ from django.db.utils import OperationalError
 from django.utils import timezone
 
 from ..errors import LeaseLost, StoreUnavailable
-from ..managers import COMPLETED
 from ..models import IdempotencyKey
 from ..responses import StoredResponse
+from ..status import COMPLETED
 from .base import (
     Attempt,
     InFlight,
@@ -116,10 +116,4 @@ class AdvisoryLockStrategy(Strategy):
             return Mismatch()
         if row.status != COMPLETED:
             return InFlight()
-        return Replay(
-            StoredResponse(
-                status=int(row.response_status or 0),
-                headers=dict(row.response_headers or {}),
-                body=bytes(row.response_body or b""),
-            )
-        )
+        return Replay(row.stored_response())

@@ -20,8 +20,8 @@ import uuid
 from django.db import DatabaseError
 
 from ..errors import LeaseLost, StoreUnavailable
-from ..managers import ClaimState
 from ..models import IdempotencyKey
+from ..records import ClaimState
 from ..responses import StoredResponse
 from .base import (
     Attempt,

@@ -20,8 +20,8 @@ from redis.cluster import RedisCluster
 
 from ..conf import conf
 from ..errors import LeaseLost, StoreUnavailable
-from ..managers import KeyRecord
 from ..models import IdempotencyKey, IdempotencyOutbox
+from ..records import KeyRecord
 from ..redis_store import (
     REDIS_ERRORS,
     RedisStore,

@@ -1,0 +1,166 @@
+"""``IdempotencyOutbox.objects``: the ``hybrid`` strategy's outbox (see docs/hybrid.md).
+
+Add a completed response in the view's transaction, look a key up in the outbox and in
+IdempotencyKey with one statement, and drain rows into IdempotencyKey in batches. The
+methods are listed in docs/api.md ("The model and its manager").
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections, models, transaction
+from django.utils import timezone
+
+from ._sql import OUTBOX_ADD_COLUMNS, STORE_COLUMNS, database, statements
+from .records import DrainResult, KeyRecord
+from .status import COMPLETED
+
+if TYPE_CHECKING:
+    from .models import IdempotencyOutbox  # noqa: F401 - named in a string annotation
+    from .responses import StoredResponse
+
+__all__ = ["DrainResult", "IdempotencyOutboxManager", "KeyRecord"]
+
+
+class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
+    """The outbox of the ``hybrid`` strategy: add a row, look a key up, drain in batches.
+
+    Each method runs on the database of ``using=`` when given, else of the manager
+    (``db_manager()``), else on ``"default"``.
+    """
+
+    def add(
+        self,
+        scope: str,
+        key: str,
+        fingerprint: str,
+        response: StoredResponse,
+        *,
+        ttl: float,
+        method: str = "",
+        path: str = "",
+        using: str | None = None,
+    ) -> bool:
+        """Insert the completed response; False when a live row for (scope, key) exists.
+
+        One ``INSERT … ON CONFLICT (scope, key) DO UPDATE … WHERE expired RETURNING``:
+        when another transaction inserted the key and has not committed yet, this one
+        waits for it, and then returns False if it committed. Run it in the view's
+        transaction, so that the row commits together with the view's writes.
+        """
+        connection = connections[database(using, self._db)]
+        sql = statements(connection)
+        now = timezone.now()
+        values: dict[str, Any] = {
+            "scope": scope,
+            "key": key,
+            "fingerprint": fingerprint,
+            "request_method": method,
+            "request_path": path,
+            "response_status": response.status,
+            "response_headers": response.headers,
+            "response_body": response.body,
+            "created_at": now,
+            "expires_at": now + timedelta(seconds=ttl),
+        }
+        for field in sql.outbox_add_fields:
+            values[field.name] = field.get_db_prep_save(values[field.name], connection)
+        row, _count = sql.outbox_add.execute(connection, values)
+        return row is not None
+
+    def lookup(
+        self, scope: str, key: str, *, using: str | None = None, outbox_only: bool = False
+    ) -> KeyRecord | None:
+        """The live record of (scope, key): an undrained outbox row first (it is the newer
+        one), else the IdempotencyKey row, in progress or completed. Expired rows count
+        as absent. One statement (the outbox alone with ``outbox_only``); no write.
+        """
+        connection = connections[database(using, self._db)]
+        sql = statements(connection)
+        values = {
+            "scope": scope,
+            "key": key,
+            "now": sql.prep("expires_at", timezone.now(), connection),
+        }
+        statement = sql.outbox_lookup if outbox_only else sql.lookup
+        found, _count = statement.execute(connection, values)
+        return None if found is None else KeyRecord.from_row(sql.key_row(connection, found))
+
+    def drain(
+        self,
+        batch_size: int = 1000,
+        *,
+        using: str | None = None,
+        hold_partial: timedelta | None = None,
+    ) -> DrainResult:
+        """Move up to ``batch_size`` rows into IdempotencyKey, in one transaction.
+
+        ``SELECT … ORDER BY id LIMIT n FOR UPDATE SKIP LOCKED`` (on PostgreSQL; SQLite
+        has one writer at a time and a plain SELECT) picks rows no other drainer holds;
+        one ``INSERT … ON CONFLICT (scope, key) DO UPDATE`` writes them as completed
+        keys with fresh claim tokens (which also fences out a ``db`` claim of the same
+        key that is still running); one ``DELETE`` removes them. Expired rows are only
+        deleted. A crash before the commit rolls all of it back, and running it again
+        writes the same rows again: several drainers at once, or one run after a crash,
+        neither lose nor duplicate a row.
+
+        ``hold_partial``: a batch shorter than ``batch_size`` whose oldest row is younger
+        than this is left alone (``held``), so that under load every transaction carries
+        a full batch; a later drain takes it once it is old enough.
+        """
+        from .models import IdempotencyKey
+
+        alias = database(using, self._db)
+        now = timezone.now()
+        with transaction.atomic(using=alias):
+            rows = list(
+                self.using(alias)
+                .select_for_update(skip_locked=True)
+                .order_by("pk")
+                .only("pk", *OUTBOX_ADD_COLUMNS)[:batch_size]
+            )
+            if not rows:
+                return DrainResult()
+            if (
+                hold_partial is not None
+                and len(rows) < batch_size
+                and min(row.created_at for row in rows) > now - hold_partial
+            ):
+                return DrainResult(held=len(rows))
+            live = [row for row in rows if row.expires_at > now]
+            if live:
+                IdempotencyKey.objects.using(alias).bulk_create(
+                    [
+                        IdempotencyKey(
+                            scope=row.scope,
+                            key=row.key,
+                            fingerprint=row.fingerprint,
+                            status=COMPLETED,
+                            claim_token=uuid.uuid4(),
+                            locked_at=None,
+                            request_method=row.request_method,
+                            request_path=row.request_path,
+                            response_status=row.response_status,
+                            response_headers=row.response_headers,
+                            response_body=bytes(row.response_body or b""),
+                            created_at=row.created_at,
+                            completed_at=row.created_at,
+                            expires_at=row.expires_at,
+                        )
+                        for row in live
+                    ],
+                    batch_size=batch_size,
+                    update_conflicts=True,
+                    unique_fields=["scope", "key"],
+                    # The columns of a stored key, less the conflict target (scope, key).
+                    update_fields=list(STORE_COLUMNS[2:]),
+                )
+            self.using(alias).filter(pk__in=[row.pk for row in rows]).delete()
+        return DrainResult(drained=len(live), discarded=len(rows) - len(live))
+
+    def pending(self, *, using: str | None = None) -> int:
+        """Rows waiting to be drained."""
+        return self.using(database(using, self._db)).count()

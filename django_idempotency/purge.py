@@ -1,0 +1,220 @@
+"""Deleting expired keys, in batches of short transactions (see docs/operations.md).
+
+The queryset half of ``IdempotencyKey.objects``: ``expired()`` and ``purgeable()`` filter
+a queryset; ``delete_expired()`` and friends, used by the ``purge_expired_keys`` task, the
+``purge_idempotency_keys`` command and the admin, work on the whole table of the alias of
+``using=`` or ``.using()``. The reference is docs/api.md ("The model and its manager").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Self
+
+from django.db import connections, models, transaction
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from ._sql import clock_in_sql, database, statements
+from .conf import conf
+from .status import IN_PROGRESS
+
+if TYPE_CHECKING:
+    from .models import IdempotencyKey  # noqa: F401 - named in a string annotation
+
+
+def _time(alias: str, at: datetime | None, before: timedelta | float | None = None) -> Any:
+    """``at``, else the database's now (see :func:`clock_in_sql`), less ``before``
+    (seconds or a timedelta), for an ORM filter."""
+    if isinstance(before, (int, float)):
+        before = timedelta(seconds=before)
+    if at is not None:
+        return at - before if before else at
+    if clock_in_sql(connections[alias]):
+        return Now() - before if before else Now()
+    return timezone.now() - before if before else timezone.now()
+
+
+class PurgeQuerySet(models.QuerySet["IdempotencyKey"]):
+    """Expired keys, and the batched deletes of the purge."""
+
+    _db: str | None
+
+    def _table(self, alias: str) -> Self:
+        """All the keys of database ``alias``, whatever this queryset filters."""
+        return type(self)(self.model, using=alias)
+
+    def expired(
+        self,
+        *,
+        now: datetime | None = None,
+        older_than: timedelta | None = None,
+        using: str | None = None,
+    ) -> Self:
+        """The keys whose ``expires_at`` has passed (``older_than`` ago, when given) at
+        ``now``, by default on the database's clock."""
+        alias = database(using, self._db)
+        return self.using(alias).filter(expires_at__lte=_time(alias, now, older_than))
+
+    def purgeable(self, cutoff: Any, lease_cutoff: Any) -> Self:
+        """Keys expired at ``cutoff``, less those in progress under a live lease, renewed
+        after ``lease_cutoff`` (datetimes or expressions): the lease rule of
+        :func:`~django_idempotency.records.lease_lapsed`."""
+        return self.filter(expires_at__lte=cutoff).exclude(
+            status=IN_PROGRESS, locked_at__gt=lease_cutoff
+        )
+
+    def release_stuck(self, pks: list[int] | None = None, *, using: str | None = None) -> int:
+        """Release in-progress keys by hand (the admin action); returns how many."""
+        queryset = self._table(database(using, self._db)).filter(status=IN_PROGRESS)
+        if pks is not None:
+            queryset = queryset.filter(pk__in=pks)
+        deleted, _ = queryset.delete()
+        return deleted
+
+    def delete_expired(
+        self,
+        *,
+        batch_size: int = 1000,
+        older_than: timedelta | None = None,
+        now: datetime | None = None,
+        using: str | None = None,
+        max_batches: int | None = None,
+    ) -> int:
+        """Delete expired keys in batches of ``batch_size``, one short transaction each.
+
+        ``older_than`` keeps keys that expired less than that long ago. Expiry is
+        judged at ``now``, by default on the database's clock. Returns the number of
+        rows deleted.
+        """
+        cutoff = None
+        if now is not None:
+            cutoff = now - older_than if older_than else now
+        total = 0
+        for _count in self.iter_delete_expired(
+            batch_size=batch_size,
+            cutoff=cutoff,
+            older_than=older_than,
+            using=using,
+            max_batches=max_batches,
+        ):
+            total += _count
+        return total
+
+    def iter_delete_expired(
+        self,
+        *,
+        batch_size: int,
+        cutoff: datetime | None = None,
+        using: str | None = None,
+        max_batches: int | None = None,
+        lease_cutoff: datetime | None = None,
+        older_than: timedelta | None = None,
+    ) -> Iterator[int]:
+        """Yield the number of rows deleted by each batch (for progress reporting).
+
+        Deletes the keys that expired before ``cutoff``; by default, before the
+        database's now (:func:`clock_in_sql`, taken again by each batch) less
+        ``older_than``. A key still in progress under a live lease (renewed after
+        ``lease_cutoff``, by default ``LOCK_TIMEOUT`` before the database's now) is never
+        deleted, however old it is: its request is running and will complete it.
+
+        On PostgreSQL and SQLite each batch is one statement in its own short
+        transaction, ``DELETE … WHERE expires_at <= cutoff AND id IN (SELECT id …
+        WHERE expires_at <= cutoff ORDER BY expires_at LIMIT n)``: one round trip, and
+        faster than reading the ids first and deleting them in a second statement
+        (``benchmarks/purge.py`` measures both). No ``pre_delete``/``post_delete``
+        signals are sent for the purged rows.
+        """
+        alias = database(using, self._db)
+        connection = connections[alias]
+        if connection.vendor not in {"postgresql", "sqlite"}:
+            yield from self._iter_delete_expired_orm(
+                batch_size,
+                cutoff if cutoff is not None else _time(alias, None, older_than),
+                alias,
+                max_batches,
+                lease_cutoff,
+            )
+            return
+        sql = statements(connection)
+        statement = sql.purge_batch(
+            connection, cutoff=cutoff is not None, lease_cutoff=lease_cutoff is not None
+        )
+        values = {
+            "cutoff": None if cutoff is None else sql.prep("expires_at", cutoff, connection),
+            "older": -older_than.total_seconds() if older_than else 0.0,
+            "lease_cutoff": (
+                None if lease_cutoff is None else sql.prep("locked_at", lease_cutoff, connection)
+            ),
+            "lease": -float(conf.LOCK_TIMEOUT),
+            "limit": int(batch_size),
+        }
+        batches = 0
+        while max_batches is None or batches < max_batches:
+            with transaction.atomic(using=alias):
+                _row, deleted = statement.execute(connection, values)
+            if deleted <= 0:
+                return
+            batches += 1
+            yield deleted
+            if deleted < batch_size:
+                return
+
+    def _iter_delete_expired_orm(
+        self,
+        batch_size: int,
+        cutoff: Any,
+        alias: str,
+        max_batches: int | None,
+        lease_cutoff: datetime | None = None,
+    ) -> Iterator[int]:
+        """The same through the ORM, for other databases."""
+        lease = _time(alias, lease_cutoff, None if lease_cutoff else conf.LOCK_TIMEOUT)
+        keys = self._table(alias)
+        batches = 0
+        while max_batches is None or batches < max_batches:
+            with transaction.atomic(using=alias):
+                pks = list(
+                    keys.purgeable(cutoff, lease)
+                    .order_by("expires_at")
+                    .values_list("pk", flat=True)[:batch_size]
+                )
+                if not pks:
+                    return
+                deleted, _ = keys.purgeable(cutoff, lease).filter(pk__in=pks).delete()
+            batches += 1
+            yield deleted
+            if len(pks) < batch_size:
+                return
+
+    # Also on the manager, where the tests compare it with the one-statement purge.
+    _iter_delete_expired_orm.queryset_only = False  # type: ignore[attr-defined]
+
+    def delete_expired_pks(
+        self,
+        pks: list[int],
+        *,
+        now: datetime | None = None,
+        using: str | None = None,
+        batch_size: int = 1000,
+    ) -> int:
+        """Delete those of ``pks`` that have expired (the admin's purge action).
+
+        A key that is not expired (any more: a retry may have renewed it) is left
+        alone, and so is one in progress under a live lease. Expiry is judged at
+        ``now``, by default on the database's clock, and leases always are. Runs one
+        short transaction per ``batch_size`` keys; returns how many rows were deleted.
+        """
+        alias = database(using, self._db)
+        cutoff = _time(alias, now)
+        lease_cutoff = _time(alias, None, conf.LOCK_TIMEOUT)
+        purgeable = self._table(alias).purgeable(cutoff, lease_cutoff)
+        total = 0
+        for start in range(0, len(pks), batch_size):
+            chunk = pks[start : start + batch_size]
+            with transaction.atomic(using=alias):
+                deleted, _ = purgeable.filter(pk__in=chunk).delete()
+            total += deleted
+        return total

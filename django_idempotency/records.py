@@ -1,0 +1,146 @@
+"""What the managers return about a key: the claim's outcome, a row, a record, a drain.
+
+One row shape, :class:`KeyRow`, as the SQL reads it; :class:`KeyRecord` is that row seen
+by the ``hybrid`` strategy (docs/hybrid.md), and :func:`lease_lapsed` is the lease rule
+in Python. The reference is docs/api.md ("The model and its manager").
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import Enum
+from typing import NamedTuple
+
+from django.utils import timezone
+
+from .responses import StoredResponse
+from .status import COMPLETED, IN_PROGRESS
+
+
+class ClaimState(Enum):
+    CLAIMED = "claimed"
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    MISMATCH = "mismatch"
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    state: ClaimState
+    pk: int | None = None
+    token: uuid.UUID | None = None
+    taken_over: bool = False
+    response: StoredResponse | None = None
+
+
+#: The columns of a read, the fields of :class:`KeyRow` (less ``from_outbox``).
+READ_COLUMNS = (
+    "id",
+    "fingerprint",
+    "status",
+    "claim_token",
+    "locked_at",
+    "expires_at",
+    "response_status",
+    "response_headers",
+    "response_body",
+)
+
+
+class KeyRow(NamedTuple):
+    """One IdempotencyKey row as :meth:`IdempotencyKeyManager.read` returns it, or a live
+    row of the hybrid strategy's outbox, as a completed key (``from_outbox``: its ``pk`` is
+    the outbox row's, and it has no claim token)."""
+
+    pk: int
+    fingerprint: str
+    status: str
+    claim_token: uuid.UUID | None
+    locked_at: datetime | None
+    expires_at: datetime
+    response_status: int | None
+    response_headers: dict[str, str] | None
+    response_body: bytes | None
+    from_outbox: bool = False
+
+    def stored_response(self) -> StoredResponse:
+        """The response the row keeps (read it only from a completed row)."""
+        return StoredResponse.from_row(
+            self.response_status, self.response_headers, self.response_body
+        )
+
+
+def lease_lapsed(locked_at: datetime | None, cutoff: datetime) -> bool:
+    """The lease rule: a lease last renewed at or before ``cutoff``, or never, has lapsed.
+
+    The statements apply the same rule in SQL (``_sql.lapsed``), and the purge's ORM
+    filter (``IdempotencyKeyQuerySet.purgeable``) keeps exactly the leases it calls live.
+    """
+    return locked_at is None or locked_at <= cutoff
+
+
+@dataclass(frozen=True)
+class KeyRecord:
+    """What the database knows about one (scope, key): a row of IdempotencyKey or of the
+    outbox, read by :meth:`IdempotencyOutboxManager.lookup`."""
+
+    source: str  # "outbox" or "key"
+    pk: int
+    status: str
+    fingerprint: str
+    expires_at: datetime
+    response: StoredResponse | None = None
+    claim_token: uuid.UUID | None = None
+    locked_at: datetime | None = None
+
+    @classmethod
+    def from_row(cls, row: KeyRow) -> KeyRecord:
+        """The record of a row; a completed row's response, when it has one."""
+        completed = row.status == COMPLETED and row.response_status is not None
+        return cls(
+            source="outbox" if row.from_outbox else "key",
+            pk=row.pk,
+            status=row.status,
+            fingerprint=row.fingerprint,
+            expires_at=row.expires_at,
+            response=row.stored_response() if completed else None,
+            claim_token=row.claim_token,
+            locked_at=row.locked_at,
+        )
+
+    @property
+    def completed(self) -> bool:
+        return self.status == COMPLETED
+
+    def ttl_seconds(self, now: datetime | None = None) -> float:
+        """Seconds this record is still replayed, by this process's clock (the TTL of a
+        Redis refill: a clock that is off shortens or lengthens that copy's life by as
+        much, and the database record stays the authority)."""
+        return max((self.expires_at - (now or timezone.now())).total_seconds(), 0.0)
+
+    def is_stale(self, lock_timeout: float, now: datetime | None = None) -> bool:
+        """An in-progress claim whose lease was not renewed for ``lock_timeout`` seconds,
+        by this process's clock: for display only. Whether a lease may be taken over is
+        decided on the database's clock (:meth:`IdempotencyKeyManager.claim`,
+        :meth:`IdempotencyKeyManager.fence_stale_claim`)."""
+        if self.status != IN_PROGRESS:
+            return False
+        return lease_lapsed(
+            self.locked_at, (now or timezone.now()) - timedelta(seconds=lock_timeout)
+        )
+
+
+@dataclass(frozen=True)
+class DrainResult:
+    """One drain transaction: rows moved into IdempotencyKey, and expired rows dropped."""
+
+    drained: int = 0
+    discarded: int = 0
+    #: Rows left for later: a short batch whose oldest row was younger than ``hold_partial``.
+    held: int = 0
+
+    @property
+    def rows(self) -> int:
+        return self.drained + self.discarded
