@@ -37,7 +37,7 @@ browser:
 lint: $(VENV)/.test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy django_idempotency
+	$(BIN)/mypy django_idempotency tests
 
 docs: $(VENV)/.test
 	$(BIN)/mkdocs build --strict
