@@ -34,10 +34,11 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
 		{ (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 || echo "could not install chromium"; }
 
+## The pre-commit hooks on every file (.pre-commit-config.yaml): whitespace, YAML and TOML,
+## django-upgrade, ruff check and format, mypy over the package and the tests. They call the
+## tools in $(VENV), so it goes first on PATH.
 lint: $(VENV)/.test
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
-	$(BIN)/mypy django_idempotency tests
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pre-commit run --all-files --show-diff-on-failure
 
 docs: $(VENV)/.test
 	$(BIN)/mkdocs build --strict
