@@ -25,9 +25,12 @@ run: $(VENV)/.example
 	$(BIN)/python manage.py seed_demo
 	$(BIN)/gunicorn example_project.wsgi --bind $(HOST):$(PORT) --workers 2 --worker-class gthread --threads 4 --access-logfile -
 
-## Install the test dependencies and run every test (PostgreSQL, Redis, Celery and browser tests included)
+## Install the test dependencies and run every test (PostgreSQL, Redis, Celery and browser tests
+## included), with the package's branch coverage (the floor is in pyproject.toml; for a few
+## tests alone, drop it: make test COVERAGE= PYTEST_ARGS=tests/test_conf.py)
+COVERAGE ?= --cov=django_idempotency --cov-branch --cov-report=term-missing:skip-covered
 test: $(VENV)/.test browser
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(COVERAGE) $(PYTEST_ARGS)
 
 ## Debian's Chromium for the Playwright tests (the Playwright browser download is not used)
 browser:
