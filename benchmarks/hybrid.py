@@ -46,7 +46,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.harness import (  # noqa: E402
+from tests.harness import (
     _example_env,
     count_rows,
     example_server,
@@ -54,7 +54,7 @@ from tests.harness import (  # noqa: E402
     request,
     scratch_database,
 )
-from tests.redis_servers import RedisServer  # noqa: E402
+from tests.redis_servers import RedisServer
 
 CHARGE = {"amount": 1999, "currency": "EUR"}
 BATCH = 1000  # OUTBOX_BATCH_SIZE, the default

@@ -104,115 +104,115 @@ class IdempotencySettings:
         return value if isinstance(value, Mapping) else {}
 
     @property
-    def STRATEGY(self) -> str:  # noqa: N802 - settings read like constants
+    def STRATEGY(self) -> str:
         return str(self._get("STRATEGY"))
 
     @property
-    def DATABASE(self) -> str:  # noqa: N802
+    def DATABASE(self) -> str:
         return str(self._get("DATABASE"))
 
     @property
-    def HEADER(self) -> str:  # noqa: N802
+    def HEADER(self) -> str:
         return str(self._get("HEADER"))
 
     @property
-    def METHODS(self) -> frozenset[str]:  # noqa: N802
+    def METHODS(self) -> frozenset[str]:
         return frozenset(str(m).upper() for m in self._get("METHODS"))
 
     @property
-    def REQUIRED(self) -> bool:  # noqa: N802
+    def REQUIRED(self) -> bool:
         return bool(self._get("REQUIRED"))
 
     @property
-    def TTL(self) -> float:  # noqa: N802
+    def TTL(self) -> float:
         return float(self._get("TTL"))
 
     @property
-    def LOCK_TIMEOUT(self) -> float:  # noqa: N802
+    def LOCK_TIMEOUT(self) -> float:
         return float(self._get("LOCK_TIMEOUT"))
 
     @property
-    def HEARTBEAT_INTERVAL(self) -> float:  # noqa: N802
+    def HEARTBEAT_INTERVAL(self) -> float:
         value = self._get("HEARTBEAT_INTERVAL")
         if value is None:
             return self.LOCK_TIMEOUT / 3
         return float(value)
 
     @property
-    def RETRY_AFTER(self) -> int | None:  # noqa: N802
+    def RETRY_AFTER(self) -> int | None:
         value = self._get("RETRY_AFTER")
         return None if value is None else int(value)
 
     @property
-    def ATOMIC(self) -> bool:  # noqa: N802
+    def ATOMIC(self) -> bool:
         return bool(self._get("ATOMIC"))
 
     @property
-    def STORE_SERVER_ERRORS(self) -> bool:  # noqa: N802
+    def STORE_SERVER_ERRORS(self) -> bool:
         return bool(self._get("STORE_SERVER_ERRORS"))
 
     @property
-    def STORED_HEADERS(self) -> frozenset[str]:  # noqa: N802
+    def STORED_HEADERS(self) -> frozenset[str]:
         return _lower_set(self._get("STORED_HEADERS"))
 
     @property
-    def NEVER_STORED_HEADERS(self) -> frozenset[str]:  # noqa: N802
+    def NEVER_STORED_HEADERS(self) -> frozenset[str]:
         return _lower_set(self._get("NEVER_STORED_HEADERS"))
 
     @property
-    def MAX_STORED_BODY_SIZE(self) -> int:  # noqa: N802
+    def MAX_STORED_BODY_SIZE(self) -> int:
         return int(self._get("MAX_STORED_BODY_SIZE"))
 
     @property
-    def SCOPE_FUNCTION(self) -> str | None:  # noqa: N802
+    def SCOPE_FUNCTION(self) -> str | None:
         value = self._get("SCOPE_FUNCTION")
         return None if value is None else str(value)
 
     @property
-    def DOWNSTREAM_KEY_SECRET(self) -> str:  # noqa: N802
+    def DOWNSTREAM_KEY_SECRET(self) -> str:
         value = self._get("DOWNSTREAM_KEY_SECRET")
         return str(settings.SECRET_KEY if value is None else value)
 
     @property
-    def ADMIN_ENABLED(self) -> bool:  # noqa: N802
+    def ADMIN_ENABLED(self) -> bool:
         return bool(self._get("ADMIN_ENABLED"))
 
     @property
-    def METRICS(self) -> bool:  # noqa: N802
+    def METRICS(self) -> bool:
         return bool(self._get("METRICS"))
 
     @property
-    def REDIS_CACHE_ALIAS(self) -> str | None:  # noqa: N802
+    def REDIS_CACHE_ALIAS(self) -> str | None:
         value = self._get("REDIS_CACHE_ALIAS")
         return None if value is None else str(value)
 
     @property
-    def REDIS_URL(self) -> str | None:  # noqa: N802
+    def REDIS_URL(self) -> str | None:
         value = self._get("REDIS_URL")
         return None if value is None else str(value)
 
     @property
-    def REDIS_CLUSTER(self) -> bool:  # noqa: N802
+    def REDIS_CLUSTER(self) -> bool:
         return bool(self._get("REDIS_CLUSTER"))
 
     @property
-    def REDIS_KEY_PREFIX(self) -> str:  # noqa: N802
+    def REDIS_KEY_PREFIX(self) -> str:
         return str(self._get("REDIS_KEY_PREFIX"))
 
     @property
-    def REDIS_SOCKET_TIMEOUT(self) -> float:  # noqa: N802
+    def REDIS_SOCKET_TIMEOUT(self) -> float:
         return float(self._get("REDIS_SOCKET_TIMEOUT"))
 
     @property
-    def REDIS_FAILURE_MODE(self) -> str:  # noqa: N802
+    def REDIS_FAILURE_MODE(self) -> str:
         return str(self._get("REDIS_FAILURE_MODE"))
 
     @property
-    def HYBRID_DB_CHECK(self) -> str:  # noqa: N802
+    def HYBRID_DB_CHECK(self) -> str:
         return str(self._get("HYBRID_DB_CHECK"))
 
     @property
-    def OUTBOX_BATCH_SIZE(self) -> int:  # noqa: N802
+    def OUTBOX_BATCH_SIZE(self) -> int:
         return int(self._get("OUTBOX_BATCH_SIZE"))
 
 

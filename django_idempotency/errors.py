@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, InterfaceError, OperationalError
 
 if TYPE_CHECKING:
@@ -176,8 +177,16 @@ class DatabaseUnavailable(IdempotencyError):
     )
 
 
-class ImproperlyConfiguredStrategy(Exception):
+# -- configuration errors: Django's ImproperlyConfigured, so code that catches that catches
+# these too ----------------------------------------------------------------------------------
+
+
+class ImproperlyConfiguredStrategy(ImproperlyConfigured):
     """The configured strategy cannot be loaded (reported by the system checks too)."""
+
+
+class RedisNotConfigured(ImproperlyConfigured):
+    """The redis or hybrid strategy is used without ``REDIS_URL`` or ``REDIS_CACHE_ALIAS``."""
 
 
 # -- database errors raised by the view ----------------------------------------------------

@@ -9,6 +9,7 @@ from django.db import transaction
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 from rest_framework.request import Request
+from rest_framework.response import Response
 
 from .conf import conf
 from .engine import IdempotentRequest, Options, default_scope, transient_conflict_response
@@ -133,7 +134,10 @@ class IdempotencyMixin:
         handler = getattr(self, method, None)
         return handler is not None and handler != self.http_method_not_allowed  # type: ignore[attr-defined]
 
-    def handle_exception(self, exc: Exception) -> HttpResponseBase:
+    def handle_exception(self, exc: Exception) -> Response:
+        # Typed as DRF's ``APIView.handle_exception`` is, so that a view with this mixin
+        # before ``APIView`` type-checks. The short-circuit answer is a Django response;
+        # ``dispatch()`` hands it to ``finalize_response()``, which takes any response.
         if isinstance(exc, _ShortCircuit):
-            return exc.response
+            return exc.response  # type: ignore[return-value]
         return super().handle_exception(exc)  # type: ignore[misc,no-any-return]

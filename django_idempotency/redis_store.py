@@ -28,6 +28,7 @@ from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from redis.retry import Retry
 
 from .conf import conf
+from .errors import RedisNotConfigured
 from .responses import StoredResponse
 from .status import COMPLETED, IN_PROGRESS
 
@@ -56,8 +57,8 @@ def get_client() -> RedisClient:
     when ``REDIS_CLUSTER`` is true, with both socket timeouts set to
     ``REDIS_SOCKET_TIMEOUT`` and no retry with back-off on a single node (a dead
     server costs one timeout, not several). Raises ``RedisUnavailable`` when a
-    cluster cannot be reached to read its topology, and ``ImproperlyConfigured``
-    when neither setting is given.
+    cluster cannot be reached to read its topology, and ``RedisNotConfigured``
+    (an ``ImproperlyConfigured``) when neither setting is given.
     """
     alias = conf.REDIS_CACHE_ALIAS
     url = conf.REDIS_URL
@@ -67,9 +68,7 @@ def get_client() -> RedisClient:
     elif url:
         ident = ("url", url, cluster)
     else:
-        from django.core.exceptions import ImproperlyConfigured
-
-        raise ImproperlyConfigured(
+        raise RedisNotConfigured(
             "The redis and hybrid idempotency strategies need IDEMPOTENCY['REDIS_URL'] "
             "or IDEMPOTENCY['REDIS_CACHE_ALIAS']."
         )

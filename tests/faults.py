@@ -97,10 +97,10 @@ def execute(key: str) -> HttpResponseBase:
         transaction.on_commit(lambda: _hook_raises_once(key), using=conf.DATABASE)
         return HttpResponse(_payload(effect), status=201, content_type="application/json")
     if step == "refuse":
-        raise Refused({"effect": effect})
+        raise Refused({"effect": str(effect)})
     if step == "slow_refuse":
         time.sleep(1.0)
-        raise Refused({"effect": effect})
+        raise Refused({"effect": str(effect)})
     if step == "raise_after":
         raise RuntimeError("the view failed after writing")
     if step == "interfere":

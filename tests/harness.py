@@ -109,7 +109,7 @@ def query_scalar(database_url: str, sql: str, params: tuple[Any, ...] = ()) -> A
         import psycopg
 
         with psycopg.connect(database_url) as conn:
-            row = conn.execute(sql, params).fetchone()  # type: ignore[arg-type]
+            row = conn.execute(sql, params).fetchone()
     return None if row is None else row[0]
 
 
@@ -230,6 +230,7 @@ def request(
     """One HTTP request; returns (status, parsed JSON or raw text) and keeps response headers
     in the returned body under ``"_headers"`` when it is a JSON object."""
     parts = urlsplit(url)
+    assert parts.hostname is not None, url
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
     send_headers = {"Content-Type": "application/json", **(headers or {})}
     if token:

@@ -286,7 +286,7 @@ def test_release_confirmation_with_nothing_to_release(admin_client: Client) -> N
 
 def test_a_released_key_runs_again(admin_client: Client, client: Client) -> None:
     """After the release a retry claims the key afresh (the point of releasing it)."""
-    headers = {"HTTP_IDEMPOTENCY_KEY": "retry-me"}
+    headers: dict[str, Any] = {"HTTP_IDEMPOTENCY_KEY": "retry-me"}
     request = RequestFactory().post("/t/fn/", b"{}", "application/json", **headers)
     stuck = IdempotencyKeyFactory(
         scope="anonymous", key="retry-me", fingerprint=fingerprint(request)

@@ -6,12 +6,15 @@ from typing import Any
 
 import pytest
 from django.core.checks import CheckMessage, Error, Warning, run_checks
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.db import connections
 from django.test import override_settings
 
 from django_idempotency.checks import check_settings
+from django_idempotency.errors import ImproperlyConfiguredStrategy, RedisNotConfigured
+from django_idempotency.strategies import load_strategy
 
 
 def ids(messages: list[CheckMessage]) -> list[str]:
@@ -138,6 +141,16 @@ def test_e006_unloadable_strategy(strategy: str) -> None:
     assert "pip install django-idempotency[redis]" in (message.hint or "")
 
 
+@pytest.mark.parametrize(
+    "strategy", ["no_such_strategy", "django_idempotency.conf.IdempotencySettings"]
+)
+def test_an_unloadable_strategy_raises_improperly_configured(strategy: str) -> None:
+    """What E006 reports is raised by ``load_strategy`` as an ``ImproperlyConfigured``."""
+    with pytest.raises(ImproperlyConfiguredStrategy) as info:
+        load_strategy(strategy)
+    assert isinstance(info.value, ImproperlyConfigured)
+
+
 def test_e007_advisory_lock_needs_postgresql() -> None:
     message = only(run({"STRATEGY": "advisory_lock", "DATABASE": "sqlite"}), "E007")
     assert "sqlite" in message.msg
@@ -169,6 +182,18 @@ def test_e011_redis_strategies_need_a_redis() -> None:
     message = only(run({"STRATEGY": "redis"}), "E011")
     assert "REDIS_URL" in message.msg
     assert run({"STRATEGY": "redis", "REDIS_URL": "redis://127.0.0.1:6379/15"}) == []
+
+
+def test_redis_strategies_without_a_redis_raise_improperly_configured() -> None:
+    """What E011 reports is raised by the Redis client factory as an ``ImproperlyConfigured``."""
+    from django_idempotency.redis_store import get_client
+
+    with (
+        override_settings(IDEMPOTENCY={"STRATEGY": "redis"}),
+        pytest.raises(RedisNotConfigured, match="REDIS_URL") as info,
+    ):
+        get_client()
+    assert isinstance(info.value, ImproperlyConfigured)
 
 
 def test_e012_cache_alias_must_be_django_redis() -> None:

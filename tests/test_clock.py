@@ -76,6 +76,7 @@ def claim(**kwargs: Any) -> ClaimResult:
 
 
 def token_of(pk: int | None) -> uuid.UUID:
+    assert pk is not None
     return IdempotencyKey.objects.using("default").get(pk=pk).claim_token
 
 
@@ -105,6 +106,7 @@ def test_a_stale_lease_is_taken_over_whatever_the_app_clock(skew: int) -> None:
         new = claim()
     assert new.state is ClaimState.CLAIMED and new.taken_over
     assert token_of(owner.pk) == new.token
+    assert owner.pk is not None
     row = IdempotencyKey.objects.using("default").get(pk=owner.pk)
     assert near_db_now(row.locked_at) and near_db_now(row.created_at)
     assert near_db_now(row.expires_at, offset=3600)
@@ -124,6 +126,7 @@ def test_a_lease_stale_by_the_db_clock_is_taken_over_by_a_server_that_lags() -> 
 def test_a_claim_is_stamped_with_the_db_clock(skew: int) -> None:
     with app_clock(skew):
         result = claim()
+    assert result.pk is not None
     row = IdempotencyKey.objects.using("default").get(pk=result.pk)
     assert near_db_now(row.locked_at) and near_db_now(row.created_at)
     assert near_db_now(row.expires_at, offset=3600)
@@ -227,4 +230,5 @@ def test_fence_stale_claim_judges_the_lease_on_the_db_clock(skew: int) -> None:
     set_locked_at(owner.pk, 600)
     with app_clock(skew):
         assert manager.fence_stale_claim("user:1", "k1", lock_timeout=30) is True
+    assert owner.pk is not None
     assert not manager.filter(pk=owner.pk).exists()

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 from pytest_django.fixtures import Settings
 
 from django_idempotency.conf import DEFAULTS, conf
+from django_idempotency.errors import ImproperlyConfiguredStrategy, RedisNotConfigured
 
 
 def test_defaults() -> None:
@@ -86,3 +89,11 @@ def test_nothing_is_written_into_settings() -> None:
             getattr(conf, name)
         assert snapshot() == before
         assert not hasattr(settings, "IDEMPOTENCY")
+
+
+@pytest.mark.parametrize("error", [ImproperlyConfiguredStrategy, RedisNotConfigured])
+def test_configuration_errors_are_improperly_configured(error: type[Exception]) -> None:
+    """A project that catches Django's ``ImproperlyConfigured`` catches the app's too."""
+    assert issubclass(error, ImproperlyConfigured)
+    with pytest.raises(ImproperlyConfigured):
+        raise error("misconfigured")

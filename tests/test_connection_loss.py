@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from django.db import (
     DatabaseError,
+    Error,
     IntegrityError,
     InterfaceError,
     OperationalError,
@@ -228,7 +229,7 @@ def test_without_atomic_the_writes_stay_and_the_key_waits_for_the_lock_timeout(
 # -- the classification, error by error ---------------------------------------------------
 
 
-def _django_error(cls: type[DatabaseError], cause: BaseException | None, text: str = "") -> Any:
+def _django_error(cls: type[Error], cause: BaseException | None, text: str = "") -> Any:
     """A Django database error as Django raises it: the driver's error as its cause."""
     error = cls(text or str(cause))
     error.__cause__ = cause

@@ -186,7 +186,7 @@ def test_logged_in_users_have_their_own_scope() -> None:
 def test_refund_example() -> None:
     alice = UserFactory(username="alice")
     charge = Charge.objects.create(user=alice, amount=1000, currency="EUR", psp_reference="p")
-    auth = {"HTTP_AUTHORIZATION": f"Token {alice.auth_token.key}"}
+    auth: dict[str, Any] = {"HTTP_AUTHORIZATION": f"Token {alice.auth_token.key}"}
     problem(
         post("/api/refunds/", {"charge": charge.pk, "amount": 100}, key=None, **auth),
         400,

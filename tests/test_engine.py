@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -38,7 +38,7 @@ rf = RequestFactory()
 def request(
     key: str | None = "k1", body: object = None, path: str = "/pay/", **extra: Any
 ) -> HttpRequest:
-    headers = {"HTTP_IDEMPOTENCY_KEY": key} if key is not None else {}
+    headers: dict[str, Any] = {"HTTP_IDEMPOTENCY_KEY": key} if key is not None else {}
     req = rf.post(
         path,
         json.dumps(body or {"amount": 100}),
@@ -61,6 +61,13 @@ def view(
         return response
 
     return run
+
+
+def locked_at(key: str) -> datetime:
+    """The lease time of a running claim."""
+    value = IdempotencyKey.objects.get(key=key).locked_at
+    assert value is not None
+    return value
 
 
 def problem(response: Any, status: int, slug: str) -> dict[str, Any]:
@@ -102,7 +109,7 @@ def test_claim_store_replay(recorded: list[str]) -> None:
     assert first.status_code == 201 and REPLAYED_HEADER not in first
     second = handle(request(), view())
     assert second.status_code == 201
-    assert second.content == b'{"id": 1}'
+    assert isinstance(second, HttpResponse) and second.content == b'{"id": 1}'
     assert second[REPLAYED_HEADER] == "true"
     assert second["Location"] == "/pay/1/"
     assert second["Content-Type"] == "application/json"
@@ -213,6 +220,7 @@ def test_server_error_releases_the_key(atomic: bool, recorded: list[str]) -> Non
 def test_server_errors_stored_when_configured() -> None:
     assert handle(request(), view(status=502, body=b"down")).status_code == 502
     replay = handle(request(), view(status=201))
+    assert isinstance(replay, HttpResponse)
     assert replay.status_code == 502 and replay.content == b"down"
     assert replay[REPLAYED_HEADER] == "true"
     assert SideEffect.objects.count() == 1
@@ -294,12 +302,14 @@ def test_replay_without_a_stored_content_type_has_none() -> None:
 @override_settings(IDEMPOTENCY={"MAX_STORED_BODY_SIZE": 10})
 def test_response_too_large_to_store_completes_the_key_without_it() -> None:
     response = handle(request(), view(body=b"x" * 11))
+    assert isinstance(response, HttpResponse)
     assert response.status_code == 201 and response.content == b"x" * 11
     assert SideEffect.objects.count() == 1  # the writes the client was told of committed
     row = IdempotencyKey.objects.get()
     assert row.status == "completed" and row.response_status == 201
-    assert bytes(row.response_body) == b""
+    assert row.response_body is not None and bytes(row.response_body) == b""
     retry = handle(request(), view(body=b"x" * 11))
+    assert isinstance(retry, HttpResponse)
     problem(retry, 409, "response-not-stored")
     assert json.loads(retry.content)["original_status"] == 201
     assert SideEffect.objects.count() == 1  # the retry did not run the view
@@ -312,7 +322,7 @@ def test_streaming_response_completes_the_key_without_it() -> None:
         return StreamingHttpResponse(iter([b"a", b"b"]))
 
     response = handle(request(), streaming)
-    assert b"".join(response) == b"ab"  # type: ignore[arg-type]
+    assert b"".join(response) == b"ab"
     assert IdempotencyKey.objects.get().status == "completed"
     problem(handle(request(), streaming), 409, "response-not-stored")
     assert SideEffect.objects.count() == 1
@@ -329,8 +339,10 @@ def test_body_over_the_upload_limit_is_413() -> None:
 def test_scope_function_and_scopes_are_separate() -> None:
     handle(request(), view(body=b"alice"), scope=lambda r: "tenant:a")
     other = handle(request(), view(body=b"bob"), scope=lambda r: "tenant:b")
+    assert isinstance(other, HttpResponse)
     assert other.content == b"bob" and REPLAYED_HEADER not in other
-    assert handle(request(), view(), scope=lambda r: "tenant:a").content == b"alice"
+    again = handle(request(), view(), scope=lambda r: "tenant:a")
+    assert isinstance(again, HttpResponse) and again.content == b"alice"
     assert set(IdempotencyKey.objects.values_list("scope", flat=True)) == {"tenant:a", "tenant:b"}
 
 
@@ -408,12 +420,12 @@ def test_fencing_takeover_while_the_view_runs_rolls_it_back(gate: Any, recorded:
 def test_heartbeat_renews_the_lease_while_a_slow_view_runs(gate: Any) -> None:
     slow = Background("/gated/", "slow")
     assert gate.entered.wait(timeout=30)
-    first = IdempotencyKey.objects.get(key="slow").locked_at
-    wait_until(lambda: IdempotencyKey.objects.get(key="slow").locked_at > first)
+    first = locked_at("slow")
+    wait_until(lambda: locked_at("slow") > first)
     # well past LOCK_TIMEOUT since the claim, the lease is still live: no takeover
     claimed_at = IdempotencyKey.objects.get(key="slow").created_at
     wait_until(lambda: timezone.now() - claimed_at > timedelta(seconds=1.5))
-    renewed = IdempotencyKey.objects.get(key="slow").locked_at
+    renewed = locked_at("slow")
     assert timezone.now() - renewed < timedelta(seconds=1)
     duplicate = Client().post(
         "/gated/", {"amount": 1}, content_type="application/json", HTTP_IDEMPOTENCY_KEY="slow"
@@ -541,8 +553,8 @@ def test_heartbeat_follows_a_views_own_lock_timeout(gate: Any) -> None:
     assert conf.HEARTBEAT_INTERVAL == 20
     running = Background("/gated-short-lock/", "short")
     assert gate.entered.wait(timeout=30)
-    first = IdempotencyKey.objects.get(key="short").locked_at
-    wait_until(lambda: IdempotencyKey.objects.get(key="short").locked_at > first, timeout=5)
+    first = locked_at("short")
+    wait_until(lambda: locked_at("short") > first, timeout=5)
     gate.opened.set()
     assert running.result().status_code == 201
 

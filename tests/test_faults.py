@@ -353,7 +353,7 @@ def test_lease_lost(setup: Setup, client: APIClient) -> None:
 
 
 def _scope_of(client: APIClient) -> str:
-    user = client.handler._force_user
+    user = client.handler._force_user  # type: ignore[attr-defined]  # DRF internals
     return f"user:{user.pk}"
 
 

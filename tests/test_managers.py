@@ -48,7 +48,8 @@ def claim(alias: str, key: str = "k1", fingerprint: str = PRINT, **kwargs: Any) 
 
 
 def row(alias: str, pk: int | None) -> dict[str, Any]:
-    values = IdempotencyKey.objects.using(alias).filter(pk=pk).values().get()
+    assert pk is not None
+    values: dict[str, Any] = dict(IdempotencyKey.objects.using(alias).filter(pk=pk).values().get())
     if values["response_body"] is not None:
         values["response_body"] = bytes(values["response_body"])
     return values
@@ -56,6 +57,7 @@ def row(alias: str, pk: int | None) -> dict[str, Any]:
 
 def age(alias: str, pk: int | None, **fields: timedelta) -> None:
     """Move timestamps into the past, as if time had passed."""
+    assert pk is not None
     now = timezone.now()
     IdempotencyKey.objects.using(alias).filter(pk=pk).update(
         **{name: now - delta for name, delta in fields.items()}

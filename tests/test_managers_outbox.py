@@ -123,7 +123,8 @@ def test_drain_moves_rows_in_batches_and_fences_db_claims(using: str) -> None:
     rows = IdempotencyKey.objects.using(using)
     assert rows.count() == 25 and not rows.filter(key="expired").exists()
     assert set(rows.values_list("status", flat=True)) == {COMPLETED}
-    assert bytes(rows.get(key=keys[1]).response_body) == RESPONSE.body
+    body = rows.get(key=keys[1]).response_body
+    assert body is not None and bytes(body) == RESPONSE.body
     # The running claim was fenced: its owner can no longer complete it.
     assert not IdempotencyKey.objects.complete(
         claim.pk, claim.claim_token, RESPONSE, ttl=60, using=using

@@ -235,7 +235,7 @@ def test_malformed_multipart_is_a_400_problem(alice: Any) -> None:
     response = client_for(alice).generic(
         "POST",
         "/t/drf/",
-        b"--nope\r\ngarbage",
+        b"--nope\r\ngarbage",  # type: ignore[arg-type]  # raw bytes, as a client may send
         content_type="multipart/form-data",
         HTTP_IDEMPOTENCY_KEY="k1",
     )

@@ -55,5 +55,5 @@ def test_binary_body_and_json_headers_round_trip() -> None:
     body = bytes(range(256))
     key = CompletedKeyFactory(response_body=body, response_headers={"Content-Type": "x/y"})
     fresh = IdempotencyKey.objects.get(pk=key.pk)
-    assert bytes(fresh.response_body) == body
+    assert fresh.response_body is not None and bytes(fresh.response_body) == body
     assert fresh.response_headers == {"Content-Type": "x/y"}

@@ -114,7 +114,7 @@ def schema() -> dict[str, Any]:
 def key_parameter(operation: dict[str, Any]) -> dict[str, Any] | None:
     for parameter in operation.get("parameters", []):
         if parameter["in"] == "header" and parameter["name"] == "Idempotency-Key":
-            return parameter  # type: ignore[no-any-return]
+            return parameter
     return None
 
 

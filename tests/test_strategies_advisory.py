@@ -38,7 +38,9 @@ RESPONSE = StoredResponse(
 
 
 def stored(alias: str, key: str) -> dict[str, Any]:
-    values = IdempotencyKey.objects.using(alias).filter(scope="user:1", key=key).values().get()
+    values: dict[str, Any] = dict(
+        IdempotencyKey.objects.using(alias).filter(scope="user:1", key=key).values().get()
+    )
     values["response_body"] = bytes(values["response_body"])
     return values
 
@@ -167,14 +169,14 @@ def advisory_locks() -> list[tuple[int, int, int, bool]]:
             "JOIN pg_database d ON d.oid = l.database "
             "WHERE l.locktype = 'advisory' AND d.datname = current_database()"
         )
-        return [tuple(row) for row in cursor.fetchall()]  # type: ignore[misc]
+        return [tuple(row) for row in cursor.fetchall()]
 
 
 def lock_id(scope: str, key: str) -> tuple[int, int]:
     """The (classid, objid) pair PostgreSQL shows for the strategy's 64-bit lock key."""
     with connections["default"].cursor() as cursor:
         cursor.execute("SELECT hashtextextended(%s, 0)", [lock_name(scope, key)])
-        (value,) = cursor.fetchone()  # type: ignore[misc]
+        (value,) = cursor.fetchone()
     unsigned = value & 0xFFFFFFFFFFFFFFFF
     return unsigned >> 32, unsigned & 0xFFFFFFFF
 

@@ -53,7 +53,7 @@ def hybrid(redis_settings: Any, running_private_redis: RedisServer) -> Any:
 
     def apply(**more: Any) -> dict[str, Any]:
         more.setdefault("STRATEGY", "hybrid")
-        return redis_settings(running_private_redis.url, **more)  # type: ignore[no-any-return]
+        return redis_settings(running_private_redis.url, **more)
 
     apply(HYBRID_DB_CHECK="always")
     return apply
@@ -384,7 +384,8 @@ def test_after_loss_detects_a_flush_and_a_restart(
     run_id = client.info("server")["run_id"]
 
     assert strategy.loss_suspected(store, 60)  # no marker yet: written now
-    assert json.loads(client.get(marker))["run_id"] == run_id
+    written = client.get(marker)
+    assert written is not None and json.loads(written)["run_id"] == run_id
     assert strategy.loss_suspected(store, 60)  # within TTL of the marker
     client.set(marker, json.dumps({"run_id": run_id, "since": time.time() - 120}))
     assert not strategy.loss_suspected(store, 60)  # quiet: no database check
@@ -517,7 +518,8 @@ def test_a_db_claim_in_progress_is_left_to_the_db_strategy(hybrid: Any) -> None:
     retry = _post(client, key, body)
     assert retry.status_code == 201 and _replayed(retry)
     assert retry.content == results["slow"].content
-    assert get_store().get(scope, key).status == COMPLETED  # refilled
+    record = get_store().get(scope, key)
+    assert record is not None and record.status == COMPLETED  # refilled
     assert SideEffect.objects.count() == 1
 
     # A stale db claim (its owner crashed) with this request's fingerprint is taken over.

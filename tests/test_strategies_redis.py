@@ -43,7 +43,7 @@ def api(db: None) -> APIClient:
 
 @pytest.fixture
 def on_shared_redis(redis_settings: Any, shared_redis_url: str) -> dict[str, Any]:
-    return redis_settings(shared_redis_url)  # type: ignore[no-any-return]
+    return redis_settings(shared_redis_url)
 
 
 def _post(client: Client, path: str, key: str, body: dict[str, Any]) -> Any:

@@ -217,7 +217,8 @@ def _check_drained(keys: list[str], *others: str) -> None:
     rows = dict(IdempotencyKey.objects.values_list("key", "response_body"))
     assert set(rows) == {*keys, *others}
     for key in keys[:: max(len(keys) // 50, 1)]:
-        assert json.loads(bytes(rows[key]))["key"] == key
+        body = rows[key]
+        assert body is not None and json.loads(bytes(body))["key"] == key
     assert not IdempotencyKey.objects.exclude(status=COMPLETED).exists()
 
 
