@@ -55,6 +55,8 @@ from urllib.parse import urlsplit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests.support.databases import pg_admin  # noqa: E402
+
 ADMIN_URL = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 SCOPE = "user:1"
 FINGERPRINT = "f" * 64
@@ -69,13 +71,6 @@ Loop = Callable[[int, str], None]
 
 
 # -- set-up ---------------------------------------------------------------------------------
-
-
-def pg_admin(sql: str) -> None:
-    import psycopg
-
-    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        conn.execute(sql)  # type: ignore[arg-type]
 
 
 def configure_django(pg_name: str | None, sqlite_path: str) -> None:
@@ -597,7 +592,7 @@ def main() -> int:
 
     pg_name = f"idem_bench_{os.getpid()}"
     try:
-        pg_admin(f'CREATE DATABASE "{pg_name}"')
+        pg_admin(f'CREATE DATABASE "{pg_name}"', ADMIN_URL)
     except Exception as exc:  # reported; the SQLite case still runs
         print(f"PostgreSQL at {ADMIN_URL} unavailable ({exc}); SQLite only")
         pg_name = None  # type: ignore[assignment]
@@ -697,7 +692,7 @@ def main() -> int:
         except Exception:  # Django may not be configured yet
             pass
         if pg_name is not None:
-            pg_admin(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)')
+            pg_admin(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)', ADMIN_URL)
         tmp.cleanup()
 
 

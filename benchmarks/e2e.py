@@ -26,22 +26,21 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.support.example import example_env, example_server, scratch_database  # noqa: E402
+
 ADMIN_URL = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 TOKEN = "alice-token"
 BODY = '{"amount": 1000, "currency": "EUR"}'
@@ -118,28 +117,10 @@ end
 # -- set-up ---------------------------------------------------------------------------------
 
 
-def pg_admin(sql: str) -> None:
-    import psycopg
-
-    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        conn.execute(sql)  # type: ignore[arg-type]
-
-
-def example_env(database_url: str, **extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("DJANGO_", "IDEMPOTENCY_", "REDIS_", "CELERY_", "PSP_"))
-    }
-    env.update(
-        DJANGO_SETTINGS_MODULE="example_project.settings",
-        DATABASE_URL=database_url,
-        EXAMPLE_BASELINE_ROUTES="1",
-        PSP_DELAY_MS="0",
-        PYTHONPATH=str(ROOT),
-    )
-    env.update(extra)
-    if env.get("IDEMPOTENCY_STRATEGY") in REDIS_STRATEGIES:
+def bench_env(strategy: str, **extra: str) -> dict[str, str]:
+    """What the example project is given on top of ``example_env`` for ``strategy``."""
+    env = {"IDEMPOTENCY_STRATEGY": strategy, **extra}
+    if strategy in REDIS_STRATEGIES:
         env.update(
             REDIS_URL=BENCH_REDIS_URL,
             IDEMPOTENCY_REDIS_PREFIX=BENCH_REDIS_PREFIX,
@@ -167,90 +148,18 @@ def clean_redis() -> None:
         client.delete(key)
 
 
-def manage(database_url: str, *args: str) -> None:
-    subprocess.run(
-        [sys.executable, str(ROOT / "manage.py"), *args],
-        env=example_env(database_url),
-        cwd=ROOT,
-        check=True,
-        stdout=subprocess.DEVNULL,
-        timeout=300,
-    )
-
-
-@contextmanager
-def scratch_database() -> Iterator[str]:
-    name = f"idem_bench_{os.getpid()}"
-    pg_admin(f'CREATE DATABASE "{name}"')
-    url = urlsplit(ADMIN_URL)._replace(path="/" + name).geturl()
-    try:
-        manage(url, "migrate", "--noinput", "-v", "0")
-        manage(url, "seed_demo")
-        yield url
-    finally:
-        pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def free_port() -> int:
-    with closing(socket.socket()) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextmanager
 def server(database_url: str, strategy: str, workers: int, threads: int) -> Iterator[str]:
     """gunicorn with gthread workers; the same settings for every strategy and route."""
-    port = free_port()
-    log = tempfile.NamedTemporaryFile(prefix="idem-bench-gunicorn-", suffix=".log")  # noqa: SIM115
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "example_project.wsgi",
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--workers",
-            str(workers),
-            "--worker-class",
-            "gthread",
-            "--threads",
-            str(threads),
-            "--no-control-socket",
-        ],
-        env=example_env(database_url, IDEMPOTENCY_STRATEGY=strategy),
-        cwd=ROOT,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if process.poll() is not None:
-                log.seek(0)
-                raise RuntimeError("gunicorn exited:\n" + log.read().decode(errors="replace"))
-            try:
-                req = urllib.request.Request(
-                    url + "/api/charges/", headers={"Authorization": f"Token {TOKEN}"}
-                )
-                with urllib.request.urlopen(req, timeout=5) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-        yield url
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(5)
-        log.close()
+    with example_server(
+        database_url,
+        strategy=strategy,
+        workers=workers,
+        threads=threads,
+        env=bench_env(strategy),
+        ready_timeout=60,
+    ) as running:
+        yield running.url
 
 
 # -- wrk ------------------------------------------------------------------------------------
@@ -394,7 +303,7 @@ def print_statements(database_url: str, strategy: str) -> None:
     print(f"\nSQL per request, strategy {strategy}:")
     subprocess.run(
         [sys.executable, "-c", STATEMENTS_SCRIPT],
-        env=example_env(database_url, IDEMPOTENCY_STRATEGY=strategy, DJANGO_ALLOWED_HOSTS="*"),
+        env=example_env(database_url, bench_env(strategy, DJANGO_ALLOWED_HOSTS="*")),
         cwd=ROOT,
         check=True,
     )
@@ -423,7 +332,10 @@ def main() -> int:
         f"-d{args.duration:g}s, {args.rounds} rounds"
     )
     results = []
-    with tempfile.TemporaryDirectory(prefix="idem-bench-") as tmp, scratch_database() as db_url:
+    with (
+        tempfile.TemporaryDirectory(prefix="idem-bench-") as tmp,
+        scratch_database("postgres", admin_url=ADMIN_URL, prefix="idem_bench_") as db_url,
+    ):
         script = os.path.join(tmp, "fresh_key.lua")
         Path(script).write_text(WRK_SCRIPT)
         for strategy in args.strategies.split(","):

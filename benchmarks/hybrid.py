@@ -29,10 +29,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
-import os
 import re
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -46,15 +43,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.harness import (
-    _example_env,
-    count_rows,
+from tests.support.databases import count_rows, query_scalar  # noqa: E402
+from tests.support.example import (  # noqa: E402
+    example_env,
     example_server,
-    query_scalar,
     request,
     scratch_database,
 )
-from tests.redis_servers import RedisServer
+from tests.support.redis_servers import RedisServer  # noqa: E402
+from tests.support.workers import Worker  # noqa: E402
 
 CHARGE = {"amount": 1999, "currency": "EUR"}
 BATCH = 1000  # OUTBOX_BATCH_SIZE, the default
@@ -143,50 +140,17 @@ def commits_per_request(db: str, redis: RedisServer, n: int) -> dict[str, dict[s
 @contextmanager
 def celery_worker(db: str, redis: RedisServer) -> Iterator[Path]:
     log = Path(tempfile.mkstemp(prefix="idem-bench-celery-", suffix=".log")[1])
-    env = _example_env(
+    env = example_env(
         db,
         {"REDIS_URL": redis.url, "CELERY_BROKER_URL": redis.url, "IDEMPOTENCY_LOG_LEVEL": "INFO"},
     )
-    with log.open("ab") as out:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "example_project.celery",
-                "worker",
-                "--pool",
-                "solo",
-                "--loglevel",
-                "INFO",
-                "--without-mingle",
-                "--without-gossip",
-                "--without-heartbeat",
-                "--hostname",
-                f"bench-{uuid.uuid4().hex[:6]}@%h",
-            ],
-            env=env,
-            cwd=ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            deadline = time.monotonic() + 60
-            while " ready." not in log.read_text(errors="replace"):
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("celery worker did not start:\n" + log.read_text())
-                time.sleep(0.1)
-            yield log
-        finally:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(5)
-            log.unlink(missing_ok=True)
+    worker = Worker(name=f"bench-{uuid.uuid4().hex[:6]}", env=env, log_path=log)
+    try:
+        worker.start()
+        yield log
+    finally:
+        worker.stop()
+        log.unlink(missing_ok=True)
 
 
 def load(url: str, seconds: float, clients: int) -> int:

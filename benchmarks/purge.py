@@ -42,14 +42,9 @@ from urllib.parse import urlsplit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests.support.databases import pg_admin  # noqa: E402
+
 ADMIN_URL = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
-
-
-def pg_admin(sql: str) -> None:
-    import psycopg
-
-    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        conn.execute(sql)  # type: ignore[arg-type]
 
 
 def configure_django(name: str) -> None:
@@ -230,7 +225,7 @@ def main() -> None:
     # A SIGTERM (a timeout, Ctrl-C in a runner) still drops the scratch database below.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     name = f"idem_purge_{os.getpid()}"
-    pg_admin(f'CREATE DATABASE "{name}"')
+    pg_admin(f'CREATE DATABASE "{name}"', ADMIN_URL)
     try:
         configure_django(name)
         import django
@@ -290,7 +285,7 @@ def main() -> None:
             connections.close_all()
         except Exception:  # Django may not be set up yet
             pass
-        pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', ADMIN_URL)
 
     print(
         f"[{result['path']}] purged {result['deleted']:,} rows in {result['batches']} batches "

@@ -208,7 +208,7 @@ def measure(
 
 
 def main() -> None:
-    from tests.redis_servers import RedisClusterNodes, RedisServer
+    from tests.support.redis_servers import RedisClusterNodes, RedisServer
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)

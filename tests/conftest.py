@@ -1,13 +1,22 @@
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
-from django.db import connections
 
-from . import services
+# The shared assertions and request helpers report like assertions in the tests themselves.
+pytest.register_assert_rewrite("tests.support.api", "tests.support.assertions")
 
-pytest_plugins = ["tests.conftest_redis"]
+from django.conf import settings  # noqa: E402
+from django.db import connections  # noqa: E402
+from rest_framework.test import APIClient  # noqa: E402
+
+from .factories import UserFactory  # noqa: E402
+from .support import services  # noqa: E402
+from .support.api import api_client  # noqa: E402
+from .support.workers import delete_queue  # noqa: E402
+
+pytest_plugins = ["tests.support.redis_fixtures"]
 
 _CHECKS: dict[str, Callable[[], bool]] = {
     "postgres": lambda: connections["default"].vendor == "postgresql",
@@ -32,3 +41,25 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         if services.in_ci():
             pytest.fail(reason + ", and CI is set", pytrace=False)
         pytest.skip(reason + " (with CI set this fails)")
+
+
+@pytest.fixture(params=["default", "sqlite"])
+def alias(request: pytest.FixtureRequest) -> str:
+    """Each database alias in turn: PostgreSQL (or SQLite without it) and SQLite."""
+    return str(request.param)
+
+
+@pytest.fixture
+def api(db: None) -> APIClient:
+    """An ``APIClient`` authenticated as a new user (``UserFactory``)."""
+    return api_client(UserFactory())
+
+
+@pytest.fixture(scope="module")
+def forget_queued_drains() -> Iterator[None]:
+    """Hybrid commits in this process queue drain tasks on the run's own default queue
+    (``tests/settings.py``); after the module, drop what no worker took."""
+    yield
+    queue = str(getattr(settings, "CELERY_TASK_DEFAULT_QUEUE", ""))
+    if queue.startswith("idem-tests-"):
+        delete_queue(queue)

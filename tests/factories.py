@@ -1,10 +1,12 @@
-"""factory-boy factories: users with API tokens, and IdempotencyKey rows in each state.
+"""factory-boy factories: users with API tokens, IdempotencyKey rows in each state, and
+IdempotencyOutbox rows (the ``hybrid`` strategy's pending responses).
 
 Rows are created on the database alias given as ``_using`` (or the default one)::
 
     IdempotencyKeyFactory(_using="sqlite")
     CompletedKeyFactory(response_body=b'{"ok": true}')
     StaleKeyFactory(locked_at=...)
+    IdempotencyOutbox.objects.bulk_create(IdempotencyOutboxFactory.build_batch(1000))
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
-from django_idempotency.models import IdempotencyKey
+from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
 
 
 class UserFactory(factory.django.DjangoModelFactory):
@@ -92,3 +94,26 @@ class ExpiredKeyFactory(CompletedKeyFactory):
     created_at = factory.LazyFunction(lambda: timezone.now() - timedelta(days=2))
     completed_at = factory.LazyFunction(lambda: timezone.now() - timedelta(days=2))
     expires_at = factory.LazyFunction(lambda: timezone.now() - timedelta(days=1))
+
+
+class IdempotencyOutboxFactory(factory.django.DjangoModelFactory):
+    """A completed ``201`` JSON response waiting in the outbox for an hour."""
+
+    class Meta:
+        model = IdempotencyOutbox
+
+    scope = "user:1"
+    key = factory.LazyFunction(lambda: uuid.uuid4().hex)
+    fingerprint = factory.Sequence(lambda n: f"{n:064x}")
+    request_method = "POST"
+    request_path = "/api/charges/"
+    response_status = 201
+    response_headers = factory.LazyFunction(lambda: {"Content-Type": "application/json"})
+    response_body = factory.LazyFunction(lambda: json.dumps({"id": 1, "amount": 100}).encode())
+    created_at = factory.LazyFunction(timezone.now)
+    expires_at = factory.LazyFunction(lambda: timezone.now() + timedelta(hours=1))
+
+    @classmethod
+    def _create(cls, model_class: type[IdempotencyOutbox], *args: Any, **kwargs: Any) -> Any:
+        using = kwargs.pop("_using", None) or "default"
+        return model_class.objects.using(using).create(*args, **kwargs)

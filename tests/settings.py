@@ -12,7 +12,7 @@ from pathlib import Path
 
 from example_project.settings import database_from_url
 
-from .services import REDIS_URL, postgres_url
+from .support.services import REDIS_URL, postgres_url
 
 SECRET_KEY = "tests-secret-key"
 DEBUG = False

@@ -284,10 +284,12 @@ def test_release_confirmation_with_nothing_to_release(admin_client: Client) -> N
     assert IdempotencyKey.objects.filter(pk=done.pk).exists()
 
 
-def test_a_released_key_runs_again(admin_client: Client, client: Client) -> None:
+def test_a_released_key_runs_again(
+    admin_client: Client, client: Client, rf: RequestFactory
+) -> None:
     """After the release a retry claims the key afresh (the point of releasing it)."""
     headers: dict[str, Any] = {"HTTP_IDEMPOTENCY_KEY": "retry-me"}
-    request = RequestFactory().post("/t/fn/", b"{}", "application/json", **headers)
+    request = rf.post("/t/fn/", b"{}", "application/json", **headers)
     stuck = IdempotencyKeyFactory(
         scope="anonymous", key="retry-me", fingerprint=fingerprint(request)
     )

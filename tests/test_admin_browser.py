@@ -19,8 +19,8 @@ from django.db import connections
 from django.utils import timezone
 
 from django_idempotency.models import IdempotencyKey
-from tests import services
 from tests.factories import CompletedKeyFactory, ExpiredKeyFactory, StaleKeyFactory
+from tests.support import services
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

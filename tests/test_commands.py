@@ -17,6 +17,8 @@ from django_idempotency.durations import format_duration, parse_duration
 from django_idempotency.models import IdempotencyKey
 from tests.factories import CompletedKeyFactory, ExpiredKeyFactory, IdempotencyKeyFactory
 
+pytestmark = pytest.mark.django_db(databases=["default", "sqlite"])
+
 DATABASES = [pytest.param("default", marks=pytest.mark.postgres, id="postgres"), "sqlite"]
 
 
@@ -44,7 +46,6 @@ def make_keys(
     IdempotencyKeyFactory(_using=using)  # in progress, not expired
 
 
-@pytest.mark.django_db(databases=["default", "sqlite"])
 @pytest.mark.parametrize("using", DATABASES)
 def test_deletes_expired_keys_only_in_batches(using: str) -> None:
     make_keys(using, expired=7)
@@ -59,7 +60,6 @@ def test_deletes_expired_keys_only_in_batches(using: str) -> None:
     assert not remaining.filter(expires_at__lte=timezone.now()).exists()
 
 
-@pytest.mark.django_db(databases=["default", "sqlite"])
 @pytest.mark.parametrize("using", DATABASES)
 def test_dry_run_counts_and_deletes_nothing(using: str) -> None:
     make_keys(using, expired=4)
@@ -68,7 +68,6 @@ def test_dry_run_counts_and_deletes_nothing(using: str) -> None:
     assert IdempotencyKey.objects.using(using).count() == 7
 
 
-@pytest.mark.django_db(databases=["default", "sqlite"])
 @pytest.mark.parametrize("using", DATABASES)
 def test_older_than_keeps_recently_expired_keys(using: str) -> None:
     ExpiredKeyFactory.create_batch(2, _using=using, expires_at=timezone.now() - timedelta(days=10))
@@ -80,7 +79,6 @@ def test_older_than_keeps_recently_expired_keys(using: str) -> None:
     assert "Would delete 0 " in purge("--database", using, "--older-than", "90m", "--dry-run")
 
 
-@pytest.mark.django_db(databases=["default", "sqlite"])
 @pytest.mark.parametrize("using", DATABASES)
 def test_progress_only_on_a_terminal(using: str) -> None:
     make_keys(using, expired=5)
@@ -92,7 +90,6 @@ def test_progress_only_on_a_terminal(using: str) -> None:
     assert text.rstrip("\n").splitlines()[-1].startswith("Deleted 5 expired idempotency keys")
 
 
-@pytest.mark.django_db(databases=["default", "sqlite"])
 def test_nothing_to_delete() -> None:
     output = purge("--database", "sqlite")
     assert "Deleted 0 expired idempotency keys from database 'sqlite' in 0 batches" in output
@@ -142,7 +139,6 @@ def test_format_duration() -> None:
     assert format_duration(timedelta(0)) == "0s"
 
 
-@pytest.mark.django_db(databases=["default", "sqlite"])
 @pytest.mark.parametrize("using", DATABASES)
 def test_single_statement_and_orm_batches_agree(using: str) -> None:
     """The one-statement purge (PostgreSQL, SQLite) and the ORM one (other databases)

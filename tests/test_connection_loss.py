@@ -43,12 +43,6 @@ from django_idempotency.responses import PROBLEM_CONTENT_TYPE, REPLAYED_HEADER
 from .testapp import views
 from .testapp.models import SideEffect
 
-
-def on_postgres(test: Callable[..., None]) -> Callable[..., None]:
-    """For the tests that break real PostgreSQL connections."""
-    return pytest.mark.postgres(pytest.mark.django_db(transaction=True)(test))
-
-
 #: The DRF view and the function view, with the label of the row each writes.
 ROUTES = {"drf": ("/t/drf-lost/", "drf-lost"), "function": ("/t/fn-lost/", "fn-lost")}
 
@@ -143,7 +137,8 @@ def _request_finished() -> None:
     ],
 )
 @pytest.mark.parametrize("strategy", ["db", "advisory_lock"])
-@on_postgres
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
 def test_a_lost_connection_in_the_view_is_a_503_and_the_retry_runs_once(
     after_write: list[Any], route: str, interfere: Callable[[str], None], strategy: str
 ) -> None:
@@ -172,7 +167,8 @@ def _run_lost_then_retry(path: str, label: str) -> None:
 
 
 @pytest.mark.parametrize("route", ROUTES)
-@on_postgres
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
 def test_a_database_still_down_at_release_leaves_the_key_until_the_lock_timeout(
     after_write: list[Any], route: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -209,7 +205,8 @@ def test_a_database_still_down_at_release_leaves_the_key_until_the_lock_timeout(
     assert SideEffect.objects.filter(label=label).count() == 1
 
 
-@on_postgres
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
 def test_without_atomic_the_writes_stay_and_the_key_waits_for_the_lock_timeout(
     after_write: list[Any],
 ) -> None:

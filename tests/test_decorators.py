@@ -12,10 +12,11 @@ from django.test import Client, RequestFactory, override_settings
 from django_idempotency.decorators import idempotent
 from django_idempotency.keys import fingerprint
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.responses import PROBLEM_CONTENT_TYPE, REPLAYED_HEADER
+from django_idempotency.responses import REPLAYED_HEADER
 from example_project.payments.models import Charge, Refund
 
 from .factories import UserFactory
+from .support.assertions import assert_problem
 from .testapp.models import SideEffect
 
 pytestmark = pytest.mark.django_db
@@ -29,15 +30,6 @@ def post(
     return (client or Client()).post(
         path, json.dumps(data), content_type="application/json", **extra
     )
-
-
-def problem(response: Any, status: int, slug: str) -> dict[str, Any]:
-    assert response.status_code == status, response.content
-    assert response["Content-Type"] == PROBLEM_CONTENT_TYPE
-    payload = json.loads(response.content)
-    assert {"type", "title", "status", "detail"} <= set(payload)
-    assert payload["status"] == status and payload["type"].endswith("/" + slug)
-    return payload
 
 
 def test_bare_and_configured_forms_keep_the_view() -> None:
@@ -64,15 +56,15 @@ def test_replay() -> None:
 
 def test_mismatch_is_422() -> None:
     post("/t/fn/", {"a": 1})
-    problem(post("/t/fn/", {"a": 2}), 422, "key-reused")
+    assert_problem(post("/t/fn/", {"a": 2}), 422, "key-reused")
     assert SideEffect.objects.count() == 1
 
 
-def test_in_progress_is_409() -> None:
-    request = RequestFactory().post("/t/fn/", json.dumps({"a": 1}), "application/json")
+def test_in_progress_is_409(rf: RequestFactory) -> None:
+    request = rf.post("/t/fn/", json.dumps({"a": 1}), "application/json")
     IdempotencyKey.objects.claim("anonymous", "busy", fingerprint(request), ttl=60, lock_timeout=60)
     response = post("/t/fn/", {"a": 1}, key="busy")
-    problem(response, 409, "request-in-progress")
+    assert_problem(response, 409, "request-in-progress")
     assert int(response["Retry-After"]) >= 1
     assert SideEffect.objects.count() == 0
 
@@ -80,13 +72,13 @@ def test_in_progress_is_409() -> None:
 def test_optional_and_required_keys() -> None:
     assert post("/t/fn/", {"a": 1}, key=None).status_code == 201
     assert post("/t/fn/", {"a": 1}, key=None).status_code == 201
-    problem(post("/t/fn-required/", {"a": 1}, key=None), 400, "missing-key")
+    assert_problem(post("/t/fn-required/", {"a": 1}, key=None), 400, "missing-key")
     assert SideEffect.objects.count() == 2
 
 
 @pytest.mark.parametrize("key", ["", "two words", "k" * 256, '"x"y', "\u00e9t\u00e9"])
 def test_bad_key_is_400(key: str) -> None:
-    problem(post("/t/fn-required/", {"a": 1}, key=key), 400, "invalid-key")
+    assert_problem(post("/t/fn-required/", {"a": 1}, key=key), 400, "invalid-key")
     assert SideEffect.objects.count() == 0
 
 
@@ -148,14 +140,14 @@ def test_exception_releases_the_key_and_rolls_back() -> None:
 
 @override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=100)
 def test_body_over_the_upload_limit_is_413() -> None:
-    problem(post("/t/fn/", {"note": "x" * 500}), 413, "request-too-large")
+    assert_problem(post("/t/fn/", {"note": "x" * 500}), 413, "request-too-large")
     assert SideEffect.objects.count() == 0
 
 
 @override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=100)
 def test_multipart_over_the_upload_limit_is_413() -> None:
     response = Client().post("/t/fn/", {"note": "x" * 500}, HTTP_IDEMPOTENCY_KEY="k1")
-    problem(response, 413, "request-too-large")
+    assert_problem(response, 413, "request-too-large")
 
 
 def test_malformed_multipart_is_400() -> None:
@@ -166,7 +158,7 @@ def test_malformed_multipart_is_400() -> None:
         content_type="multipart/form-data",
         HTTP_IDEMPOTENCY_KEY="k1",
     )
-    problem(response, 400, "invalid-body")
+    assert_problem(response, 400, "invalid-body")
 
 
 def test_logged_in_users_have_their_own_scope() -> None:
@@ -187,7 +179,7 @@ def test_refund_example() -> None:
     alice = UserFactory(username="alice")
     charge = Charge.objects.create(user=alice, amount=1000, currency="EUR", psp_reference="p")
     auth: dict[str, Any] = {"HTTP_AUTHORIZATION": f"Token {alice.auth_token.key}"}
-    problem(
+    assert_problem(
         post("/api/refunds/", {"charge": charge.pk, "amount": 100}, key=None, **auth),
         400,
         "missing-key",
@@ -196,7 +188,7 @@ def test_refund_example() -> None:
     assert first.status_code == 201
     replay = post("/api/refunds/", {"charge": charge.pk, "amount": 100}, key="r1", **auth)
     assert replay.content == first.content and replay[REPLAYED_HEADER] == "true"
-    problem(
+    assert_problem(
         post("/api/refunds/", {"charge": charge.pk, "amount": 200}, key="r1", **auth),
         422,
         "key-reused",

@@ -1,7 +1,7 @@
 """The protocol (django_idempotency.engine): claim, run, store or release, answer.
 
 Most tests call :func:`engine.handle` with a plain callable; the concurrency ones go
-through real requests on threads against ``tests.gates``.
+through real requests on threads against ``tests.support.gates``.
 """
 
 from __future__ import annotations
@@ -26,11 +26,15 @@ from django_idempotency.errors import IdempotencyError
 from django_idempotency.keys import downstream_key
 from django_idempotency.managers import ClaimState
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.responses import PROBLEM_CONTENT_TYPE, REPLAYED_HEADER, problem_response
+from django_idempotency.responses import REPLAYED_HEADER, problem_response
 
-from .gates import Background, wait_until
-from .gates import gate as the_gate
+from .support.assertions import assert_problem
+from .support.gates import Background
+from .support.gates import gate as the_gate
+from .support.waiting import wait_until
 from .testapp.models import SideEffect
+
+pytestmark = pytest.mark.django_db
 
 rf = RequestFactory()
 
@@ -70,17 +74,6 @@ def locked_at(key: str) -> datetime:
     return value
 
 
-def problem(response: Any, status: int, slug: str) -> dict[str, Any]:
-    assert response.status_code == status
-    assert response["Content-Type"] == PROBLEM_CONTENT_TYPE
-    payload = json.loads(response.content)
-    assert {"type", "title", "status", "detail"} <= set(payload)
-    assert payload["status"] == status
-    assert payload["type"].endswith("/" + slug)
-    assert payload["title"] and payload["detail"]
-    return payload
-
-
 @pytest.fixture
 def recorded() -> Iterator[list[str]]:
     """The names of the engine's signals, in the order they were sent."""
@@ -103,7 +96,6 @@ def recorded() -> Iterator[list[str]]:
 # -- the protocol through handle() ----------------------------------------------------------
 
 
-@pytest.mark.django_db
 def test_claim_store_replay(recorded: list[str]) -> None:
     first = handle(request(), view(Location="/pay/1/"))
     assert first.status_code == 201 and REPLAYED_HEADER not in first
@@ -117,7 +109,6 @@ def test_claim_store_replay(recorded: list[str]) -> None:
     assert recorded == ["key_claimed", "response_stored", "response_replayed"]
 
 
-@pytest.mark.django_db
 def test_no_key_and_not_required_runs_the_view_without_a_record() -> None:
     assert handle(request(key=None), view()).status_code == 201
     assert handle(request(key=None), view()).status_code == 201
@@ -125,41 +116,36 @@ def test_no_key_and_not_required_runs_the_view_without_a_record() -> None:
     assert not IdempotencyKey.objects.exists()
 
 
-@pytest.mark.django_db
 def test_required_key_is_a_missing_key_problem() -> None:
     response = handle(request(key=None), view(), options=Options(required=True))
-    problem(response, 400, "missing-key")
+    assert_problem(response, 400, "missing-key")
     assert SideEffect.objects.count() == 0
 
 
-@pytest.mark.django_db
 @override_settings(IDEMPOTENCY={"REQUIRED": True})
 def test_required_from_settings() -> None:
-    problem(handle(request(key=None), view()), 400, "missing-key")
+    assert_problem(handle(request(key=None), view()), 400, "missing-key")
     assert handle(request(key=None), view(), options=Options(required=False)).status_code == 201
 
 
-@pytest.mark.django_db
 @pytest.mark.parametrize("key", ["", "a b", "x" * 256, '"open', "clé"])
 def test_bad_key_is_an_invalid_key_problem(key: str) -> None:
-    problem(handle(request(key=key), view()), 400, "invalid-key")
+    assert_problem(handle(request(key=key), view()), 400, "invalid-key")
     assert SideEffect.objects.count() == 0
 
 
-@pytest.mark.django_db
 def test_mismatch_and_conflict(recorded: list[str]) -> None:
     IdempotencyKey.objects.claim(
         "anonymous", "busy", _print(request(key="busy")), ttl=60, lock_timeout=60
     )
     conflict = handle(request(key="busy"), view())
-    problem(conflict, 409, "request-in-progress")
+    assert_problem(conflict, 409, "request-in-progress")
     assert conflict["Retry-After"] == "1"
-    problem(handle(request(key="busy", body={"amount": 5}), view()), 422, "key-reused")
+    assert_problem(handle(request(key="busy", body={"amount": 5}), view()), 422, "key-reused")
     assert SideEffect.objects.count() == 0
     assert recorded == ["request_conflict", "key_mismatch"]
 
 
-@pytest.mark.django_db
 @override_settings(IDEMPOTENCY={"RETRY_AFTER": 7})
 def test_retry_after_setting() -> None:
     IdempotencyKey.objects.claim(
@@ -174,7 +160,6 @@ def _print(req: HttpRequest) -> str:
     return fingerprint(req)
 
 
-@pytest.mark.django_db
 def test_methods_not_listed_pass_through() -> None:
     for method in ("get", "put", "delete"):
         req = getattr(rf, method)("/pay/", HTTP_IDEMPOTENCY_KEY="k")
@@ -189,7 +174,6 @@ def test_methods_not_listed_pass_through() -> None:
     assert IdempotencyKey.objects.count() == 1
 
 
-@pytest.mark.django_db
 @override_settings(IDEMPOTENCY={"HEADER": "X-Request-Key", "METHODS": ["PUT"]})
 def test_custom_header_and_methods() -> None:
     assert handle(request(key="k"), view()).status_code == 201  # POST not listed now
@@ -202,7 +186,6 @@ def test_custom_header_and_methods() -> None:
     assert SideEffect.objects.count() == 2
 
 
-@pytest.mark.django_db
 @pytest.mark.parametrize("atomic", [True, False])
 def test_server_error_releases_the_key(atomic: bool, recorded: list[str]) -> None:
     with override_settings(IDEMPOTENCY={"ATOMIC": atomic}):
@@ -215,7 +198,6 @@ def test_server_error_releases_the_key(atomic: bool, recorded: list[str]) -> Non
     assert recorded[:2] == ["key_claimed", "key_released"]
 
 
-@pytest.mark.django_db
 @override_settings(IDEMPOTENCY={"STORE_SERVER_ERRORS": True})
 def test_server_errors_stored_when_configured() -> None:
     assert handle(request(), view(status=502, body=b"down")).status_code == 502
@@ -226,7 +208,6 @@ def test_server_errors_stored_when_configured() -> None:
     assert SideEffect.objects.count() == 1
 
 
-@pytest.mark.django_db
 @pytest.mark.parametrize("atomic", [True, False])
 def test_exception_in_the_view_releases_the_key_and_rolls_back(atomic: bool) -> None:
     def failing() -> HttpResponse:
@@ -240,7 +221,6 @@ def test_exception_in_the_view_releases_the_key_and_rolls_back(atomic: bool) -> 
     assert handle(request(), view()).status_code == 201
 
 
-@pytest.mark.django_db
 def test_stored_headers_are_allow_listed() -> None:
     handle(
         request(),
@@ -261,7 +241,6 @@ def test_stored_headers_are_allow_listed() -> None:
     assert replay["Location"] == "/pay/1/" and replay["ETag"] == '"v1"'
 
 
-@pytest.mark.django_db
 @override_settings(IDEMPOTENCY={"STORED_HEADERS": ["Content-Type", "Set-Cookie", "X-Kept"]})
 def test_never_stored_headers_win_over_the_allow_list() -> None:
     handle(request(), view(Set_Cookie="a=b", X_Kept="yes"))
@@ -286,7 +265,6 @@ def test_a_view_cannot_forge_the_not_stored_marker() -> None:
     assert replay.status_code == 201 and replay.content == b'{"ok": 1}'
 
 
-@pytest.mark.django_db
 def test_replay_without_a_stored_content_type_has_none() -> None:
     def no_type() -> HttpResponse:
         response = HttpResponse(b"", status=204)
@@ -298,7 +276,6 @@ def test_replay_without_a_stored_content_type_has_none() -> None:
     assert replay.status_code == 204 and "Content-Type" not in replay
 
 
-@pytest.mark.django_db
 @override_settings(IDEMPOTENCY={"MAX_STORED_BODY_SIZE": 10})
 def test_response_too_large_to_store_completes_the_key_without_it() -> None:
     response = handle(request(), view(body=b"x" * 11))
@@ -310,12 +287,11 @@ def test_response_too_large_to_store_completes_the_key_without_it() -> None:
     assert row.response_body is not None and bytes(row.response_body) == b""
     retry = handle(request(), view(body=b"x" * 11))
     assert isinstance(retry, HttpResponse)
-    problem(retry, 409, "response-not-stored")
+    assert_problem(retry, 409, "response-not-stored")
     assert json.loads(retry.content)["original_status"] == 201
     assert SideEffect.objects.count() == 1  # the retry did not run the view
 
 
-@pytest.mark.django_db
 def test_streaming_response_completes_the_key_without_it() -> None:
     def streaming() -> StreamingHttpResponse:
         SideEffect.objects.create(label="streamed")
@@ -324,18 +300,16 @@ def test_streaming_response_completes_the_key_without_it() -> None:
     response = handle(request(), streaming)
     assert b"".join(response) == b"ab"
     assert IdempotencyKey.objects.get().status == "completed"
-    problem(handle(request(), streaming), 409, "response-not-stored")
+    assert_problem(handle(request(), streaming), 409, "response-not-stored")
     assert SideEffect.objects.count() == 1
 
 
-@pytest.mark.django_db
 @override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=20)
 def test_body_over_the_upload_limit_is_413() -> None:
-    problem(handle(request(body={"note": "x" * 50}), view()), 413, "request-too-large")
+    assert_problem(handle(request(body={"note": "x" * 50}), view()), 413, "request-too-large")
     assert SideEffect.objects.count() == 0
 
 
-@pytest.mark.django_db
 def test_scope_function_and_scopes_are_separate() -> None:
     handle(request(), view(body=b"alice"), scope=lambda r: "tenant:a")
     other = handle(request(), view(body=b"bob"), scope=lambda r: "tenant:b")
@@ -350,14 +324,12 @@ def tenant_scope(request: HttpRequest) -> str:
     return "tenant:" + request.headers.get("X-Tenant", "none")
 
 
-@pytest.mark.django_db
 @override_settings(IDEMPOTENCY={"SCOPE_FUNCTION": "tests.test_engine.tenant_scope"})
 def test_scope_function_setting() -> None:
     handle(request(HTTP_X_TENANT="t1"), view())
     assert IdempotencyKey.objects.get().scope == "tenant:t1"
 
 
-@pytest.mark.django_db
 def test_long_scopes_are_hashed_into_the_column() -> None:
     handle(request(), view(), scope=lambda r: "s" * 1000)
     scope = IdempotencyKey.objects.get().scope
@@ -365,7 +337,6 @@ def test_long_scopes_are_hashed_into_the_column() -> None:
     assert handle(request(), view(), scope=lambda r: "s" * 1000)[REPLAYED_HEADER] == "true"
 
 
-@pytest.mark.django_db
 def test_request_idempotency_and_downstream_key() -> None:
     seen: list[Any] = []
 
@@ -399,13 +370,13 @@ def gate() -> Iterator[Any]:
     the_gate.opened.set()
 
 
-@pytest.mark.urls("tests.gates")
+@pytest.mark.urls("tests.support.gates")
 @pytest.mark.django_db(transaction=True)
 def test_fencing_takeover_while_the_view_runs_rolls_it_back(gate: Any, recorded: list[str]) -> None:
     response = Client().post(
         "/stolen/", {"a": 1}, content_type="application/json", HTTP_IDEMPOTENCY_KEY="fenced"
     )
-    problem(response, 409, "lease-lost")
+    assert_problem(response, 409, "lease-lost")
     (theft,) = gate.thefts
     assert theft.state is ClaimState.CLAIMED and theft.taken_over
     assert SideEffect.objects.count() == 0  # the view's own write was rolled back
@@ -414,7 +385,7 @@ def test_fencing_takeover_while_the_view_runs_rolls_it_back(gate: Any, recorded:
     assert recorded == ["key_claimed", "lease_lost"]
 
 
-@pytest.mark.urls("tests.gates")
+@pytest.mark.urls("tests.support.gates")
 @pytest.mark.django_db(transaction=True)
 @override_settings(IDEMPOTENCY={"HEARTBEAT_INTERVAL": 0.05, "LOCK_TIMEOUT": 1})
 def test_heartbeat_renews_the_lease_while_a_slow_view_runs(gate: Any) -> None:
@@ -430,14 +401,14 @@ def test_heartbeat_renews_the_lease_while_a_slow_view_runs(gate: Any) -> None:
     duplicate = Client().post(
         "/gated/", {"amount": 1}, content_type="application/json", HTTP_IDEMPOTENCY_KEY="slow"
     )
-    problem(duplicate, 409, "request-in-progress")
+    assert_problem(duplicate, 409, "request-in-progress")
     gate.opened.set()
     assert slow.result().status_code == 201
     assert SideEffect.objects.count() == 1
     assert IdempotencyKey.objects.get(key="slow").status == "completed"
 
 
-@pytest.mark.urls("tests.gates")
+@pytest.mark.urls("tests.support.gates")
 @pytest.mark.django_db(transaction=True)
 def test_duplicate_while_in_progress_gets_409_then_the_replay(gate: Any) -> None:
     first = Background("/gated/", "dup")
@@ -445,7 +416,7 @@ def test_duplicate_while_in_progress_gets_409_then_the_replay(gate: Any) -> None
     conflict = Client().post(
         "/gated/", {"amount": 1}, content_type="application/json", HTTP_IDEMPOTENCY_KEY="dup"
     )
-    problem(conflict, 409, "request-in-progress")
+    assert_problem(conflict, 409, "request-in-progress")
     assert int(conflict["Retry-After"]) >= 1
     gate.opened.set()
     original = first.result()
@@ -459,7 +430,7 @@ def test_duplicate_while_in_progress_gets_409_then_the_replay(gate: Any) -> None
     assert SideEffect.objects.count() == 1
 
 
-@pytest.mark.urls("tests.gates")
+@pytest.mark.urls("tests.support.gates")
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_requests_with_different_keys_all_succeed(gate: Any) -> None:
     """Each claim commits while the other request's view is open (on SQLite too)."""
@@ -490,7 +461,7 @@ def _error_classes() -> list[type[IdempotencyError]]:
 def test_every_error_is_an_rfc9457_problem(error_class: type[IdempotencyError]) -> None:
     error = error_class(retry_after=3)
     response = problem_response(error)
-    payload = problem(response, error_class.status, error_class.slug)
+    payload = assert_problem(response, error_class.status, error_class.slug)
     assert payload["title"] == error_class.title
     assert payload["detail"] == error_class.default_detail
     assert payload["type"].startswith("https://")
@@ -540,11 +511,11 @@ def unreachable_alias(tmp_path: Any) -> Iterator[str]:
 def test_store_unavailable_is_503_and_the_view_does_not_run(unreachable_alias: str) -> None:
     with override_settings(IDEMPOTENCY={"DATABASE": unreachable_alias}):
         response = handle(request(), view())
-    problem(response, 503, "store-unavailable")
+    assert_problem(response, 503, "store-unavailable")
     assert SideEffect.objects.count() == 0
 
 
-@pytest.mark.urls("tests.gates")
+@pytest.mark.urls("tests.support.gates")
 @pytest.mark.django_db(transaction=True)
 def test_heartbeat_follows_a_views_own_lock_timeout(gate: Any) -> None:
     """``@idempotent(lock_timeout=0.3)`` with the global LOCK_TIMEOUT of 60 s: the lease

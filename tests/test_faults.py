@@ -33,13 +33,13 @@ from rest_framework.test import APIClient
 from django_idempotency import redis_store, strategies
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.redis_store import IN_PROGRESS, RedisRecord, encode_record, get_store
-from django_idempotency.responses import PROBLEM_CONTENT_TYPE, REPLAYED_HEADER
 from django_idempotency.strategies.hybrid import HybridStrategy
 from tests.testapp.models import SideEffect
 
 from . import faults
-from .factories import UserFactory
-from .redis_servers import RedisServer
+from .support.api import replayed
+from .support.assertions import problem_slug
+from .support.redis_servers import RedisServer
 
 pytestmark = [
     pytest.mark.urls("tests.faults"),
@@ -149,9 +149,8 @@ def setup(
 
 
 @pytest.fixture
-def client(db: None) -> APIClient:
-    api = APIClient()
-    api.force_authenticate(UserFactory())
+def client(api: APIClient) -> APIClient:
+    """The ``api`` client, answering a view's exception with a 500 instead of raising it."""
     api.raise_request_exception = False
     return api
 
@@ -160,17 +159,6 @@ def post(client: APIClient, key: str, entry: str = "drf") -> Any:
     return client.post(
         f"/fault/{entry}/", b"{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY=key
     )
-
-
-def replayed(response: Any) -> bool:
-    return response.headers.get(REPLAYED_HEADER) == "true"
-
-
-def problem(response: Any) -> str | None:
-    """The slug of a problem response's type, else None."""
-    if response.headers.get("Content-Type") != PROBLEM_CONTENT_TYPE:
-        return None
-    return str(json.loads(response.content)["type"]).rstrip("/").rsplit("/", 1)[-1]
 
 
 def committed(setup: Setup, key: str) -> list[int]:
@@ -188,14 +176,14 @@ def check(setup: Setup, key: str, *responses: Any, view_failed: bool = False) ->
         status = response.status_code
         if status >= 500:
             if status == 503:
-                assert problem(response) in DOCUMENTED_503, response.content
+                assert problem_slug(response) in DOCUMENTED_503, response.content
             else:
                 assert view_failed, f"{status} although the view did not fail"
                 continue
-        if problem(response) == "response-not-stored":
+        if problem_slug(response) == "response-not-stored":
             assert effect is not None, "response-not-stored for a key whose writes rolled back"
             continue
-        if problem(response) is not None:
+        if problem_slug(response) is not None:
             continue
         named = faults.body_of(response).get("effect")
         named = None if named is None else int(named)  # DRF's error details are strings
@@ -219,7 +207,7 @@ def test_unstorable_response(setup: Setup, client: APIClient, kind: str, entry: 
     assert first.status_code == 201
     assert faults.body_of(first)["effect"] is not None
     retry = post(client, key, entry)
-    assert retry.status_code == 409 and problem(retry) == "response-not-stored"
+    assert retry.status_code == 409 and problem_slug(retry) == "response-not-stored"
     assert json.loads(retry.content)["original_status"] == 201
     assert "Retry-After" not in retry.headers
     assert check(setup, key, first, retry) is not None
@@ -249,7 +237,7 @@ def test_api_exception(
     key = faults.new_key()
     faults.plan.append("refuse")
     first = post(client, key)
-    assert first.status_code == 409 and problem(first) is None
+    assert first.status_code == 409 and problem_slug(first) is None
     retry = post(client, key)
     assert retry.status_code == 409 and replayed(retry)
     assert retry.content == first.content
@@ -348,7 +336,7 @@ def test_lease_lost(setup: Setup, client: APIClient) -> None:
         # The outbox, not the Redis token, fences hybrid: this commit came first and wins.
         assert first.status_code == 201 and effect is not None
     else:
-        assert first.status_code == 409 and problem(first) == "lease-lost"
+        assert first.status_code == 409 and problem_slug(first) == "lease-lost"
         assert effect is None
 
 
@@ -380,7 +368,7 @@ def test_redis_lost_during_view(setup: Setup, client: APIClient) -> None:
     effect = check(setup, key, first, retry)
     if setup.name.startswith("redis"):
         # The completion's compare-and-set finds no claim: rolled back, the retry runs.
-        assert first.status_code == 409 and problem(first) == "lease-lost"
+        assert first.status_code == 409 and problem_slug(first) == "lease-lost"
         assert retry.status_code == 201 and not replayed(retry) and effect is not None
     else:
         assert first.status_code == 201 and retry.status_code == 201 and replayed(retry)
@@ -415,7 +403,7 @@ def test_redis_down_during_view(setup: Setup, client: APIClient) -> None:
         redis_store.reset_clients()
     effect = check(setup, key, first, retry)
     if setup.name == "redis":
-        assert first.status_code == 503 and problem(first) == "store-unavailable"
+        assert first.status_code == 503 and problem_slug(first) == "store-unavailable"
         assert retry.status_code == 201 and not replayed(retry) and effect is not None
     else:
         after = post(client, key)  # Redis is back, without the key: found in the database
@@ -471,7 +459,7 @@ def after_connection_loss(setup: Setup, client: APIClient, key: str, first: Any)
     once, or get 409 while a claim the dead connection could not give back waits for its
     lease to go stale, and never replay writes that rolled back."""
     connections[setup.alias].close_if_unusable_or_obsolete()  # as request_finished does
-    assert first.status_code == 503 and problem(first) == "database-unavailable"
+    assert first.status_code == 503 and problem_slug(first) == "database-unavailable"
     assert committed(setup, key) == []
     retry = post(client, key)
     again = post(client, key)
@@ -521,7 +509,7 @@ def _terminate_the_commit(done: threading.Event) -> None:
     """From another connection: terminate the backend that is running COMMIT."""
     import psycopg
 
-    from .services import postgres_url
+    from .support.services import postgres_url
 
     name = connections["default"].settings_dict["NAME"]
     url = postgres_url()
@@ -578,8 +566,9 @@ def test_worker_killed_during_view(
     """``kill -9`` of the gunicorn worker in the middle of the view (a 4 s payment call of
     the example API): nothing of it commits, and once its claim is dead (lease expired,
     or the lock gone with its connection) exactly one retry runs the view."""
-    from .harness import count_rows, example_server, race, scratch_database
-    from .harness import request as http
+    from .support.databases import count_rows
+    from .support.example import example_server, race, scratch_database
+    from .support.example import request as http
 
     env: dict[str, str] = {}
     if strategy in ("redis", "hybrid"):

@@ -25,6 +25,8 @@ from django_idempotency.responses import REPLAYED_HEADER
 
 from .testapp.models import SideEffect
 
+pytestmark = pytest.mark.django_db
+
 rf = RequestFactory()
 
 
@@ -123,7 +125,6 @@ def test_parse_key_rejects(raw: str, reason: str) -> None:
     assert info.value.type_uri.endswith("/invalid-key")
 
 
-@pytest.mark.django_db
 @pytest.mark.parametrize("header", ["k1,k2", "k1, k2", '"k1", "k2"', "k1;p=1"])
 def test_a_list_or_a_bare_key_with_parameters_is_400_through_a_view(header: str) -> None:
     response = Client().post("/t/fn/", b"{}", "application/json", HTTP_IDEMPOTENCY_KEY=header)
@@ -132,7 +133,6 @@ def test_a_list_or_a_bare_key_with_parameters_is_400_through_a_view(header: str)
     assert SideEffect.objects.count() == 0
 
 
-@pytest.mark.django_db
 def test_parameters_on_a_quoted_key_are_ignored_through_a_view() -> None:
     def send(header: str) -> Any:
         return Client().post("/t/fn/", b"{}", "application/json", HTTP_IDEMPOTENCY_KEY=header)
@@ -271,7 +271,6 @@ def test_lone_surrogates_are_canonicalised_like_other_strings() -> None:
     assert canonical == b'{"a":1,"b":["\\udfff","\\ud800"]}'
 
 
-@pytest.mark.django_db
 def test_a_lone_surrogate_goes_through_a_view_and_replays() -> None:
     def send() -> Any:
         return Client().post(
@@ -367,7 +366,6 @@ def _send_form(path: str, method: str, amount: str, boundary: str = BOUNDARY) ->
     )
 
 
-@pytest.mark.django_db
 @pytest.mark.parametrize("path", ["/t/drf-form/", "/t/fn-form/"])
 @pytest.mark.parametrize("method", ["PATCH", "PUT"])
 def test_multipart_patch_and_put_replay_or_422_and_the_view_reads_the_form(
@@ -388,7 +386,6 @@ def test_multipart_patch_and_put_replay_or_422_and_the_view_reads_the_form(
     assert SideEffect.objects.count() == 1
 
 
-@pytest.mark.django_db
 @pytest.mark.parametrize("path", ["/t/drf-form/", "/t/fn-form/"])
 def test_urlencoded_patch_replays_or_422_and_the_view_reads_the_form(path: str) -> None:
     def send(body: str) -> Any:

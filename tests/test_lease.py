@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
@@ -17,12 +16,9 @@ from django_idempotency.responses import StoredResponse
 from django_idempotency.strategies.base import Attempt, Claimed
 from django_idempotency.strategies.db import DatabaseClaim, DatabaseStrategy
 
+from .support.waiting import wait_until
+
 pytestmark = pytest.mark.django_db(databases=["default", "sqlite"], transaction=True)
-
-
-@pytest.fixture(params=["default", "sqlite"])
-def alias(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 @pytest.fixture
@@ -42,14 +38,6 @@ def real_claim(alias: str, key: str = "lease") -> DatabaseClaim:
 
 def locked_at(alias: str, pk: int) -> object:
     return IdempotencyKey.objects.using(alias).values_list("locked_at", flat=True).get(pk=pk)
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.01)  # polling interval
 
 
 def test_renews_due_leases(alias: str, keeper: LeaseKeeper) -> None:

@@ -36,11 +36,6 @@ RESPONSE = StoredResponse(
 )
 
 
-@pytest.fixture(params=["default", "sqlite"])
-def alias(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
 def claim(alias: str, key: str = "k1", fingerprint: str = PRINT, **kwargs: Any) -> ClaimResult:
     options: dict[str, Any] = {"ttl": 3600, "lock_timeout": 30, "using": alias}
     options.update(kwargs)

@@ -12,21 +12,16 @@ from rest_framework.test import APIClient
 from django_idempotency.conf import conf
 from django_idempotency.keys import downstream_key, fingerprint
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.responses import PROBLEM_CONTENT_TYPE, REPLAYED_HEADER
+from django_idempotency.responses import REPLAYED_HEADER
 from example_project.payments.models import Charge
 
 from .factories import UserFactory
-from .gates import gate as the_gate
+from .support.api import token_client
+from .support.assertions import assert_problem
+from .support.gates import gate as the_gate
 from .testapp.models import SideEffect
 
 pytestmark = pytest.mark.django_db
-
-
-def client_for(user: Any = None, **kwargs: Any) -> APIClient:
-    client = APIClient(**kwargs)
-    if user is not None:
-        client.credentials(HTTP_AUTHORIZATION=f"Token {user.auth_token.key}")
-    return client
 
 
 @pytest.fixture
@@ -45,17 +40,8 @@ def post(client: APIClient, path: str, data: Any, key: str | None = "k1", **extr
     return client.post(path, data, format="json", **extra)
 
 
-def problem(response: Any, status: int, slug: str) -> dict[str, Any]:
-    assert response.status_code == status, response.content
-    assert response["Content-Type"] == PROBLEM_CONTENT_TYPE
-    payload = json.loads(response.content)
-    assert {"type", "title", "status", "detail"} <= set(payload)
-    assert payload["status"] == status and payload["type"].endswith("/" + slug)
-    return payload
-
-
 def test_replay_returns_the_same_status_and_body(alice: Any) -> None:
-    client = client_for(alice)
+    client = token_client(alice)
     first = post(client, "/t/drf/", {"a": 1, "status": 202})
     assert first.status_code == 202 and REPLAYED_HEADER not in first
     second = post(client, "/t/drf/", {"status": 202, "a": 1})  # same JSON, other key order
@@ -67,30 +53,30 @@ def test_replay_returns_the_same_status_and_body(alice: Any) -> None:
 
 
 def test_reuse_with_a_different_body_is_422(alice: Any) -> None:
-    client = client_for(alice)
+    client = token_client(alice)
     post(client, "/t/drf/", {"a": 1})
-    problem(post(client, "/t/drf/", {"a": 2}), 422, "key-reused")
-    problem(post(client, "/t/drf/?x=1", {"a": 1}), 422, "key-reused")
+    assert_problem(post(client, "/t/drf/", {"a": 2}), 422, "key-reused")
+    assert_problem(post(client, "/t/drf/?x=1", {"a": 1}), 422, "key-reused")
     assert SideEffect.objects.count() == 1
 
 
-def test_in_progress_is_409_with_retry_after(alice: Any) -> None:
-    request = RequestFactory().post("/t/drf/", json.dumps({"a": 1}), "application/json")
+def test_in_progress_is_409_with_retry_after(alice: Any, rf: RequestFactory) -> None:
+    request = rf.post("/t/drf/", json.dumps({"a": 1}), "application/json")
     IdempotencyKey.objects.claim(
         f"user:{alice.pk}", "busy", fingerprint(request), ttl=60, lock_timeout=60
     )
-    response = post(client_for(alice), "/t/drf/", {"a": 1}, key="busy")
-    problem(response, 409, "request-in-progress")
+    response = post(token_client(alice), "/t/drf/", {"a": 1}, key="busy")
+    assert_problem(response, 409, "request-in-progress")
     assert int(response["Retry-After"]) >= 1
     assert SideEffect.objects.count() == 0
 
 
 def test_missing_key_is_400_only_where_required(alice: Any) -> None:
-    client = client_for(alice)
+    client = token_client(alice)
     assert post(client, "/t/drf/", {"a": 1}, key=None).status_code == 201
     assert post(client, "/t/drf/", {"a": 1}, key=None).status_code == 201
-    problem(post(client, "/t/drf-error/", {"a": 1}, key=None), 400, "missing-key")
-    problem(
+    assert_problem(post(client, "/t/drf-error/", {"a": 1}, key=None), 400, "missing-key")
+    assert_problem(
         post(client, "/api/charges/", {"amount": 1, "currency": "EUR"}, key=None),
         400,
         "missing-key",
@@ -101,18 +87,18 @@ def test_missing_key_is_400_only_where_required(alice: Any) -> None:
 
 @pytest.mark.parametrize("key", ["", "has space", "k" * 256, '"unterminated', "\x01"])
 def test_bad_key_is_400(alice: Any, key: str) -> None:
-    problem(post(client_for(alice), "/t/drf/", {"a": 1}, key=key), 400, "invalid-key")
+    assert_problem(post(token_client(alice), "/t/drf/", {"a": 1}, key=key), 400, "invalid-key")
     assert SideEffect.objects.count() == 0
 
 
 def test_quoted_key_is_the_same_key(alice: Any) -> None:
-    client = client_for(alice)
+    client = token_client(alice)
     post(client, "/t/drf/", {"a": 1}, key="abc")
     assert post(client, "/t/drf/", {"a": 1}, key='"abc"')[REPLAYED_HEADER] == "true"
 
 
 def test_methods_not_listed_pass_through(alice: Any) -> None:
-    client = client_for(alice)
+    client = token_client(alice)
     for _ in range(2):
         response = client.get("/t/drf/", HTTP_IDEMPOTENCY_KEY="k1")
         assert response.status_code == 200 and REPLAYED_HEADER not in response
@@ -126,12 +112,12 @@ def test_unauthenticated_request_is_not_claimed() -> None:
 
 
 def test_keys_are_scoped_per_user(alice: Any, bob: Any) -> None:
-    alices = post(client_for(alice), "/t/drf/", {"a": 1}, key="shared")
-    bobs = post(client_for(bob), "/t/drf/", {"a": 1}, key="shared")
+    alices = post(token_client(alice), "/t/drf/", {"a": 1}, key="shared")
+    bobs = post(token_client(bob), "/t/drf/", {"a": 1}, key="shared")
     assert REPLAYED_HEADER not in bobs
     assert json.loads(bobs.content)["n"] == 2 != json.loads(alices.content)["n"]
     # and bob's different body under the same key is not a mismatch with alice's
-    assert post(client_for(bob), "/t/drf/", {"a": 1}, key="shared")[REPLAYED_HEADER] == "true"
+    assert post(token_client(bob), "/t/drf/", {"a": 1}, key="shared")[REPLAYED_HEADER] == "true"
     assert set(IdempotencyKey.objects.values_list("scope", flat=True)) == {
         f"user:{alice.pk}",
         f"user:{bob.pk}",
@@ -146,11 +132,11 @@ def test_anonymous_scope(alice: Any) -> None:
 
 
 def test_custom_scope_hook(alice: Any, bob: Any) -> None:
-    first = post(client_for(alice), "/t/drf-tenant/", {"a": 1}, HTTP_X_TENANT="acme")
+    first = post(token_client(alice), "/t/drf-tenant/", {"a": 1}, HTTP_X_TENANT="acme")
     # the same tenant replays, whoever the user
-    same_tenant = post(client_for(bob), "/t/drf-tenant/", {"a": 1}, HTTP_X_TENANT="acme")
+    same_tenant = post(token_client(bob), "/t/drf-tenant/", {"a": 1}, HTTP_X_TENANT="acme")
     assert same_tenant[REPLAYED_HEADER] == "true" and same_tenant.content == first.content
-    other_tenant = post(client_for(alice), "/t/drf-tenant/", {"a": 1}, HTTP_X_TENANT="globex")
+    other_tenant = post(token_client(alice), "/t/drf-tenant/", {"a": 1}, HTTP_X_TENANT="globex")
     assert REPLAYED_HEADER not in other_tenant
     assert set(IdempotencyKey.objects.values_list("scope", flat=True)) == {
         "tenant:acme",
@@ -160,7 +146,7 @@ def test_custom_scope_hook(alice: Any, bob: Any) -> None:
 
 @pytest.mark.parametrize("atomic", [True, False])
 def test_server_error_releases_the_key(alice: Any, atomic: bool) -> None:
-    client = client_for(alice)
+    client = token_client(alice)
     with override_settings(IDEMPOTENCY={"ATOMIC": atomic}):
         assert post(client, "/t/drf/", {"status": 500}).status_code == 500
         assert not IdempotencyKey.objects.exists()
@@ -172,7 +158,7 @@ def test_server_error_releases_the_key(alice: Any, atomic: bool) -> None:
 
 @override_settings(IDEMPOTENCY={"STORE_SERVER_ERRORS": True})
 def test_server_error_stored_when_configured(alice: Any) -> None:
-    client = client_for(alice)
+    client = token_client(alice)
     first = post(client, "/t/drf/", {"status": 503})
     replay = post(client, "/t/drf/", {"status": 503})
     assert replay.status_code == 503 and replay.content == first.content
@@ -181,17 +167,17 @@ def test_server_error_stored_when_configured(alice: Any) -> None:
 
 
 def test_exception_releases_the_key_and_rolls_back(alice: Any) -> None:
-    client = client_for(alice, raise_request_exception=False)
+    client = token_client(alice, raise_request_exception=False)
     assert post(client, "/t/drf/", {"raise": True}).status_code == 500
     assert SideEffect.objects.count() == 0
     assert not IdempotencyKey.objects.exists()
     with pytest.raises(RuntimeError, match="the view failed"):
-        post(client_for(alice), "/t/drf/", {"raise": True})
+        post(token_client(alice), "/t/drf/", {"raise": True})
     assert post(client, "/t/drf/", {"raise": False}).status_code == 201
 
 
 def test_validation_error_is_stored_and_replayed(alice: Any) -> None:
-    client = client_for(alice)
+    client = token_client(alice)
     first = post(client, "/t/drf/", {"invalid": True})
     assert first.status_code == 400
     assert json.loads(first.content) == {"amount": ["bad"]}
@@ -203,7 +189,7 @@ def test_validation_error_is_stored_and_replayed(alice: Any) -> None:
 
 
 def test_example_charge_validation_error_is_stored(alice: Any) -> None:
-    client = client_for(alice)
+    client = token_client(alice)
     first = post(client, "/api/charges/", {"amount": 0, "currency": "EURO"})
     assert first.status_code == 400
     replay = post(client, "/api/charges/", {"amount": 0, "currency": "EURO"})
@@ -212,7 +198,7 @@ def test_example_charge_validation_error_is_stored(alice: Any) -> None:
 
 
 def test_stored_headers_keep_location_and_content_type_only(alice: Any) -> None:
-    client = client_for(alice)
+    client = token_client(alice)
     first = post(client, "/t/fn/", {"a": 1})  # the function view sets cookies and extras
     assert first["Set-Cookie"] == "session=secret" and first["X-Request-Private"]
     stored = IdempotencyKey.objects.get().response_headers
@@ -226,25 +212,25 @@ def test_stored_headers_keep_location_and_content_type_only(alice: Any) -> None:
 
 @override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=100)
 def test_body_over_the_upload_limit_is_413(alice: Any) -> None:
-    response = post(client_for(alice), "/t/drf/", {"note": "x" * 500})
-    problem(response, 413, "request-too-large")
+    response = post(token_client(alice), "/t/drf/", {"note": "x" * 500})
+    assert_problem(response, 413, "request-too-large")
     assert SideEffect.objects.count() == 0
 
 
 def test_malformed_multipart_is_a_400_problem(alice: Any) -> None:
-    response = client_for(alice).generic(
+    response = token_client(alice).generic(
         "POST",
         "/t/drf/",
         b"--nope\r\ngarbage",  # type: ignore[arg-type]  # raw bytes, as a client may send
         content_type="multipart/form-data",
         HTTP_IDEMPOTENCY_KEY="k1",
     )
-    problem(response, 400, "invalid-body")
+    assert_problem(response, 400, "invalid-body")
     assert SideEffect.objects.count() == 0
 
 
 def test_charges_example_replays_and_keeps_the_provider_key(alice: Any) -> None:
-    client = client_for(alice)
+    client = token_client(alice)
     body = {"amount": 1250, "currency": "eur"}
     first = post(client, "/api/charges/", body, key="order-1")
     assert first.status_code == 201, first.content
@@ -263,14 +249,14 @@ def test_charges_example_replays_and_keeps_the_provider_key(alice: Any) -> None:
     assert json.loads(other.content)["psp_reference"] != charge["psp_reference"]
 
 
-@pytest.mark.urls("tests.gates")
+@pytest.mark.urls("tests.support.gates")
 @pytest.mark.django_db(transaction=True)
 def test_fencing_takeover_while_the_handler_runs_rolls_it_back() -> None:
     the_gate.reset()
     response = APIClient().post(
         "/stolen-drf/", {"a": 1}, format="json", HTTP_IDEMPOTENCY_KEY="fenced"
     )
-    problem(response, 409, "lease-lost")
+    assert_problem(response, 409, "lease-lost")
     (theft,) = the_gate.thefts
     assert theft.taken_over
     assert SideEffect.objects.count() == 0
@@ -285,7 +271,7 @@ def test_validation_error_under_atomic_requests_rolls_back_and_is_stored(
     from django.db import connections
 
     monkeypatch.setitem(connections["default"].settings_dict, "ATOMIC_REQUESTS", True)
-    client = client_for(alice)
+    client = token_client(alice)
     first = post(client, "/t/drf/", {"invalid": True})
     assert first.status_code == 400
     assert SideEffect.objects.count() == 0
@@ -303,7 +289,7 @@ def test_a_method_the_view_does_not_handle_is_not_claimed(alice: Any, path: str)
     """PATCH is in the default METHODS: on a view without a PATCH handler (or with PATCH
     outside ``http_method_names``) the 405 is DRF's, not stored under the key, and a POST
     with the same key then runs the view."""
-    client = client_for(alice)
+    client = token_client(alice)
     for _ in range(2):
         response = client.patch(path, {"a": 1}, format="json", HTTP_IDEMPOTENCY_KEY="k405")
         assert response.status_code == 405 and REPLAYED_HEADER not in response
@@ -326,14 +312,14 @@ def test_a_request_rejected_before_the_handler_is_not_claimed(
     """Authentication, permissions and throttling answer before the key is claimed: the
     rejection is not stored, and the accepted request with the same key (in the same
     scope, the tenant) runs the view once."""
-    rejected_by = APIClient() if status == 401 else client_for(alice)
+    rejected_by = APIClient() if status == 401 else token_client(alice)
     rejected = post(rejected_by, "/t/drf-guarded/", {"a": 1}, key="guarded", **extra)
     assert rejected.status_code == status, rejected.content
     if status == 429:
         assert rejected["Retry-After"] == "7"
     assert not IdempotencyKey.objects.exists()
     assert SideEffect.objects.count() == 0
-    client = client_for(alice)
+    client = token_client(alice)
     created = post(client, "/t/drf-guarded/", {"a": 1}, key="guarded")
     assert created.status_code == 201, created.content
     assert post(client, "/t/drf-guarded/", {"a": 1}, key="guarded")[REPLAYED_HEADER] == "true"

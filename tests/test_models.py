@@ -14,8 +14,9 @@ from django_idempotency.models import IdempotencyKey
 
 from .factories import CompletedKeyFactory, ExpiredKeyFactory, IdempotencyKeyFactory
 
+pytestmark = pytest.mark.django_db
 
-@pytest.mark.django_db
+
 def test_migrations_are_in_step_with_the_models() -> None:
     out = StringIO()
     call_command("makemigrations", "--check", "--dry-run", stdout=out, stderr=out)
@@ -39,7 +40,6 @@ def test_scope_and_key_are_unique_in_the_database(alias: str) -> None:
     assert IdempotencyKey.objects.using(alias).count() == 3
 
 
-@pytest.mark.django_db
 def test_is_expired_and_str() -> None:
     live = CompletedKeyFactory(scope="user:3", key="abc")
     expired = ExpiredKeyFactory()
@@ -50,7 +50,6 @@ def test_is_expired_and_str() -> None:
     assert live.is_expired
 
 
-@pytest.mark.django_db
 def test_binary_body_and_json_headers_round_trip() -> None:
     body = bytes(range(256))
     key = CompletedKeyFactory(response_body=body, response_headers={"Content-Type": "x/y"})

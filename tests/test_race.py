@@ -9,28 +9,24 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
 from typing import Any
 
 import pytest
 
-from .harness import count_rows, example_server, race, request, scratch_database
+from .support.databases import count_rows
+from .support.example import (
+    example_server,
+    is_replay,
+    race,
+    race_summary,
+    request,
+    scratch_database,
+)
 
 pytestmark = [pytest.mark.server, pytest.mark.django_db(transaction=False)]
 
 CHARGE = {"amount": 1999, "currency": "EUR"}
 CLIENTS = 20
-
-
-def _replayed(result: tuple[int, Any]) -> bool:
-    _status, body = result
-    return isinstance(body, dict) and body["_headers"].get("idempotent-replayed") == "true"
-
-
-def _summary(results: list[tuple[int, Any]]) -> Counter[str]:
-    return Counter(
-        f"{status}{' replay' if _replayed((status, body)) else ''}" for status, body in results
-    )
 
 
 BACKENDS = [
@@ -49,9 +45,9 @@ def test_concurrent_retries_charge_exactly_once(backend: str, strategy: str) -> 
         example_server(db, strategy=strategy, psp_delay_ms=300) as server,
     ):
         results = race(server.url + "/api/charges/", n=CLIENTS, key="pay-1", body=CHARGE)
-        summary = _summary(results)
+        summary = race_summary(results)
         fresh = [
-            body for status, body in results if status == 201 and not _replayed((status, body))
+            body for status, body in results if status == 201 and not is_replay((status, body))
         ]
         assert len(fresh) == 1, summary
         assert set(summary) <= {"201", "201 replay", "409"}, summary
@@ -102,8 +98,8 @@ def test_view_slower_than_lock_timeout_is_not_run_twice() -> None:
         after = request(url, key="slow", body=CHARGE)
         assert [status for status, _ in during] == [409, 409, 409]
         assert all(body["_headers"].get("retry-after") for _, body in during)
-        assert first[0][0] == 201 and not _replayed(first[0])
-        assert after[0] == 201 and _replayed(after)
+        assert first[0][0] == 201 and not is_replay(first[0])
+        assert after[0] == 201 and is_replay(after)
         assert after[1]["id"] == first[0][1]["id"]
         assert count_rows(db, "payments_charge") == 1
         assert "Traceback" not in server.log()

@@ -19,7 +19,7 @@ from django_idempotency.responses import StoredResponse
 from django_idempotency.strategies.base import Attempt, Claimed, InFlight, Replay
 from django_idempotency.strategies.redis import RedisStrategy
 
-from .redis_servers import RedisClusterNodes
+from .support.redis_servers import RedisClusterNodes
 
 pytestmark = pytest.mark.redis_cluster
 
@@ -118,7 +118,7 @@ def test_twenty_threads_claim_one_key_on_the_cluster(
 
 
 def test_unreachable_cluster_is_redis_unavailable(redis_settings: Any) -> None:
-    from .redis_servers import closed_port_url
+    from .support.redis_servers import closed_port_url
 
     redis_settings(closed_port_url(), REDIS_CLUSTER=True, REDIS_FAILURE_MODE="fail_closed")
     started = time.monotonic()
@@ -135,7 +135,8 @@ def test_unreachable_cluster_is_redis_unavailable(redis_settings: Any) -> None:
 @pytest.mark.server
 @pytest.mark.postgres
 def test_race_through_the_example_server_on_the_cluster(redis_cluster: RedisClusterNodes) -> None:
-    from .harness import count_rows, example_server, race, request, scratch_database
+    from .support.databases import count_rows
+    from .support.example import example_server, race, race_summary, request, scratch_database
 
     key = f"pay-{uuid.uuid4().hex[:8]}"
     charge = {"amount": 1999, "currency": "EUR"}
@@ -147,10 +148,7 @@ def test_race_through_the_example_server_on_the_cluster(redis_cluster: RedisClus
     ):
         url = server.url + "/api/charges/"
         results = race(url, n=20, key=key, body=charge)
-        statuses = Counter(
-            f"{s}{' replay' if b['_headers'].get('idempotent-replayed') == 'true' else ''}"
-            for s, b in results
-        )
+        statuses = race_summary(results)
         assert statuses["201"] == 1, statuses
         assert set(statuses) <= {"201", "201 replay", "409"}, statuses
         status, body = request(url, key=key, body=charge)

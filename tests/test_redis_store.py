@@ -27,7 +27,7 @@ from django_idempotency.redis_store import (
 )
 from django_idempotency.responses import StoredResponse
 
-from .redis_servers import Blackhole, RedisServer, closed_port_url
+from .support.redis_servers import Blackhole, RedisServer, closed_port_url
 
 pytestmark = pytest.mark.redis
 

@@ -19,15 +19,19 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.responses import PROBLEM_CONTENT_TYPE, REPLAYED_HEADER, StoredResponse
+from django_idempotency.responses import REPLAYED_HEADER, StoredResponse
 from django_idempotency.strategies import get_strategy
 from django_idempotency.strategies.advisory import AdvisoryLockStrategy, lock_name
 from django_idempotency.strategies.base import Attempt, Claimed, Mismatch, Replay
 
 from .factories import CompletedKeyFactory, ExpiredKeyFactory, UserFactory
-from .gates import Background, Gate, wait_until
-from .gates import gate as the_gate
+from .support.assertions import assert_problem
+from .support.gates import Background, Gate
+from .support.gates import gate as the_gate
+from .support.waiting import wait_until
 from .testapp.models import SideEffect
+
+pytestmark = pytest.mark.django_db(databases=["default", "sqlite"])
 
 PRINT = "a" * 64
 RESPONSE = StoredResponse(
@@ -45,12 +49,6 @@ def stored(alias: str, key: str) -> dict[str, Any]:
     return values
 
 
-@pytest.fixture(params=["default", "sqlite"])
-def alias(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.mark.django_db(databases=["default", "sqlite"])
 def test_store_completed_writes_a_completed_record(alias: str) -> None:
     before = timezone.now()
     IdempotencyKey.objects.store_completed(
@@ -69,7 +67,6 @@ def test_store_completed_writes_a_completed_record(alias: str) -> None:
     assert timedelta(seconds=59) < row["expires_at"] - row["completed_at"] <= timedelta(seconds=60)
 
 
-@pytest.mark.django_db(databases=["default", "sqlite"])
 def test_store_completed_overwrites_an_existing_row_in_place(alias: str) -> None:
     old = CompletedKeyFactory(
         _using=alias, scope="user:1", key="k1", expires_at=timezone.now() - timedelta(seconds=1)
@@ -153,14 +150,6 @@ def post(path: str, data: Any, key: str = "k1", client: Client | None = None) ->
     )
 
 
-def problem(response: Any, status: int, slug: str) -> None:
-    assert response.status_code == status, response.content
-    assert response["Content-Type"] == PROBLEM_CONTENT_TYPE
-    payload = json.loads(response.content)
-    assert payload["status"] == status and payload["type"].endswith("/" + slug)
-    assert payload["title"] and payload["detail"]
-
-
 def advisory_locks() -> list[tuple[int, int, int, bool]]:
     """(classid, objid, objsubid, granted) of every advisory lock on this database."""
     with connections["default"].cursor() as cursor:
@@ -204,7 +193,7 @@ class TestRequests:
         replay = post("/t/fn/", {"a": 1})
         assert replay.content == first.content and replay[REPLAYED_HEADER] == "true"
         assert "Set-Cookie" not in replay and replay["Location"] == "/somewhere/1"
-        problem(post("/t/fn/", {"a": 2}), 422, "key-reused")
+        assert_problem(post("/t/fn/", {"a": 2}), 422, "key-reused")
         assert SideEffect.objects.count() == 1
         record = IdempotencyKey.objects.get()
         assert record.status == "completed" and record.response_status == 201
@@ -245,7 +234,7 @@ class TestRequests:
         assert post("/t/fn/", {"a": 1}, key="old")[REPLAYED_HEADER] == "true"
         assert IdempotencyKey.objects.get().status == "completed"
 
-    @pytest.mark.urls("tests.gates")
+    @pytest.mark.urls("tests.support.gates")
     def test_duplicate_waits_for_the_first_and_gets_its_replay(self, gate: Gate) -> None:
         classid, objid = lock_id("anonymous", "dup")
         first = Background("/gated/", "dup")
@@ -263,7 +252,7 @@ class TestRequests:
         assert SideEffect.objects.count() == 1
         assert advisory_locks() == []
 
-    @pytest.mark.urls("tests.gates")
+    @pytest.mark.urls("tests.support.gates")
     def test_duplicate_that_waits_past_the_lock_timeout_gets_409(self, gate: Gate) -> None:
         first = Background("/gated-short-lock/", "slow")  # lock_timeout=0.3
         assert gate.entered.wait(timeout=30)
@@ -273,13 +262,13 @@ class TestRequests:
             content_type="application/json",
             HTTP_IDEMPOTENCY_KEY="slow",
         )
-        problem(conflict, 409, "request-in-progress")
+        assert_problem(conflict, 409, "request-in-progress")
         assert int(conflict["Retry-After"]) >= 1
         gate.opened.set()
         assert first.result().status_code == 201
         assert SideEffect.objects.count() == 1
 
-    @pytest.mark.urls("tests.gates")
+    @pytest.mark.urls("tests.support.gates")
     def test_different_keys_do_not_wait_for_each_other(self, gate: Gate) -> None:
         first = Background("/gated/", "one")
         assert gate.entered.wait(timeout=30)

@@ -15,6 +15,7 @@ from django_idempotency import strategies
 from django_idempotency.models import IdempotencyOutbox
 
 from .factories import UserFactory
+from .support.api import token_client
 
 pytestmark = pytest.mark.django_db
 
@@ -84,12 +85,6 @@ def _move_to_outbox(key: str) -> None:
     )
 
 
-def _client(user: Any) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {user.auth_token.key}")
-    return client
-
-
 @pytest.mark.parametrize(
     "strategy",
     ["db", pytest.param("advisory_lock", marks=pytest.mark.postgres)],
@@ -99,7 +94,7 @@ def test_a_key_completed_under_hybrid_and_not_drained_is_replayed_after_switchin
 ) -> None:
     from tests.testapp.models import SideEffect
 
-    client = _client(UserFactory())
+    client = token_client(UserFactory())
     with override_settings(IDEMPOTENCY={"STRATEGY": strategy}):
         first = client.post("/t/drf/", {"a": 1}, format="json", HTTP_IDEMPOTENCY_KEY="k-moved")
         assert first.status_code == 201

@@ -12,11 +12,9 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.conf import settings as django_settings
 from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
@@ -31,20 +29,16 @@ from django_idempotency.strategies.hybrid import EPOCH_SUFFIX, HybridClaim, Hybr
 from example_project.payments.models import Charge
 from tests.testapp.models import SideEffect
 
-from .celery_queues import delete_queue
 from .factories import StaleKeyFactory, UserFactory
-from .redis_servers import RedisServer, closed_port_url
+from .support.api import api_client, post_json, replayed, token_client, wait_in_progress
+from .support.redis_servers import RedisServer, closed_port_url
 
-pytestmark = [pytest.mark.redis, pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _forget_queued_drains() -> Iterator[None]:
-    """Commits queue drain tasks on this run's own queue (no worker runs here); drop them."""
-    yield
-    queue = str(getattr(django_settings, "CELERY_TASK_DEFAULT_QUEUE", ""))
-    if queue.startswith("idem-tests-"):
-        delete_queue(queue)
+pytestmark = [
+    pytest.mark.redis,
+    pytest.mark.postgres,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("forget_queued_drains"),
+]
 
 
 @pytest.fixture
@@ -57,34 +51,6 @@ def hybrid(redis_settings: Any, running_private_redis: RedisServer) -> Any:
 
     apply(HYBRID_DB_CHECK="always")
     return apply
-
-
-@pytest.fixture
-def api(db: None) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(UserFactory())
-    return client
-
-
-def _post(client: APIClient, key: str, body: dict[str, Any], path: str = "/t/drf/") -> Any:
-    return client.post(
-        path, json.dumps(body), content_type="application/json", HTTP_IDEMPOTENCY_KEY=key
-    )
-
-
-def _replayed(response: Any) -> bool:
-    return response.headers.get("Idempotent-Replayed") == "true"
-
-
-def _wait_in_progress(scope: str, key: str) -> None:
-    """Until the Redis record of ``key`` is in progress (its owner is inside the view)."""
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        record = get_store().get(scope, key)
-        if record is not None and record.status == "in_progress":
-            return
-        time.sleep(0.01)
-    raise AssertionError("the first request never claimed the key")
 
 
 def _record(key: str) -> Any:
@@ -106,8 +72,8 @@ def test_new_key_runs_once_writes_only_the_outbox_and_replays_from_redis(
     hybrid: Any, api: APIClient
 ) -> None:
     key = uuid.uuid4().hex
-    first = _post(api, key, {"amount": 5})
-    assert first.status_code == 201 and not _replayed(first)
+    first = post_json(api, key, {"amount": 5})
+    assert first.status_code == 201 and not replayed(first)
     assert SideEffect.objects.count() == 1
     # The request wrote its outbox row in the view's transaction, and no IdempotencyKey row.
     assert IdempotencyKey.objects.count() == 0
@@ -119,8 +85,8 @@ def test_new_key_runs_once_writes_only_the_outbox_and_replays_from_redis(
 
     # The replay is served from Redis: no SQL at all.
     with CaptureQueriesContext(connection) as queries:
-        again = _post(api, key, {"amount": 5})
-    assert again.status_code == 201 and _replayed(again)
+        again = post_json(api, key, {"amount": 5})
+    assert again.status_code == 201 and replayed(again)
     assert again.content == first.content
     assert again["Content-Type"] == first["Content-Type"]
     assert not [q for q in queries.captured_queries if "idempotency" in q["sql"]]
@@ -129,8 +95,8 @@ def test_new_key_runs_once_writes_only_the_outbox_and_replays_from_redis(
 
 def test_same_key_other_request_is_422(hybrid: Any, api: APIClient) -> None:
     key = uuid.uuid4().hex
-    assert _post(api, key, {"amount": 5}).status_code == 201
-    other = _post(api, key, {"amount": 6})
+    assert post_json(api, key, {"amount": 5}).status_code == 201
+    other = post_json(api, key, {"amount": 6})
     assert other.status_code == 422
     assert other["Content-Type"] == PROBLEM_CONTENT_TYPE
     assert other.json()["status"] == 422
@@ -143,61 +109,58 @@ def test_duplicate_while_the_view_runs_is_409(hybrid: Any, api: APIClient) -> No
     results: dict[str, Any] = {}
 
     def slow() -> None:
-        client = APIClient()
-        client.force_authenticate(user)
+        client = api_client(user)
         try:
-            results["slow"] = _post(client, key, {"sleep": 1.0})
+            results["slow"] = post_json(client, key, {"sleep": 1.0})
         finally:
             connections.close_all()  # this thread's connection
 
     thread = threading.Thread(target=slow)
     thread.start()
-    _wait_in_progress(f"user:{user.pk}", key)
-    client = APIClient()
-    client.force_authenticate(user)
-    duplicate = _post(client, key, {"sleep": 1.0})
+    wait_in_progress(f"user:{user.pk}", key)
+    client = api_client(user)
+    duplicate = post_json(client, key, {"sleep": 1.0})
     thread.join(10)
     assert duplicate.status_code == 409
     assert duplicate["Content-Type"] == PROBLEM_CONTENT_TYPE
     assert int(duplicate["Retry-After"]) >= 1
     assert results["slow"].status_code == 201
-    assert _replayed(_post(client, key, {"sleep": 1.0}))
+    assert replayed(post_json(client, key, {"sleep": 1.0}))
     assert SideEffect.objects.filter(label="drf").count() == 1
 
 
 def test_error_in_the_view_rolls_back_and_releases_the_key(hybrid: Any, api: APIClient) -> None:
     key = uuid.uuid4().hex
     with pytest.raises(RuntimeError):
-        _post(api, key, {"raise": True})
+        post_json(api, key, {"raise": True})
     assert SideEffect.objects.count() == 0
     assert IdempotencyOutbox.objects.count() == 0
-    retry = _post(api, key, {"raise": False})
-    assert retry.status_code == 201 and not _replayed(retry)
+    retry = post_json(api, key, {"raise": False})
+    assert retry.status_code == 201 and not replayed(retry)
     assert SideEffect.objects.count() == 1
 
 
 def test_a_client_error_is_stored_and_replayed(hybrid: Any, api: APIClient) -> None:
     key = uuid.uuid4().hex
-    first = _post(api, key, {"invalid": True})
+    first = post_json(api, key, {"invalid": True})
     assert first.status_code == 400
-    again = _post(api, key, {"invalid": True})
-    assert again.status_code == 400 and _replayed(again)
+    again = post_json(api, key, {"invalid": True})
+    assert again.status_code == 400 and replayed(again)
     assert again.content == first.content
     assert SideEffect.objects.count() == 1
 
 
 def test_example_charge_view_charges_once(hybrid: Any) -> None:
     user = UserFactory()
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {user.auth_token.key}")
+    client = token_client(user)
     key = uuid.uuid4().hex
     body = {"amount": 1999, "currency": "EUR"}
-    first = _post(client, key, body, path="/api/charges/")
+    first = post_json(client, key, body, path="/api/charges/")
     assert first.status_code == 201, first.content
-    again = _post(client, key, body, path="/api/charges/")
-    assert again.status_code == 201 and _replayed(again)
+    again = post_json(client, key, body, path="/api/charges/")
+    assert again.status_code == 201 and replayed(again)
     assert again.json()["id"] == first.json()["id"]
-    assert _post(client, key, {**body, "amount": 1}, path="/api/charges/").status_code == 422
+    assert post_json(client, key, {**body, "amount": 1}, path="/api/charges/").status_code == 422
     assert Charge.objects.count() == 1
 
 
@@ -208,11 +171,10 @@ def test_racing_threads_run_the_view_once(hybrid: Any) -> None:
     statuses: list[int] = []
 
     def run() -> None:
-        client = APIClient()
-        client.force_authenticate(user)
+        client = api_client(user)
         barrier.wait(10)
         try:
-            statuses.append(_post(client, key, {"sleep": 0.3}).status_code)
+            statuses.append(post_json(client, key, {"sleep": 0.3}).status_code)
         finally:
             connections.close_all()
 
@@ -292,7 +254,7 @@ def test_flushall_then_retry_replays_from_the_database(
     hybrid: Any, api: APIClient, running_private_redis: RedisServer, drained: bool
 ) -> None:
     key = uuid.uuid4().hex
-    first = _post(api, key, {"amount": 5})
+    first = post_json(api, key, {"amount": 5})
     assert first.status_code == 201
     if drained:
         assert IdempotencyOutbox.objects.drain(100).drained == 1
@@ -300,17 +262,17 @@ def test_flushall_then_retry_replays_from_the_database(
     get_client().flushall()
     assert _record(key) is None
 
-    retry = _post(api, key, {"amount": 5})
-    assert retry.status_code == 201 and _replayed(retry)
+    retry = post_json(api, key, {"amount": 5})
+    assert retry.status_code == 201 and replayed(retry)
     assert retry.content == first.content
     assert SideEffect.objects.count() == 1
     # Redis was refilled: the next retry needs no SQL.
     record = _record(key)
     assert record is not None and record.status == COMPLETED
     with CaptureQueriesContext(connection) as queries:
-        assert _replayed(_post(api, key, {"amount": 5}))
+        assert replayed(post_json(api, key, {"amount": 5}))
     assert not [q for q in queries.captured_queries if "idempotency" in q["sql"]]
-    assert _post(api, key, {"amount": 6}).status_code == 422
+    assert post_json(api, key, {"amount": 6}).status_code == 422
     assert SideEffect.objects.count() == 1
 
 
@@ -318,17 +280,17 @@ def test_redis_killed_and_restarted_then_retry_replays(
     hybrid: Any, api: APIClient, running_private_redis: RedisServer
 ) -> None:
     key = uuid.uuid4().hex
-    first = _post(api, key, {"amount": 5})
+    first = post_json(api, key, {"amount": 5})
     assert first.status_code == 201
     running_private_redis.kill()
     running_private_redis.start()  # same port, no persistence: everything is gone
 
-    retry = _post(api, key, {"amount": 5})
-    if retry.status_code == 503 or not _replayed(retry):  # pragma: no cover - diagnostics
+    retry = post_json(api, key, {"amount": 5})
+    if retry.status_code == 503 or not replayed(retry):  # pragma: no cover - diagnostics
         pytest.fail(f"{retry.status_code} {retry.content!r}")
     assert retry.content == first.content
     assert SideEffect.objects.count() == 1
-    assert _replayed(_post(api, key, {"amount": 5}))
+    assert replayed(post_json(api, key, {"amount": 5}))
     record = _record(key)
     assert record is not None and record.status == COMPLETED
     assert SideEffect.objects.count() == 1
@@ -344,20 +306,18 @@ def test_redis_losing_a_claim_mid_view_cannot_commit_twice(
     results: dict[str, Any] = {}
 
     def slow() -> None:
-        client = APIClient()
-        client.force_authenticate(user)
+        client = api_client(user)
         try:
-            results["slow"] = _post(client, key, {"sleep": 1.0})
+            results["slow"] = post_json(client, key, {"sleep": 1.0})
         finally:
             connections.close_all()  # this thread's connection
 
     thread = threading.Thread(target=slow)
     thread.start()
-    _wait_in_progress(f"user:{user.pk}", key)
+    wait_in_progress(f"user:{user.pk}", key)
     get_client().flushall()
-    client = APIClient()
-    client.force_authenticate(user)
-    fast = _post(client, key, {"sleep": 1.0})
+    client = api_client(user)
+    fast = post_json(client, key, {"sleep": 1.0})
     thread.join(10)
     statuses = sorted([fast.status_code, results["slow"].status_code])
     assert statuses == [201, 409], statuses
@@ -365,8 +325,8 @@ def test_redis_losing_a_claim_mid_view_cannot_commit_twice(
     assert loser.json()["type"].endswith("lease-lost")
     assert SideEffect.objects.count() == 1
     assert IdempotencyOutbox.objects.filter(key=key).count() == 1
-    retry = _post(client, key, {"sleep": 1.0})
-    assert retry.status_code == 201 and _replayed(retry)
+    retry = post_json(client, key, {"sleep": 1.0})
+    assert retry.status_code == 201 and replayed(retry)
 
 
 # -- HYBRID_DB_CHECK = "after_loss" ----------------------------------------------------------
@@ -394,10 +354,10 @@ def test_after_loss_detects_a_flush_and_a_restart(
 
     # A flush removes the marker: the key is looked up and replayed.
     key = uuid.uuid4().hex
-    first = _post(api, key, {"amount": 5})
+    first = post_json(api, key, {"amount": 5})
     client.flushall()
-    retry = _post(api, key, {"amount": 5})
-    assert retry.status_code == 201 and _replayed(retry) and retry.content == first.content
+    retry = post_json(api, key, {"amount": 5})
+    assert retry.status_code == 201 and replayed(retry) and retry.content == first.content
     assert SideEffect.objects.count() == 1
 
 
@@ -416,7 +376,7 @@ def test_after_loss_without_a_check_still_refuses_a_second_commit(
     for drained in (False, True):
         key = uuid.uuid4().hex
         before = SideEffect.objects.count()
-        first = _post(api, key, {"amount": 5})
+        first = post_json(api, key, {"amount": 5})
         assert first.status_code == 201
         if drained:
             IdempotencyOutbox.objects.drain(100)
@@ -424,12 +384,12 @@ def test_after_loss_without_a_check_still_refuses_a_second_commit(
         scope = scope or IdempotencyOutbox.objects.get(key=key).scope
         client.delete(store.record_key(scope, key))
 
-        refused = _post(api, key, {"amount": 5})
+        refused = post_json(api, key, {"amount": 5})
         assert refused.status_code == 409, refused.content
         assert refused.json()["type"].endswith("lease-lost")
         assert SideEffect.objects.count() == before + 1  # the second run was rolled back
-        retry = _post(api, key, {"amount": 5})
-        assert retry.status_code == 201 and _replayed(retry) and retry.content == first.content
+        retry = post_json(api, key, {"amount": 5})
+        assert retry.status_code == 201 and replayed(retry) and retry.content == first.content
 
 
 # -- Redis down -------------------------------------------------------------------------------
@@ -438,21 +398,21 @@ def test_after_loss_without_a_check_still_refuses_a_second_commit(
 def test_redis_down_falls_back_to_the_db_strategy(hybrid: Any, api: APIClient) -> None:
     hybrid(REDIS_URL=closed_port_url())
     key = uuid.uuid4().hex
-    first = _post(api, key, {"amount": 5})
-    assert first.status_code == 201 and not _replayed(first)
+    first = post_json(api, key, {"amount": 5})
+    assert first.status_code == 201 and not replayed(first)
     row = IdempotencyKey.objects.get(key=key)
     assert row.status == COMPLETED
     # The fallback writes the outbox row too (it excludes a hybrid commit of the key).
     assert IdempotencyOutbox.objects.filter(key=key).count() == 1
-    again = _post(api, key, {"amount": 5})
-    assert again.status_code == 201 and _replayed(again)
-    assert _post(api, key, {"amount": 6}).status_code == 422
+    again = post_json(api, key, {"amount": 5})
+    assert again.status_code == 201 and replayed(again)
+    assert post_json(api, key, {"amount": 6}).status_code == 422
     assert SideEffect.objects.count() == 1
 
 
 def test_redis_down_fail_closed_is_503(hybrid: Any, api: APIClient) -> None:
     hybrid(REDIS_URL=closed_port_url(), REDIS_FAILURE_MODE="fail_closed")
-    response = _post(api, uuid.uuid4().hex, {"amount": 5})
+    response = post_json(api, uuid.uuid4().hex, {"amount": 5})
     assert response.status_code == 503
     assert response["Content-Type"] == PROBLEM_CONTENT_TYPE
     assert response.json()["type"].endswith("store-unavailable")
@@ -462,13 +422,13 @@ def test_redis_down_fail_closed_is_503(hybrid: Any, api: APIClient) -> None:
 
 def test_key_committed_by_hybrid_replays_when_redis_goes_down(hybrid: Any, api: APIClient) -> None:
     key = uuid.uuid4().hex
-    first = _post(api, key, {"amount": 5})
+    first = post_json(api, key, {"amount": 5})
     assert first.status_code == 201
     assert IdempotencyKey.objects.count() == 0  # only in the outbox
     hybrid(REDIS_URL=closed_port_url())
-    retry = _post(api, key, {"amount": 5})
-    assert retry.status_code == 201 and _replayed(retry) and retry.content == first.content
-    assert _post(api, key, {"amount": 6}).status_code == 422
+    retry = post_json(api, key, {"amount": 5})
+    assert retry.status_code == 201 and replayed(retry) and retry.content == first.content
+    assert post_json(api, key, {"amount": 6}).status_code == 422
     assert SideEffect.objects.count() == 1
     # The fallback's claim was given back; the outbox row still holds the key.
     assert IdempotencyKey.objects.count() == 0
@@ -476,11 +436,11 @@ def test_key_committed_by_hybrid_replays_when_redis_goes_down(hybrid: Any, api: 
 
 def test_db_strategy_replays_a_key_found_only_in_the_outbox(hybrid: Any, api: APIClient) -> None:
     key = uuid.uuid4().hex
-    first = _post(api, key, {"amount": 5})
+    first = post_json(api, key, {"amount": 5})
     hybrid(STRATEGY="db")
-    retry = _post(api, key, {"amount": 5})
-    assert retry.status_code == 201 and _replayed(retry) and retry.content == first.content
-    assert _post(api, key, {"amount": 6}).status_code == 422
+    retry = post_json(api, key, {"amount": 5})
+    assert retry.status_code == 201 and replayed(retry) and retry.content == first.content
+    assert post_json(api, key, {"amount": 6}).status_code == 422
     assert SideEffect.objects.count() == 1
 
 
@@ -496,10 +456,9 @@ def test_a_db_claim_in_progress_is_left_to_the_db_strategy(hybrid: Any) -> None:
     results: dict[str, Any] = {}
 
     def slow() -> None:
-        client = APIClient()
-        client.force_authenticate(user)
+        client = api_client(user)
         try:
-            results["slow"] = _post(client, key, body)
+            results["slow"] = post_json(client, key, body)
         finally:
             connections.close_all()
 
@@ -509,14 +468,13 @@ def test_a_db_claim_in_progress_is_left_to_the_db_strategy(hybrid: Any) -> None:
     while not IdempotencyKey.objects.filter(key=key).exists() and time.monotonic() < deadline:
         time.sleep(0.02)  # the fallback's claim committed; its view is running
     hybrid(**{k: v for k, v in working.items() if k != "STRATEGY"})
-    client = APIClient()
-    client.force_authenticate(user)
-    duplicate = _post(client, key, body)
+    client = api_client(user)
+    duplicate = post_json(client, key, body)
     thread.join(10)
     assert duplicate.status_code == 409, duplicate.content
     assert results["slow"].status_code == 201
-    retry = _post(client, key, body)
-    assert retry.status_code == 201 and _replayed(retry)
+    retry = post_json(client, key, body)
+    assert retry.status_code == 201 and replayed(retry)
     assert retry.content == results["slow"].content
     record = get_store().get(scope, key)
     assert record is not None and record.status == COMPLETED  # refilled
@@ -525,8 +483,8 @@ def test_a_db_claim_in_progress_is_left_to_the_db_strategy(hybrid: Any) -> None:
     # A stale db claim (its owner crashed) with this request's fingerprint is taken over.
     fingerprint = IdempotencyKey.objects.get(key=key).fingerprint
     stale = StaleKeyFactory(scope=scope, fingerprint=fingerprint)
-    taken = _post(client, stale.key, body)
-    assert taken.status_code == 201 and not _replayed(taken)
+    taken = post_json(client, stale.key, body)
+    assert taken.status_code == 201 and not replayed(taken)
     assert IdempotencyKey.objects.get(key=stale.key).status == COMPLETED
     assert SideEffect.objects.count() == 2
 
@@ -539,7 +497,8 @@ def test_a_db_claim_in_progress_is_left_to_the_db_strategy(hybrid: Any) -> None:
 def test_race_through_the_example_server_charges_once(
     running_private_redis: RedisServer, backend: str
 ) -> None:
-    from .harness import count_rows, example_server, race, request, scratch_database
+    from .support.databases import count_rows
+    from .support.example import example_server, race, request, scratch_database, split_race
 
     key = f"pay-{uuid.uuid4().hex[:8]}"
     charge = {"amount": 1999, "currency": "EUR"}
@@ -558,13 +517,7 @@ def test_race_through_the_example_server_charges_once(
     ):
         url = server.url + "/api/charges/"
         results = race(url, n=20, key=key, body=charge)
-        fresh = [
-            b for s, b in results if s == 201 and b["_headers"].get("idempotent-replayed") != "true"
-        ]
-        replays = [
-            b for s, b in results if s == 201 and b["_headers"].get("idempotent-replayed") == "true"
-        ]
-        conflicts = [b for s, b in results if s == 409]
+        fresh, replays, conflicts = split_race(results)
         assert len(fresh) == 1, [s for s, _ in results]
         assert len(fresh) + len(replays) + len(conflicts) == 20
         assert all(b["id"] == fresh[0]["id"] for b in replays)
@@ -585,7 +538,8 @@ def test_a_broker_that_is_down_never_fails_the_request(running_private_redis: Re
     """The drain is queued from a background thread: with the Celery broker refusing
     connections the requests still succeed and replay, and the log says why nothing
     was queued (the beat entry drains the outbox later)."""
-    from .harness import count_rows, example_server, request, scratch_database
+    from .support.databases import count_rows
+    from .support.example import example_server, request, scratch_database
 
     charge = {"amount": 1999, "currency": "EUR"}
     with (

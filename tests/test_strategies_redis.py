@@ -6,7 +6,6 @@ accepts and never answers (hung), or a private ``redis-server`` killed mid-reque
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -15,7 +14,6 @@ from typing import Any
 
 import pytest
 from django.core.checks import run_checks
-from django.test import Client
 from rest_framework.test import APIClient
 
 from django_idempotency.errors import LeaseLost, StoreUnavailable
@@ -28,28 +26,15 @@ from django_idempotency.strategies.base import Attempt, Claimed, InFlight, Misma
 from django_idempotency.strategies.redis import RedisClaim, RedisStrategy
 from tests.testapp.models import SideEffect
 
-from .factories import UserFactory
-from .redis_servers import Blackhole, RedisServer, closed_port_url
+from .support.api import post_json
+from .support.redis_servers import Blackhole, RedisServer, closed_port_url
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture
-def api(db: None) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(UserFactory())
-    return client
-
-
-@pytest.fixture
 def on_shared_redis(redis_settings: Any, shared_redis_url: str) -> dict[str, Any]:
     return redis_settings(shared_redis_url)
-
-
-def _post(client: Client, path: str, key: str, body: dict[str, Any]) -> Any:
-    return client.post(
-        path, json.dumps(body), content_type="application/json", HTTP_IDEMPOTENCY_KEY=key
-    )
 
 
 def _attempt(
@@ -80,10 +65,10 @@ def test_first_request_runs_the_view_and_retries_replay_it(
     path: str, api: APIClient, on_shared_redis: dict[str, Any]
 ) -> None:
     key = uuid.uuid4().hex
-    first = _post(api, path, key, {"amount": 1})
+    first = post_json(api, key, {"amount": 1}, path)
     assert first.status_code == 201
     assert SideEffect.objects.count() == 1
-    again = _post(api, path, key, {"amount": 1})
+    again = post_json(api, key, {"amount": 1}, path)
     assert again.status_code == 201
     assert again["Idempotent-Replayed"] == "true"
     assert again.content == first.content
@@ -93,7 +78,7 @@ def test_first_request_runs_the_view_and_retries_replay_it(
     assert SideEffect.objects.count() == 1
     # The key lives in Redis, not in the database.
     assert IdempotencyKey.objects.count() == 0
-    other = _post(api, path, key, {"amount": 2})
+    other = post_json(api, key, {"amount": 2}, path)
     assert other.status_code == 422
     assert other["Content-Type"] == PROBLEM_CONTENT_TYPE
     assert other.json()["status"] == 422
@@ -104,11 +89,11 @@ def test_server_error_releases_the_key_and_undoes_the_writes(
     api: APIClient, on_shared_redis: dict[str, Any]
 ) -> None:
     key = uuid.uuid4().hex
-    failed = _post(api, "/t/drf/", key, {"status": 500})
+    failed = post_json(api, key, {"status": 500})
     assert failed.status_code == 500
     assert SideEffect.objects.count() == 0, "the view's writes were rolled back"
     assert get_store().record_key("x", "y")  # the store is configured
-    retry = _post(api, "/t/drf/", key, {"status": 500})
+    retry = post_json(api, key, {"status": 500})
     assert retry.status_code == 500 and not retry.has_header("Idempotent-Replayed")
 
 
@@ -116,9 +101,9 @@ def test_a_client_error_is_stored_and_replayed(
     api: APIClient, on_shared_redis: dict[str, Any]
 ) -> None:
     key = uuid.uuid4().hex
-    first = _post(api, "/t/drf/", key, {"invalid": True})
+    first = post_json(api, key, {"invalid": True})
     assert first.status_code == 400
-    again = _post(api, "/t/drf/", key, {"invalid": True})
+    again = post_json(api, key, {"invalid": True})
     assert again.status_code == 400 and again["Idempotent-Replayed"] == "true"
     assert again.content == first.content
     assert SideEffect.objects.count() == 1, "the view ran once"
@@ -129,18 +114,16 @@ def test_a_duplicate_during_the_view_gets_409(
 ) -> None:
     key = uuid.uuid4().hex
     results: list[Any] = []
-    runner = threading.Thread(
-        target=lambda: results.append(_post(api, "/t/drf/", key, {"sleep": 0.8}))
-    )
+    runner = threading.Thread(target=lambda: results.append(post_json(api, key, {"sleep": 0.8})))
     runner.start()
     deadline = time.monotonic() + 5
     prefix = on_shared_redis["REDIS_KEY_PREFIX"]
     while not list(get_store().client.scan_iter(match=f"{prefix}:*")):  # claimed
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    other_scope = _post(APIClient(), "/t/fn/", key, {})  # anonymous: another scope, runs
+    other_scope = post_json(APIClient(), key, {}, "/t/fn/")  # anonymous: another scope, runs
     assert other_scope.status_code == 201
-    busy = _post(api, "/t/drf/", key, {"sleep": 0.8})
+    busy = post_json(api, key, {"sleep": 0.8})
     runner.join(10)
     assert busy.status_code == 409
     assert busy["Content-Type"] == PROBLEM_CONTENT_TYPE and busy.has_header("Retry-After")
@@ -277,14 +260,14 @@ def test_fallback_to_the_db_strategy_when_redis_refuses(
     key = uuid.uuid4().hex
     with caplog.at_level(logging.WARNING, logger="django_idempotency"):
         started = time.monotonic()
-        first = _post(api, path, key, {"amount": 1})
+        first = post_json(api, key, {"amount": 1}, path)
         elapsed = time.monotonic() - started
     assert first.status_code == 201, first.content
     assert elapsed < 2
     assert any("Redis is unavailable" in r.getMessage() for r in caplog.records)
     # The db strategy holds the key meanwhile, and replays it.
     assert IdempotencyKey.objects.filter(key=key, status="completed").count() == 1
-    again = _post(api, path, key, {"amount": 1})
+    again = post_json(api, key, {"amount": 1}, path)
     assert again.status_code == 201 and again["Idempotent-Replayed"] == "true"
     assert SideEffect.objects.count() == 1
 
@@ -295,7 +278,7 @@ def test_fail_closed_answers_503_problem_json(
 ) -> None:
     redis_settings(closed_port_url(), REDIS_FAILURE_MODE="fail_closed")
     started = time.monotonic()
-    response = _post(api, path, uuid.uuid4().hex, {"amount": 1})
+    response = post_json(api, uuid.uuid4().hex, {"amount": 1}, path)
     assert time.monotonic() - started < 2
     assert response.status_code == 503
     assert response["Content-Type"] == PROBLEM_CONTENT_TYPE
@@ -314,7 +297,7 @@ def test_a_hung_redis_is_given_up_after_the_socket_timeout(
     try:
         redis_settings(hole.url, REDIS_FAILURE_MODE=mode, REDIS_SOCKET_TIMEOUT=0.2)
         started = time.monotonic()
-        response = _post(api, "/t/drf/", uuid.uuid4().hex, {"amount": 1})
+        response = post_json(api, uuid.uuid4().hex, {"amount": 1})
         elapsed = time.monotonic() - started
     finally:
         hole.close()
@@ -343,8 +326,8 @@ def test_redis_dying_during_the_view_rolls_back_and_answers_503(
     server.start()
     # Through the view: the retry runs once Redis is back.
     key = uuid.uuid4().hex
-    assert _post(api, "/t/drf/", key, {"amount": 1}).status_code == 201
-    assert _post(api, "/t/drf/", key, {"amount": 1})["Idempotent-Replayed"] == "true"
+    assert post_json(api, key, {"amount": 1}).status_code == 201
+    assert post_json(api, key, {"amount": 1})["Idempotent-Replayed"] == "true"
 
 
 # -- system checks ------------------------------------------------------------------------------
@@ -391,7 +374,8 @@ def test_check_e012_cache_alias_must_be_django_redis(settings: Any) -> None:
 @pytest.mark.server
 @pytest.mark.postgres
 def test_race_through_the_example_server_charges_once(running_private_redis: RedisServer) -> None:
-    from .harness import count_rows, example_server, race, request, scratch_database
+    from .support.databases import count_rows
+    from .support.example import example_server, race, request, scratch_database, split_race
 
     key = f"pay-{uuid.uuid4().hex[:8]}"
     charge = {"amount": 1999, "currency": "EUR"}
@@ -403,13 +387,7 @@ def test_race_through_the_example_server_charges_once(running_private_redis: Red
     ):
         url = server.url + "/api/charges/"
         results = race(url, n=20, key=key, body=charge)
-        fresh = [
-            b for s, b in results if s == 201 and b["_headers"].get("idempotent-replayed") != "true"
-        ]
-        replays = [
-            b for s, b in results if s == 201 and b["_headers"].get("idempotent-replayed") == "true"
-        ]
-        conflicts = [b for s, b in results if s == 409]
+        fresh, replays, conflicts = split_race(results)
         assert len(fresh) == 1, [s for s, _ in results]
         assert len(fresh) + len(replays) + len(conflicts) == 20
         assert all(b["id"] == fresh[0]["id"] for b in replays)

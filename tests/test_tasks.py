@@ -9,24 +9,16 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.conf import settings as django_settings
 from django.db import connection
-from django.utils import timezone
-from rest_framework.test import APIClient
 
 from django_idempotency.managers import COMPLETED
 from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
@@ -39,101 +31,22 @@ from django_idempotency.tasks import (
     purge_expired_keys,
 )
 
-from .celery_queues import delete_queue
-from .factories import CompletedKeyFactory, ExpiredKeyFactory, UserFactory
-from .redis_servers import RedisServer
+from .factories import (
+    CompletedKeyFactory,
+    ExpiredKeyFactory,
+    IdempotencyOutboxFactory,
+    UserFactory,
+)
+from .support.api import api_client
+from .support.redis_servers import RedisServer
+from .support.workers import ROOT, Worker, delete_queue
 
-pytestmark = [pytest.mark.celery, pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
-
-ROOT = Path(__file__).resolve().parent.parent
-DRAINED = re.compile(r"drained (\d+) outbox rows \((\d+) expired\) in (\d+) transactions")
-
-
-@dataclass
-class Worker:
-    """One ``celery worker`` subprocess (solo pool: the task runs in this very process)."""
-
-    name: str
-    queue: str
-    env: dict[str, str]
-    log_path: Path
-    process: subprocess.Popen[bytes] | None = None
-    _log: Any = field(default=None, repr=False)
-
-    def start(self, timeout: float = 60) -> Worker:
-        self._log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "example_project.celery",
-                "worker",
-                "--pool",
-                "solo",
-                "--loglevel",
-                "INFO",
-                "--hostname",
-                f"{self.name}@%h",
-                "--queues",
-                self.queue,
-                "--prefetch-multiplier",
-                "1",
-                "--without-mingle",
-                "--without-gossip",
-                "--without-heartbeat",
-            ],
-            env=self.env,
-            cwd=ROOT,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + timeout
-        starts = self.log().count(" ready.")
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"celery worker exited:\n{self.log()}")
-            if self.log().count(" ready.") > starts:
-                return self
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"celery worker did not start:\n{self.log()}")
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def drained(self) -> int:
-        """Rows this worker's drains reported, over all its runs."""
-        return sum(int(m.group(1)) for m in DRAINED.finditer(self.log()))
-
-    def kill(self) -> None:
-        """SIGKILL, as the OOM killer or a lost machine would."""
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(10)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(5)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _forget_this_runs_queue() -> Iterator[None]:
-    """Hybrid commits in this process queue drains on the run's default queue; drop it."""
-    yield
-    default = str(getattr(django_settings, "CELERY_TASK_DEFAULT_QUEUE", ""))
-    if default.startswith("idem-tests-"):
-        delete_queue(default)
+pytestmark = [
+    pytest.mark.celery,
+    pytest.mark.postgres,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("forget_queued_drains"),
+]
 
 
 @pytest.fixture
@@ -163,6 +76,7 @@ def workers(transactional_db: None) -> Iterator[Callable[..., Worker]]:
         worker = Worker(
             name=f"{name}-{uuid.uuid4().hex[:6]}",
             queue=queue,
+            prefetch_multiplier=1,
             env={**env, "TEST_CELERY_QUEUE": queue},
             log_path=Path(tmp.name) / f"{name}.log",
         )
@@ -178,23 +92,13 @@ def workers(transactional_db: None) -> Iterator[Callable[..., Worker]]:
 
 
 def _fill_outbox(count: int, body_size: int = 200) -> list[str]:
-    now = timezone.now()
     keys = [f"k-{i:06d}-{uuid.uuid4().hex[:8]}" for i in range(count)]
     IdempotencyOutbox.objects.bulk_create(
         [
-            IdempotencyOutbox(
-                scope="user:1",
-                key=key,
-                fingerprint=f"{i:064x}",
-                request_method="POST",
-                request_path="/api/charges/",
-                response_status=201,
-                response_headers={"Content-Type": "application/json"},
-                response_body=json.dumps({"key": key, "pad": "x" * body_size}).encode(),
-                created_at=now,
-                expires_at=now + timedelta(hours=1),
+            IdempotencyOutboxFactory.build(
+                key=key, response_body=json.dumps({"key": key, "pad": "x" * body_size}).encode()
             )
-            for i, key in enumerate(keys)
+            for key in keys
         ],
         batch_size=2000,
     )
@@ -271,8 +175,7 @@ def test_hybrid_commits_queue_a_drain_that_a_worker_runs(
     monkeypatch.setattr(load_strategy("hybrid"), "drain_hold", 2.0)
     default_queue = str(django_settings.CELERY_TASK_DEFAULT_QUEUE)
     worker = workers("hybrid", default_queue)
-    client = APIClient()
-    client.force_authenticate(UserFactory())
+    client = api_client(UserFactory())
     keys = [uuid.uuid4().hex for _ in range(5)]
     for key in keys:
         response = client.post("/t/drf/", {"n": key}, format="json", HTTP_IDEMPOTENCY_KEY=key)

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from django.db import connections, transaction
 from django.test import override_settings
-from rest_framework.test import APIClient
 
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.responses import PROBLEM_CONTENT_TYPE
 
 from .factories import UserFactory
+from .support.api import api_client
 from .testapp import views
 from .testapp.models import SideEffect
 
@@ -36,8 +36,7 @@ def contend() -> Iterator[list[Any]]:
 
 
 def _post(user: Any, using: str, key: str) -> Any:
-    client = APIClient()
-    client.force_authenticate(user)
+    client = api_client(user)
     with override_settings(IDEMPOTENCY={"DATABASE": using}):
         return client.post("/t/contended/", {}, format="json", HTTP_IDEMPOTENCY_KEY=key)
 
@@ -128,8 +127,7 @@ def test_other_database_errors_are_not_turned_into_503(contend: list[Any]) -> No
             cursor.execute("SELECT * FROM no_such_table_here")
 
     contend.append(broken)
-    client = APIClient(raise_request_exception=True)
-    client.force_authenticate(UserFactory())
+    client = api_client(UserFactory())
     from django.db import OperationalError
 
     with pytest.raises((ProgrammingError, OperationalError)):

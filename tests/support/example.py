@@ -1,8 +1,9 @@
-"""Real servers and real races for the end-to-end tests.
+"""The example project for end-to-end tests and benchmarks: real servers, real races.
 
 ``scratch_database`` makes a fresh, migrated and seeded database (PostgreSQL or
 SQLite); ``example_server`` runs the example payments API under gunicorn against
-it; ``race`` fires many requests at one moment from real threads.
+it; ``race`` fires many requests at one moment from real threads, and ``split_race``
+and ``race_summary`` sort what they got back.
 """
 
 from __future__ import annotations
@@ -11,33 +12,28 @@ import http.client
 import json
 import os
 import signal
-import socket
-import sqlite3
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator, Mapping
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from .databases import pg_admin, with_database
+from .ports import free_port
 from .services import POSTGRES_URL
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def free_port() -> int:
-    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _example_env(database_url: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def example_env(database_url: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env = {
         key: value
         for key, value in os.environ.items()
@@ -56,7 +52,7 @@ def _example_env(database_url: str, extra: Mapping[str, str] | None = None) -> d
 def manage(database_url: str, *args: str, env: Mapping[str, str] | None = None) -> str:
     result = subprocess.run(
         [sys.executable, str(ROOT / "manage.py"), *args],
-        env=_example_env(database_url, env),
+        env=example_env(database_url, env),
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -68,27 +64,24 @@ def manage(database_url: str, *args: str, env: Mapping[str, str] | None = None) 
     return result.stdout
 
 
-def _pg_admin(sql: str) -> None:
-    import psycopg
-
-    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
-        conn.execute(sql)
-
-
 @contextmanager
-def scratch_database(kind: str) -> Iterator[str]:
-    """A new database with the example project migrated and seeded; dropped afterwards."""
+def scratch_database(
+    kind: str, *, admin_url: str = POSTGRES_URL, prefix: str = "idem_scratch_"
+) -> Iterator[str]:
+    """A new database with the example project migrated and seeded; dropped afterwards.
+
+    ``kind`` is "postgres" (created through ``admin_url``, named ``prefix`` + a random
+    suffix) or "sqlite" (a file in a temporary directory)."""
     if kind == "postgres":
-        name = f"idem_scratch_{uuid.uuid4().hex[:12]}"
-        _pg_admin(f'CREATE DATABASE "{name}"')
-        base = urlsplit(POSTGRES_URL)
-        url = base._replace(path="/" + name).geturl()
+        name = f"{prefix}{uuid.uuid4().hex[:12]}"
+        pg_admin(f'CREATE DATABASE "{name}"', admin_url)
+        url = with_database(admin_url, name)
         try:
             manage(url, "migrate", "--noinput", "-v", "0")
             manage(url, "seed_demo")
             yield url
         finally:
-            _pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', admin_url)
     elif kind == "sqlite":
         with tempfile.TemporaryDirectory(prefix="idem-scratch-") as tmp:
             url = f"sqlite:///{tmp}/db.sqlite3"
@@ -97,24 +90,6 @@ def scratch_database(kind: str) -> Iterator[str]:
             yield url
     else:  # pragma: no cover
         raise ValueError(kind)
-
-
-def query_scalar(database_url: str, sql: str, params: tuple[Any, ...] = ()) -> Any:
-    """One value from the scratch database (placeholders: %s)."""
-    parts = urlsplit(database_url)
-    if parts.scheme == "sqlite":
-        with closing(sqlite3.connect(parts.path)) as conn:
-            row = conn.execute(sql.replace("%s", "?"), params).fetchone()
-    else:
-        import psycopg
-
-        with psycopg.connect(database_url) as conn:
-            row = conn.execute(sql, params).fetchone()
-    return None if row is None else row[0]
-
-
-def count_rows(database_url: str, table: str, where: str = "1=1") -> int:
-    return int(query_scalar(database_url, f"SELECT COUNT(*) FROM {table} WHERE {where}"))
 
 
 @dataclass
@@ -146,10 +121,14 @@ def example_server(
     threads: int = 8,
     env: Mapping[str, str] | None = None,
     timeout: float = 60,
+    ready_timeout: float = 30,
 ) -> Iterator[ExampleServer]:
-    """The example payments API under gunicorn (gthread workers) on a free port."""
+    """The example payments API under gunicorn (gthread workers) on a free port.
+
+    ``timeout`` is gunicorn's worker timeout; ``ready_timeout`` how long to wait for the
+    first answer."""
     port = free_port()
-    server_env = _example_env(
+    server_env = example_env(
         database_url,
         {
             "IDEMPOTENCY_STRATEGY": strategy,
@@ -187,7 +166,7 @@ def example_server(
     )
     server = ExampleServer(f"http://127.0.0.1:{port}", port, process, Path(log.name), server_env)
     try:
-        _wait_ready(server)
+        _wait_ready(server, ready_timeout)
         yield server
     finally:
         if process.poll() is None:
@@ -286,3 +265,26 @@ def race(
     if errors:
         raise RuntimeError(f"{len(errors)} clients failed: {errors[0]!r}")
     return results  # type: ignore[return-value]
+
+
+def is_replay(result: tuple[int, Any]) -> bool:
+    """Whether one ``request()`` result was answered with ``Idempotent-Replayed: true``."""
+    _status, body = result
+    return isinstance(body, dict) and body["_headers"].get("idempotent-replayed") == "true"
+
+
+def race_summary(results: list[tuple[int, Any]]) -> Counter[str]:
+    """How many of each answer: "201", "201 replay", "409"..."""
+    return Counter(
+        f"{status}{' replay' if is_replay((status, body)) else ''}" for status, body in results
+    )
+
+
+def split_race(
+    results: list[tuple[int, Any]],
+) -> tuple[list[Any], list[Any], list[Any]]:
+    """The bodies of the fresh 201s, of the replayed 201s, and of the 409s."""
+    fresh = [b for s, b in results if s == 201 and not is_replay((s, b))]
+    replays = [b for s, b in results if s == 201 and is_replay((s, b))]
+    conflicts = [b for s, b in results if s == 409]
+    return fresh, replays, conflicts

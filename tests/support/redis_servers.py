@@ -9,39 +9,17 @@ The shared Redis on port 6379 is never touched.
 
 from __future__ import annotations
 
-import random
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
-from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
 
-
-def port_is_free(port: int) -> bool:
-    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
-def free_port(*, with_bus: bool = False) -> int:
-    """A free loopback port; ``with_bus``: port + 10000 (the cluster bus) is free too."""
-    if not with_bus:
-        with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
-            sock.bind(("127.0.0.1", 0))
-            return int(sock.getsockname()[1])
-    for _ in range(200):
-        port = random.randint(20000, 39999)
-        if port_is_free(port) and port_is_free(port + 10000):
-            return port
-    raise RuntimeError("no free port pair for a Redis Cluster node")
+from .ports import free_port
 
 
 def _cli(port: int, *args: str, timeout: float = 10) -> str:
@@ -272,3 +250,15 @@ class Blackhole:
 def closed_port_url() -> str:
     """A Redis URL on a loopback port where nothing listens (connection refused)."""
     return f"redis://127.0.0.1:{free_port()}/0"
+
+
+def delete_prefix(url: str, prefix: str) -> None:
+    """Delete the keys under ``prefix:`` on the Redis at ``url`` (never a flush)."""
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        keys = list(client.scan_iter(match=f"{prefix}:*", count=500))
+        if keys:
+            client.delete(*keys)
+        client.close()
+    except redis.RedisError:
+        pass

@@ -1,4 +1,4 @@
-"""Redis fixtures (a pytest plugin loaded from ``tests/conftest.py``).
+"""Redis fixtures (a pytest plugin loaded by ``tests/conftest.py``).
 
 * ``redis_prefix``: a key prefix unique to the test; its keys are deleted afterwards
   (the shared Redis is never flushed).
@@ -18,27 +18,14 @@ from typing import Any
 import pytest
 
 from . import services
-from .redis_servers import RedisClusterNodes, RedisServer
+from .redis_servers import RedisClusterNodes, RedisServer, delete_prefix
 
 
 @pytest.fixture
 def redis_prefix() -> Iterator[str]:
     prefix = f"idemtest-{uuid.uuid4().hex[:12]}"
     yield prefix
-    _delete_prefix(services.REDIS_URL, prefix)
-
-
-def _delete_prefix(url: str, prefix: str) -> None:
-    import redis
-
-    try:
-        client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
-        keys = list(client.scan_iter(match=f"{prefix}:*", count=500))
-        if keys:
-            client.delete(*keys)
-        client.close()
-    except redis.RedisError:
-        pass
+    delete_prefix(services.REDIS_URL, prefix)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """Views whose timing a test controls, for the engine's concurrency tests.
 
-Use with ``@pytest.mark.urls("tests.gates")`` and the ``gate`` fixture of the test
+Use with ``@pytest.mark.urls("tests.support.gates")`` and the ``gate`` fixture of the test
 module: a request to ``/gated/`` signals ``gate.entered`` and then waits until the
 test calls ``gate.opened.set()``, before it writes its SideEffect row. ``/stolen/``
 (and ``/stolen-drf/``) has its claim taken over, from another connection, while it runs.
@@ -9,8 +9,6 @@ test calls ``gate.opened.set()``, before it writes its SideEffect row. ``/stolen
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
 from django.db import connections
@@ -29,7 +27,7 @@ from django_idempotency.managers import ClaimResult
 from django_idempotency.mixins import IdempotencyMixin
 from django_idempotency.models import IdempotencyKey
 
-from .testapp.models import SideEffect
+from ..testapp.models import SideEffect
 
 
 class Gate:
@@ -150,14 +148,6 @@ class Background:
         assert not self.thread.is_alive(), "the request hung"
         assert self.error is None, self.error
         return self.response
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.01)  # polling interval
 
 
 urlpatterns = [

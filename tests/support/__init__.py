@@ -1,0 +1,17 @@
+"""What the tests and the benchmarks share: servers, databases, assertions, request helpers.
+
+* ``services``: where PostgreSQL, Redis and RabbitMQ are, and whether they must be there;
+* ``ports``: free loopback ports;
+* ``databases``: the PostgreSQL admin connection, scratch databases, one-value queries;
+* ``example``: the example project under ``manage.py`` and gunicorn, and racing clients;
+* ``redis_servers``: private ``redis-server`` processes and clusters, and broken Redis endpoints;
+* ``redis_fixtures``: the Redis fixtures (a pytest plugin loaded by ``tests/conftest.py``);
+* ``workers``: real Celery worker processes, and removing a test's queue from the broker;
+* ``gates``: views whose timing a test controls (``@pytest.mark.urls("tests.support.gates")``);
+* ``waiting``: polling until a condition holds;
+* ``api``: API clients and the requests the strategy tests send;
+* ``assertions``: the problem+json checks.
+
+Nothing here imports Django at import time except ``api``, ``assertions`` and ``gates``,
+so that the benchmarks can use the rest without settings.
+"""

@@ -1,0 +1,51 @@
+"""API clients and the requests the strategy tests send through the test views."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from django.test import Client
+from rest_framework.test import APIClient
+
+from django_idempotency.redis_store import get_store
+from django_idempotency.responses import REPLAYED_HEADER
+
+
+def api_client(user: Any = None) -> APIClient:
+    """An ``APIClient``, authenticated as ``user`` when one is given."""
+    client = APIClient()
+    if user is not None:
+        client.force_authenticate(user)
+    return client
+
+
+def token_client(user: Any = None, **kwargs: Any) -> APIClient:
+    """An ``APIClient`` that sends ``user``'s DRF token, when a user is given."""
+    client = APIClient(**kwargs)
+    if user is not None:
+        client.credentials(HTTP_AUTHORIZATION=f"Token {user.auth_token.key}")
+    return client
+
+
+def post_json(client: Client, key: str, body: dict[str, Any], path: str = "/t/drf/") -> Any:
+    """POST ``body`` as JSON to ``path`` with ``Idempotency-Key: key``."""
+    return client.post(
+        path, json.dumps(body), content_type="application/json", HTTP_IDEMPOTENCY_KEY=key
+    )
+
+
+def replayed(response: Any) -> bool:
+    return response.headers.get(REPLAYED_HEADER) == "true"
+
+
+def wait_in_progress(scope: str, key: str) -> None:
+    """Until the Redis record of ``key`` is in progress (its owner is inside the view)."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        record = get_store().get(scope, key)
+        if record is not None and record.status == "in_progress":
+            return
+        time.sleep(0.01)
+    raise AssertionError("the first request never claimed the key")

@@ -1,0 +1,131 @@
+"""Real Celery worker processes, and removing what a test's Celery traffic left on Redis.
+
+``Worker`` runs one ``celery -A example_project.celery worker`` (solo pool) as a
+process group of its own, logging to a file that its methods read back.
+
+Kombu's Redis transport keeps a queue as a list named after it, its bindings under
+``_kombu.binding.<queue>`` / ``_kombu.binding_permanent.<queue>``, and messages a
+worker received but had not acknowledged (a worker killed with SIGKILL) in the
+``unacked`` hash and ``unacked_index`` sorted set, from where it would put them back
+on the queue later. ``delete_queue`` removes only the entries of the given queue.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from . import services
+
+ROOT = Path(__file__).resolve().parents[2]
+DRAINED = re.compile(r"drained (\d+) outbox rows \((\d+) expired\) in (\d+) transactions")
+
+
+@dataclass
+class Worker:
+    """One ``celery worker`` subprocess (solo pool: the task runs in this very process).
+
+    ``queue``: consume only that queue (else the default one); ``prefetch_multiplier``:
+    Celery's ``--prefetch-multiplier`` (else Celery's default)."""
+
+    name: str
+    env: dict[str, str]
+    log_path: Path
+    queue: str | None = None
+    prefetch_multiplier: int | None = None
+    process: subprocess.Popen[bytes] | None = None
+    _log: Any = field(default=None, repr=False)
+
+    def start(self, timeout: float = 60) -> Worker:
+        options = ["--queues", self.queue] if self.queue else []
+        if self.prefetch_multiplier is not None:
+            options += ["--prefetch-multiplier", str(self.prefetch_multiplier)]
+        self._log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "example_project.celery",
+                "worker",
+                "--pool",
+                "solo",
+                "--loglevel",
+                "INFO",
+                "--hostname",
+                f"{self.name}@%h",
+                *options,
+                "--without-mingle",
+                "--without-gossip",
+                "--without-heartbeat",
+            ],
+            env=self.env,
+            cwd=ROOT,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        starts = self.log().count(" ready.")
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"celery worker exited:\n{self.log()}")
+            if self.log().count(" ready.") > starts:
+                return self
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"celery worker did not start:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def drained(self) -> int:
+        """Rows this worker's drains reported, over all its runs."""
+        return sum(int(m.group(1)) for m in DRAINED.finditer(self.log()))
+
+    def kill(self) -> None:
+        """SIGKILL, as the OOM killer or a lost machine would."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(5)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+def delete_queue(name: str, url: str = services.REDIS_URL) -> None:
+    client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        client.delete(name, f"_kombu.binding.{name}", f"_kombu.binding_permanent.{name}")
+        for tag, raw in client.hgetall("unacked").items():
+            try:
+                _message, _exchange, routing_key = json.loads(raw)
+            except (ValueError, TypeError):
+                continue
+            if routing_key == name:
+                client.hdel("unacked", tag)
+                client.zrem("unacked_index", tag)
+    except redis.RedisError:
+        pass
+    finally:
+        client.close()
