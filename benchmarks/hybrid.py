@@ -43,15 +43,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.support.databases import count_rows, query_scalar  # noqa: E402
-from tests.support.example import (  # noqa: E402
+from tests.support.databases import count_rows, query_scalar
+from tests.support.example import (
     example_env,
     example_server,
     request,
     scratch_database,
 )
-from tests.support.redis_servers import RedisServer  # noqa: E402
-from tests.support.workers import Worker  # noqa: E402
+from tests.support.redis_servers import RedisServer
+from tests.support.workers import Worker
 
 CHARGE = {"amount": 1999, "currency": "EUR"}
 BATCH = 1000  # OUTBOX_BATCH_SIZE, the default

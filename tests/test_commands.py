@@ -154,7 +154,8 @@ def test_single_statement_and_orm_batches_agree(using: str) -> None:
     )
     assert batches == [2]
     assert not manager.using(using).filter(pk__in=oldest).exists()
-    assert list(manager._iter_delete_expired_orm(2, now, using, None)) == [2, 1]
+    orm_path = manager._iter_delete_expired_orm  # type: ignore[attr-defined]
+    assert list(orm_path(2, now, using, None)) == [2, 1]
     assert manager.using(using).count() == 1
 
 

@@ -262,6 +262,7 @@ def test_a_view_cannot_forge_the_not_stored_marker() -> None:
     handle(request(), forging)
     assert ":not-stored" not in IdempotencyKey.objects.get().response_headers
     replay = handle(request(), forging)
+    assert isinstance(replay, HttpResponse)
     assert replay.status_code == 201 and replay.content == b'{"ok": 1}'
 
 

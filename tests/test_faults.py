@@ -32,7 +32,8 @@ from rest_framework.test import APIClient
 
 from django_idempotency import redis_store, strategies
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.redis_store import IN_PROGRESS, RedisRecord, encode_record, get_store
+from django_idempotency.redis_store import RedisRecord, encode_record, get_store
+from django_idempotency.status import IN_PROGRESS
 from django_idempotency.strategies.hybrid import HybridStrategy
 from tests.testapp.models import SideEffect
 

@@ -15,8 +15,6 @@ from redis.crc import key_slot
 
 from django_idempotency import redis_store
 from django_idempotency.redis_store import (
-    COMPLETED,
-    IN_PROGRESS,
     RedisRecord,
     RedisStore,
     RedisUnavailable,
@@ -26,6 +24,7 @@ from django_idempotency.redis_store import (
     get_store,
 )
 from django_idempotency.responses import StoredResponse
+from django_idempotency.status import COMPLETED, IN_PROGRESS
 
 from .support.redis_servers import Blackhole, RedisServer, closed_port_url
 

@@ -18,7 +18,7 @@ def assert_problem(response: Any, status: int, slug: str) -> dict[str, Any]:
     assert payload["status"] == status
     assert payload["type"].endswith("/" + slug)
     assert payload["title"] and payload["detail"]
-    return payload  # type: ignore[no-any-return]
+    return payload
 
 
 def problem_slug(response: Any) -> str | None:

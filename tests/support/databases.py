@@ -15,7 +15,7 @@ def pg_admin(sql: str, url: str = POSTGRES_URL) -> None:
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(sql)  # type: ignore[arg-type]
+        conn.execute(sql)
 
 
 def with_database(url: str, name: str) -> str:
@@ -33,7 +33,7 @@ def query_scalar(database_url: str, sql: str, params: tuple[Any, ...] = ()) -> A
         import psycopg
 
         with psycopg.connect(database_url) as conn:
-            row = conn.execute(sql, params).fetchone()  # type: ignore[arg-type]
+            row = conn.execute(sql, params).fetchone()
     return None if row is None else row[0]
 
 
