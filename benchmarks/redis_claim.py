@@ -79,7 +79,7 @@ def cases(url: str, cluster: bool, iterations: int) -> dict[str, Callable[[], fl
     import redis
     from redis.cluster import RedisCluster
 
-    from django_idempotency.redis_store import get_client
+    from django_idempotency.redis_store import get_client, get_store
     from django_idempotency.responses import StoredResponse
     from django_idempotency.strategies.base import Attempt, Claimed, Replay
     from django_idempotency.strategies.redis import RedisStrategy
@@ -130,7 +130,7 @@ def cases(url: str, cluster: bool, iterations: int) -> dict[str, Callable[[], fl
     with strategy.session(replay_attempt) as outcome:
         assert isinstance(outcome, Claimed)
         outcome.complete(response)
-    store = strategy.store()
+    store = get_store()
     record_key = store.record_key(replay_attempt.scope, replay_attempt.key)
     stored_value = completed(record_key)
 
