@@ -158,6 +158,14 @@ class Statement:
         self._time_field = time_field
         self.app_clock = any(is_time for _name, is_time in slots)
 
+    @property
+    def param_slots(self) -> tuple[tuple[str, bool], ...]:
+        """The parameters in the order of the SQL's ``%s``: ``(name, is_time)`` pairs, as
+        :meth:`params` fills them. ``name`` is a key of ``values``; with ``is_time`` the
+        parameter is the app's time (SQLite) plus the seconds in ``values[name]``, or the
+        time itself when ``name`` is ``""``."""
+        return self._slots
+
     def params(self, connection: BaseDatabaseWrapper, values: dict[str, Any]) -> list[Any]:
         """The parameter list: ``values`` by name (already adapted for the backend; the
         offsets of :class:`_Now` in seconds), and the app's time where the SQL needs it."""

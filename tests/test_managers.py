@@ -13,6 +13,7 @@ import pytest
 from django.db import connections, transaction
 from django.utils import timezone
 
+from django_idempotency._sql import statements
 from django_idempotency.managers import ClaimResult, ClaimState, KeyRow
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.responses import StoredResponse
@@ -497,3 +498,21 @@ def test_read_returns_what_the_orm_returns(alias: str, factory: Any) -> None:
     assert isinstance(read.claim_token, uuid.UUID)
     assert read.expires_at.tzinfo is not None
     assert IdempotencyKey.objects.read("user:1", "absent", using=alias) is None
+
+
+# -- the statements -------------------------------------------------------------------------
+
+
+def test_param_slots_name_the_parameters_in_the_order_params_fills_them(alias: str) -> None:
+    connection = connections[alias]
+    statement = statements(connection).claim
+    slots = statement.param_slots
+    values: dict[str, Any] = {name: f"<{name}>" for name, is_time in slots if not is_time}
+    values.update({name: 60.0 for name, is_time in slots if is_time and name})
+    params = statement.params(connection, values)
+    assert len(params) == len(slots) == statement.sql.count("%s")
+    for (name, is_time), param in zip(slots, params, strict=True):
+        if not is_time:
+            assert param == f"<{name}>"
+    # The app's clock fills times on SQLite only; PostgreSQL takes them in the SQL.
+    assert any(is_time for _name, is_time in slots) is (alias == "sqlite")
