@@ -218,12 +218,33 @@ def manager_loop(alias: str) -> Loop:
 
 
 def statements(alias: str) -> Any:
-    """The manager's SQL text for ``alias`` (the raw loops send the same text)."""
+    """The manager's statements for ``alias`` (the raw loops send the same SQL text)."""
     from django.db import connections
 
     from django_idempotency._sql import statements as compiled
 
     return compiled(connections[alias])
+
+
+def raw_params(statement: Any) -> Callable[[dict[str, Any]], list[Any]]:
+    """``statement``'s parameter list from ``values`` by name, in the order
+    ``Statement.params`` builds it, without Django: an app-clock time (SQLite) is the text
+    Django stores (naive UTC), now plus the seconds in ``values[name]``."""
+    slots = statement.param_slots
+    if not statement.app_clock:
+        names = [name for name, _is_time in slots]
+        return lambda values: [values[name] for name in names]
+
+    def build(values: dict[str, Any]) -> list[Any]:
+        now = datetime.now(UTC).replace(tzinfo=None)
+        return [
+            (str(now + timedelta(seconds=values[name])) if name else str(now))
+            if is_time
+            else values[name]
+            for name, is_time in slots
+        ]
+
+    return build
 
 
 def raw_db_postgres(conninfo: str, alias: str, *, client_cursor: bool = True) -> Loop:
@@ -232,53 +253,43 @@ def raw_db_postgres(conninfo: str, alias: str, *, client_cursor: bool = True) ->
     from psycopg.types.json import Jsonb
 
     sql = statements(alias)
+    claim_sql, claim_params = sql.claim.sql, raw_params(sql.claim)
+    complete_sql, complete_params = sql.complete.sql, raw_params(sql.complete)
     conn = psycopg.connect(
         conninfo,
         autocommit=True,
         cursor_factory=psycopg.ClientCursor if client_cursor else psycopg.Cursor,
     )
-    ttl = timedelta(seconds=TTL)
+    claim_values: dict[str, Any] = {
+        "scope": SCOPE,
+        "fingerprint": FINGERPRINT,
+        "status": "in_progress",
+        "request_method": METHOD,
+        "request_path": PATH,
+        "response_headers": Jsonb({}),
+        "ttl": TTL,
+    }
+    complete_values: dict[str, Any] = {
+        "response_status": 201,
+        "response_headers": Jsonb(dict(HEADERS)),
+        "response_body": BODY,
+        "ttl": TTL,
+    }
 
     def run(n: int, prefix: str) -> None:
         cur = conn.cursor()
         for i in range(n):
-            now = datetime.now(UTC)
             token = uuid.uuid4()
-            cur.execute(
-                sql.claim,
-                (
-                    SCOPE,
-                    f"{prefix}-{i}",
-                    FINGERPRINT,
-                    "in_progress",
-                    token,
-                    now,
-                    METHOD,
-                    PATH,
-                    Jsonb({}),
-                    now,
-                    now + ttl,
-                ),
-            )
+            claim_values["key"] = f"{prefix}-{i}"
+            claim_values["claim_token"] = token
+            cur.execute(claim_sql, claim_params(claim_values))
             row = cur.fetchone()
             if row is None:
                 raise RuntimeError("fresh key not claimed")
             with conn.transaction():
-                now = datetime.now(UTC)
-                cur.execute(
-                    sql.complete,
-                    (
-                        "completed",
-                        201,
-                        Jsonb(dict(HEADERS)),
-                        BODY,
-                        now,
-                        now + ttl,
-                        row[0],
-                        token,
-                        "in_progress",
-                    ),
-                )
+                complete_values["pk"] = row[0]
+                complete_values["token"] = token
+                cur.execute(complete_sql, complete_params(complete_values))
                 if cur.rowcount != 1:
                     raise RuntimeError("completion lost")
 
@@ -288,8 +299,9 @@ def raw_db_postgres(conninfo: str, alias: str, *, client_cursor: bool = True) ->
 def raw_db_sqlite(path: str, alias: str) -> Loop:
     """The same on sqlite3, with the connection set up as Django sets up its own."""
     sql = statements(alias)
-    claim_sql = sql.claim.replace("%s", "?")
-    complete_sql = sql.complete.replace("%s", "?")
+    claim_sql, claim_params = sql.claim.sql.replace("%s", "?"), raw_params(sql.claim)
+    complete_sql = sql.complete.sql.replace("%s", "?")
+    complete_params = raw_params(sql.complete)
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     for pragma in (
         "PRAGMA foreign_keys = ON",
@@ -298,48 +310,36 @@ def raw_db_sqlite(path: str, alias: str) -> Loop:
         "PRAGMA synchronous=NORMAL",
     ):
         conn.execute(pragma)
-    ttl = timedelta(seconds=TTL)
+    claim_values: dict[str, Any] = {
+        "scope": SCOPE,
+        "fingerprint": FINGERPRINT,
+        "status": "in_progress",
+        "request_method": METHOD,
+        "request_path": PATH,
+        "response_headers": "{}",
+        "ttl": TTL,
+    }
+    complete_values: dict[str, Any] = {
+        "response_status": 201,
+        "response_headers": json.dumps(HEADERS),
+        "response_body": BODY,
+        "ttl": TTL,
+    }
 
     def run(n: int, prefix: str) -> None:
         cur = conn.cursor()
         for i in range(n):
-            now = datetime.now(UTC).replace(tzinfo=None)
             token = uuid.uuid4().hex
-            cur.execute(
-                claim_sql,
-                (
-                    SCOPE,
-                    f"{prefix}-{i}",
-                    FINGERPRINT,
-                    "in_progress",
-                    token,
-                    str(now),
-                    METHOD,
-                    PATH,
-                    "{}",
-                    str(now),
-                    str(now + ttl),
-                ),
-            )
+            claim_values["key"] = f"{prefix}-{i}"
+            claim_values["claim_token"] = token
+            cur.execute(claim_sql, claim_params(claim_values))
             row = cur.fetchone()
             if row is None:
                 raise RuntimeError("fresh key not claimed")
             cur.execute("BEGIN")
-            now = datetime.now(UTC).replace(tzinfo=None)
-            cur.execute(
-                complete_sql,
-                (
-                    "completed",
-                    201,
-                    json.dumps(HEADERS),
-                    BODY,
-                    str(now),
-                    str(now + ttl),
-                    row[0],
-                    token,
-                    "in_progress",
-                ),
-            )
+            complete_values["pk"] = row[0]
+            complete_values["token"] = token
+            cur.execute(complete_sql, complete_params(complete_values))
             if cur.rowcount != 1:
                 raise RuntimeError("completion lost")
             cur.execute("COMMIT")
