@@ -5,11 +5,11 @@ stored response. Every case is measured against a raw loop in the same run:
 
 * ``db`` on PostgreSQL and on SQLite: ``DatabaseStrategy.session()`` then
   ``complete()``, against a raw psycopg 3 / sqlite3 loop sending the same SQL
-  text (the autocommit ``INSERT … ON CONFLICT DO NOTHING RETURNING``, then the
-  completion ``UPDATE`` in its own transaction). The manager API
-  (``IdempotencyKey.objects.claim``/``complete``) is measured as well; the
-  strategy also reads the ``hybrid`` outbox once per claim (one more SELECT
-  than the raw loop sends).
+  text with the parameters the manager passes: the autocommit ``INSERT …
+  SELECT … WHERE NOT EXISTS … ON CONFLICT DO NOTHING RETURNING`` (its NOT
+  EXISTS is the check of the ``hybrid`` outbox), then the completion ``UPDATE``
+  in its own transaction, the two statements the strategy sends. The manager API
+  (``IdempotencyKey.objects.claim``/``complete``) is measured as well.
 * ``advisory_lock`` on PostgreSQL: ``AdvisoryLockStrategy.session()`` then
   ``complete()``, against (a) a raw loop replaying the very statements the
   strategy sends (recorded from it at start-up, with fresh keys, tokens and
