@@ -34,7 +34,9 @@ from .errors import (
     TransientConflict,
     classify_database_error,
 )
-from .keys import bounded_scope, downstream_key, fingerprint, parse_key
+from .fingerprint import fingerprint
+from .header import parse_key
+from .keys import bounded_scope, downstream_key
 from .lease import keeper
 from .responses import NotStorable, StoredResponse, capture, problem_response
 from .strategies import get_strategy

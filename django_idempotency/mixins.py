@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from .conf import conf
 from .engine import IdempotentRequest, Options, default_scope, transient_conflict_response
 from .errors import DATABASE_ERRORS, IdempotencyError
-from .keys import preload_body
+from .fingerprint import preload_body
 from .responses import problem_response
 
 

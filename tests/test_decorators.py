@@ -10,7 +10,7 @@ from django.http import HttpRequest, HttpResponse
 from django.test import Client, RequestFactory, override_settings
 
 from django_idempotency.decorators import idempotent
-from django_idempotency.keys import fingerprint
+from django_idempotency.fingerprint import fingerprint
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.responses import REPLAYED_HEADER
 from example_project.payments.models import Charge, Refund

@@ -155,7 +155,7 @@ def test_retry_after_setting() -> None:
 
 
 def _print(req: HttpRequest) -> str:
-    from django_idempotency.keys import fingerprint
+    from django_idempotency.fingerprint import fingerprint
 
     return fingerprint(req)
 

@@ -15,7 +15,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from django_idempotency.errors import InvalidKey
-from django_idempotency.keys import MAX_KEY_LENGTH, fingerprint, parse_key
+from django_idempotency.fingerprint import fingerprint
+from django_idempotency.header import MAX_KEY_LENGTH, parse_key
 
 rf = RequestFactory()
 fast = settings(max_examples=200, deadline=None)

@@ -11,7 +11,7 @@ from django.test import Client, RequestFactory, override_settings
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from django_idempotency import engine, metrics
-from django_idempotency.keys import fingerprint
+from django_idempotency.fingerprint import fingerprint
 from tests.factories import IdempotencyKeyFactory, StaleKeyFactory
 from tests.testapp.models import SideEffect
 

@@ -30,7 +30,7 @@ from drf_spectacular.plumbing import ResolvedComponent, get_class
 from ..conf import conf
 from ..engine import Options
 from ..errors import PROBLEM_BASE, FingerprintMismatch, InvalidKey, RequestInProgress
-from ..keys import MAX_KEY_LENGTH
+from ..header import MAX_KEY_LENGTH
 from ..mixins import IdempotencyMixin
 from ..responses import PROBLEM_CONTENT_TYPE, REPLAYED_HEADER
 

@@ -1,0 +1,171 @@
+"""The ``Idempotency-Key`` header: the bare form and the RFC 8941 sf-string with its
+parameters (see docs/how-it-works.md, "The Idempotency-Key header")."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import string
+
+from .errors import InvalidKey
+
+MAX_KEY_LENGTH = 255
+
+
+def _is_visible_ascii(value: str) -> bool:
+    return all(0x21 <= ord(ch) <= 0x7E for ch in value)
+
+
+def parse_key(raw: str) -> str:
+    """Return the key carried by a header value, or raise InvalidKey.
+
+    Accepts the structured-field string form of RFC 8941 /
+    draft-ietf-httpapi-idempotency-key-header (``"abc"``), with any well-formed
+    parameters (``"abc";p=1``), which are ignored, and the bare form (``abc``),
+    which may not contain ``,`` or ``;``. A list of keys, which is what a header
+    sent twice becomes, is refused.
+    """
+    value = raw.strip(" \t")
+    if value.startswith('"'):
+        value = _parse_sf_item(value)
+    elif "," in value:
+        raise InvalidKey(_LIST_OF_KEYS)
+    elif ";" in value:
+        raise InvalidKey(
+            "A bare Idempotency-Key may not contain ';'. Parameters are accepted only "
+            'after a quoted key ("key";name=value).'
+        )
+    if not value:
+        raise InvalidKey("The Idempotency-Key header is empty.")
+    if len(value) > MAX_KEY_LENGTH:
+        raise InvalidKey(f"The Idempotency-Key is longer than {MAX_KEY_LENGTH} characters.")
+    if not _is_visible_ascii(value):
+        raise InvalidKey(
+            "The Idempotency-Key may only contain visible ASCII characters "
+            "(no spaces or control characters)."
+        )
+    return value
+
+
+_LIST_OF_KEYS = (
+    "The Idempotency-Key header holds a list of keys (it was sent more than once, or its "
+    "value contains a comma); send exactly one key."
+)
+_KEY = "The quoted Idempotency-Key"
+_PARAMETER = "A parameter of the Idempotency-Key"
+
+# RFC 8941 section 3.1.2 (parameter names) and 3.3 (bare items).
+_DIGITS = frozenset(string.digits)
+_PARAM_NAME_START = frozenset(string.ascii_lowercase + "*")
+_PARAM_NAME = _PARAM_NAME_START | _DIGITS | frozenset("_-.")
+_TOKEN_START = frozenset(string.ascii_letters + "*")
+_TOKEN = frozenset(string.ascii_letters + string.digits + "!#$%&'*+-.^_`|~:/")
+_BASE64 = frozenset(string.ascii_letters + string.digits + "+/=")
+
+
+def _parse_sf_item(value: str) -> str:
+    """The string of an RFC 8941 Item whose bare item is an sf-string; its
+    parameters are checked and ignored (the header defines none)."""
+    key, i = _parse_sf_string(value, 0, _KEY)
+    n = len(value)
+    after = "closing quote"
+    while i < n and value[i] == ";":
+        i += 1
+        while i < n and value[i] == " ":
+            i += 1
+        i = _skip_parameter_name(value, i)
+        if i < n and value[i] == "=":
+            i = _skip_bare_item(value, i + 1)
+        after = "parameters"
+    if i < n:
+        if value[i:].lstrip(" \t").startswith(","):
+            raise InvalidKey(_LIST_OF_KEYS)
+        raise InvalidKey(f"{_KEY} has text after its {after}.")
+    return key
+
+
+def _parse_sf_string(value: str, i: int, subject: str) -> tuple[str, int]:
+    """Decode the sf-string that starts at ``value[i]`` (a quote); return it and the
+    index after its closing quote."""
+    out: list[str] = []
+    i += 1
+    n = len(value)
+    while i < n:
+        ch = value[i]
+        if ch == "\\":
+            if i + 1 >= n or value[i + 1] not in '"\\':
+                raise InvalidKey(f"{subject} has an invalid escape.")
+            out.append(value[i + 1])
+            i += 2
+            continue
+        if ch == '"':
+            return "".join(out), i + 1
+        if not 0x20 <= ord(ch) <= 0x7E:
+            raise InvalidKey(f"{subject} contains a character that is not ASCII.")
+        out.append(ch)
+        i += 1
+    raise InvalidKey(f"{subject} has no closing quote.")
+
+
+def _malformed(what: str) -> InvalidKey:
+    return InvalidKey(f"The Idempotency-Key has a malformed parameter: {what}.")
+
+
+def _skip_parameter_name(value: str, i: int) -> int:
+    if i >= len(value) or value[i] not in _PARAM_NAME_START:
+        raise _malformed("a parameter name starts with a lowercase letter or '*'")
+    i += 1
+    while i < len(value) and value[i] in _PARAM_NAME:
+        i += 1
+    return i
+
+
+def _skip_bare_item(value: str, i: int) -> int:
+    """The index after the parameter value (an RFC 8941 bare item) at ``value[i]``."""
+    n = len(value)
+    ch = value[i] if i < n else ""
+    if ch == '"':
+        return _parse_sf_string(value, i, _PARAMETER)[1]
+    if ch == "-" or ch in _DIGITS:
+        return _skip_number(value, i)
+    if ch in _TOKEN_START:
+        i += 1
+        while i < n and value[i] in _TOKEN:
+            i += 1
+        return i
+    if ch == "?":
+        if value[i + 1 : i + 2] not in ("0", "1"):
+            raise _malformed("a boolean is ?0 or ?1")
+        return i + 2
+    if ch == ":":
+        end = value.find(":", i + 1)
+        content = value[i + 1 : end]
+        if end < 0 or not _BASE64.issuperset(content):
+            raise _malformed("a byte sequence is base64 between colons")
+        try:  # padding may be left out
+            base64.b64decode(content + "=" * (-len(content) % 4))
+        except binascii.Error as exc:
+            raise _malformed("a byte sequence is base64 between colons") from exc
+        return end + 1
+    raise _malformed("a parameter value is a number, string, token, byte sequence or boolean")
+
+
+def _skip_number(value: str, i: int) -> int:
+    """RFC 8941 section 4.2.4: up to 15 digits, or 12 digits, '.' and 1 to 3 digits."""
+    n = len(value)
+    if value[i] == "-":
+        i += 1
+    start = i
+    while i < n and value[i] in _DIGITS:
+        i += 1
+    whole = i - start
+    if whole == 0 or whole > 15:
+        raise _malformed("a number has 1 to 15 digits")
+    if i < n and value[i] == ".":
+        i += 1
+        fraction_start = i
+        while i < n and value[i] in _DIGITS:
+            i += 1
+        if whole > 12 or not 1 <= i - fraction_start <= 3:
+            raise _malformed("a decimal number has up to 12 digits, '.' and 1 to 3 digits")
+    return i
