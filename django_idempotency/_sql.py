@@ -316,6 +316,13 @@ class Statements:
             f" UNION ALL SELECT 1, {from_keys}",
             *key_row(),
         )
+        #: The same, live rows only: an expired key row counts as absent (database clock).
+        self.read_live = statement(
+            f"SELECT 0, {from_outbox}",
+            *outbox_live(_Now()),
+            f" UNION ALL SELECT 1, {from_keys}",
+            *key_row(f" AND {expires} > ", _Now()),
+        )
         #: The loser's read, the same with whether the row may be taken over (decided in
         #: SQL, on the database's clock; never an outbox row).
         self.claim_read = statement(

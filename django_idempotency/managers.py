@@ -132,17 +132,21 @@ class KeyStatements:
             return ClaimResult(ClaimState.IN_PROGRESS, pk=pk)
         return ClaimResult(ClaimState.COMPLETED, pk=pk, response=existing.stored_response())
 
-    def read(self, scope: str, key: str, *, using: str | None = None) -> KeyRow | None:
+    def read(
+        self, scope: str, key: str, *, live: bool = False, using: str | None = None
+    ) -> KeyRow | None:
         """The row of ``(scope, key)``, or None: one SELECT whose text is built once, no ORM query
         to compile per call (the values are converted as the ORM converts them).
 
         A live row of the hybrid strategy's outbox (a completion not drained yet) comes
         first, as a completed row with ``from_outbox`` set: whatever strategy reads the
-        key now, it is settled.
+        key now, it is settled. With ``live``, an expired key row counts as absent, judged
+        on the database's clock.
         """
         connection = connections[database(using, self._db)]
         sql = statements(connection)
-        found, _count = sql.read.execute(connection, {"scope": scope, "key": key})
+        statement = sql.read_live if live else sql.read
+        found, _count = statement.execute(connection, {"scope": scope, "key": key})
         return None if found is None else sql.key_row(connection, found)
 
     def _take_over(

@@ -232,3 +232,24 @@ def test_fence_stale_claim_judges_the_lease_on_the_db_clock(skew: int) -> None:
         assert manager.fence_stale_claim("user:1", "k1", lock_timeout=30) is True
     assert owner.pk is not None
     assert not manager.filter(pk=owner.pk).exists()
+
+
+@override_settings(IDEMPOTENCY={"STRATEGY": "advisory_lock"})
+def test_advisory_lock_judges_expiry_on_the_database_clock() -> None:
+    """A completed key with 20 s of its TTL left (by the database's clock) is replayed by
+    an app server whose clock runs 45 s ahead, never run again as if it had expired."""
+    from django_idempotency.strategies import reset
+    from django_idempotency.strategies.advisory import AdvisoryLockStrategy
+    from django_idempotency.strategies.base import Attempt, Replay
+
+    reset()
+    row = CompletedKeyFactory(fingerprint=PRINT, response_body=RESPONSE.body)
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {TABLE} SET expires_at = statement_timestamp() + interval '20 seconds' "
+            "WHERE id = %s",
+            [row.pk],
+        )
+    attempt = Attempt(row.scope, row.key, PRINT, ttl=60, lock_timeout=5)
+    with app_clock(45), AdvisoryLockStrategy().session(attempt) as outcome:
+        assert isinstance(outcome, Replay)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from django.db import DatabaseError, connections, transaction
 from django.db.utils import OperationalError
-from django.utils import timezone
 
 from ..errors import LeaseLost, StoreUnavailable
 from ..models import IdempotencyKey
@@ -107,10 +106,12 @@ class AdvisoryLockStrategy(Strategy):
                 return InFlight()
             raise StoreUnavailable() from exc
         try:
-            row = IdempotencyKey.objects.read(attempt.scope, attempt.key, using=attempt.database)
+            row = IdempotencyKey.objects.read(
+                attempt.scope, attempt.key, live=True, using=attempt.database
+            )
         except DatabaseError as exc:
             raise StoreUnavailable() from exc
-        if row is None or row.expires_at <= timezone.now():
+        if row is None:
             return AdvisoryClaim(attempt)
         if row.fingerprint != attempt.fingerprint:
             return Mismatch()
