@@ -5,7 +5,12 @@ from collections.abc import Callable, Iterator
 import pytest
 
 # The shared assertions and request helpers report like assertions in the tests themselves.
-pytest.register_assert_rewrite("tests.support.api", "tests.support.assertions")
+pytest.register_assert_rewrite(
+    "tests.support.api",
+    "tests.support.assertions",
+    "tests.support.example",
+    "tests.support.threads",
+)
 
 from django.conf import settings  # noqa: E402
 from django.db import connections  # noqa: E402

@@ -7,7 +7,6 @@ through real requests on threads against ``tests.support.gates``.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
@@ -31,6 +30,7 @@ from django_idempotency.responses import REPLAYED_HEADER, problem_response
 from .support.assertions import assert_problem
 from .support.gates import Background
 from .support.gates import gate as the_gate
+from .support.threads import run_at_once
 from .support.waiting import wait_until
 from .testapp.models import SideEffect
 
@@ -534,29 +534,17 @@ def test_heartbeat_follows_a_views_own_lock_timeout(gate: Any) -> None:
 @pytest.mark.django_db(transaction=True)
 def test_sixteen_concurrent_requests_run_the_view_once() -> None:
     """Real threads, each with its own connection, released together on one key."""
-    barrier = threading.Barrier(16)
-    answers: list[tuple[int, bool]] = []
-    lock = threading.Lock()
 
-    def send() -> None:
-        try:
-            barrier.wait(timeout=30)
-            response = Client().post(
-                "/t/fn/",
-                {"amount": 1, "sleep": 0.05},
-                content_type="application/json",
-                HTTP_IDEMPOTENCY_KEY="race",
-            )
-            with lock:
-                answers.append((response.status_code, response.has_header(REPLAYED_HEADER)))
-        finally:
-            connections.close_all()
+    def send(_: int) -> tuple[int, bool]:
+        response = Client().post(
+            "/t/fn/",
+            {"amount": 1, "sleep": 0.05},
+            content_type="application/json",
+            HTTP_IDEMPOTENCY_KEY="race",
+        )
+        return response.status_code, response.has_header(REPLAYED_HEADER)
 
-    threads = [threading.Thread(target=send) for _ in range(16)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    answers = run_at_once(16, send)
     assert len(answers) == 16
     assert SideEffect.objects.count() == 1
     assert answers.count((201, False)) == 1, answers

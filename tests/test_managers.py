@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
-from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from django.db import connections, transaction
@@ -24,10 +22,10 @@ from .factories import (
     IdempotencyKeyFactory,
     StaleKeyFactory,
 )
+from .support.threads import InBackground, in_background, run_at_once
 
 pytestmark = pytest.mark.django_db(databases=["default", "sqlite"])
 
-T = TypeVar("T")
 PRINT = "a" * 64
 OTHER_PRINT = "b" * 64
 RESPONSE = StoredResponse(
@@ -373,39 +371,9 @@ def test_delete_expired_uses_one_alias_only() -> None:
 # -- real races -----------------------------------------------------------------------------
 
 
-def run_at_once(n: int, work: Callable[[], T]) -> list[T]:
-    """Run ``work`` on ``n`` threads released together by a barrier; each thread
-    uses (and closes) its own database connections."""
-    barrier = threading.Barrier(n)
-    results: list[T] = []
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def target() -> None:
-        try:
-            barrier.wait(timeout=30)
-            value = work()
-            with lock:
-                results.append(value)
-        except BaseException as exc:  # reported below
-            with lock:
-                errors.append(exc)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=target) for _ in range(n)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    assert not any(t.is_alive() for t in threads), "a thread hung"
-    assert not errors, errors
-    return results
-
-
 @pytest.mark.django_db(databases=["default", "sqlite"], transaction=True)
 def test_sixteen_threads_claim_one_key_exactly_one_wins(alias: str) -> None:
-    results = run_at_once(16, lambda: claim(alias, key="race"))
+    results = run_at_once(16, lambda _: claim(alias, key="race"))
     states = [r.state for r in results]
     assert states.count(ClaimState.CLAIMED) == 1, states
     assert states.count(ClaimState.IN_PROGRESS) == 15, states
@@ -418,7 +386,7 @@ def test_sixteen_threads_claim_one_key_exactly_one_wins(alias: str) -> None:
 def test_sixteen_threads_take_over_one_stale_lease_exactly_one_wins(alias: str) -> None:
     old = claim(alias, key="stale")
     age(alias, old.pk, locked_at=timedelta(hours=1))
-    results = run_at_once(16, lambda: claim(alias, key="stale"))
+    results = run_at_once(16, lambda _: claim(alias, key="stale"))
     winners = [r for r in results if r.state is ClaimState.CLAIMED]
     assert len(winners) == 1, [r.state for r in results]
     assert winners[0].taken_over
@@ -435,26 +403,17 @@ def test_claim_waiting_on_a_completing_owner_gets_its_response() -> None:
     old = claim("default", key="slow")
     assert old.pk is not None and old.token is not None
     age("default", old.pk, locked_at=timedelta(hours=1))
-    outcome: list[ClaimResult] = []
-
-    def claimant() -> None:
-        try:
-            outcome.append(claim("default", key="slow"))
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=claimant)
     with transaction.atomic(using="default"):
         assert IdempotencyKey.objects.complete(old.pk, old.token, RESPONSE, ttl=600)
-        thread.start()
-        wait_for_lock_wait(thread)
-    thread.join(timeout=30)
-    assert outcome and outcome[0].state is ClaimState.COMPLETED, outcome
-    assert outcome[0].response == RESPONSE
+        claimant = in_background(lambda: claim("default", key="slow"))
+        wait_for_lock_wait(claimant)
+    outcome = claimant.result(timeout=30)
+    assert outcome.state is ClaimState.COMPLETED, outcome
+    assert outcome.response == RESPONSE
     assert row("default", old.pk)["status"] == "completed"
 
 
-def wait_for_lock_wait(thread: threading.Thread, timeout: float = 10.0) -> None:
+def wait_for_lock_wait(thread: InBackground[Any], timeout: float = 10.0) -> None:
     """Block until a backend of the test database waits on a lock.
 
     Polls from a separate autocommit connection: pg_stat_activity is a snapshot

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from collections import Counter
@@ -20,6 +19,7 @@ from django_idempotency.strategies.base import Attempt, Claimed, InFlight, Repla
 from django_idempotency.strategies.redis import RedisStrategy
 
 from .support.redis_servers import RedisClusterNodes
+from .support.threads import run_at_once
 
 pytestmark = pytest.mark.redis_cluster
 
@@ -86,31 +86,16 @@ def test_twenty_threads_claim_one_key_on_the_cluster(
     redis_settings(redis_cluster.url, REDIS_CLUSTER=True)
     strategy = RedisStrategy()
     attempt = Attempt("user:1", uuid.uuid4().hex, "fp", ttl=60, lock_timeout=5, atomic=False)
-    barrier = threading.Barrier(20)
-    seen: list[str] = []
-    lock = threading.Lock()
-    errors: list[BaseException] = []
 
-    def run() -> None:
-        try:
-            barrier.wait(10)
-            with strategy.session(attempt) as outcome:
-                with lock:
-                    seen.append(
-                        type(outcome).__name__ if not isinstance(outcome, Claimed) else "Claimed"
-                    )
-                if isinstance(outcome, Claimed):
-                    time.sleep(0.1)
-                    outcome.complete(RESPONSE)
-        except BaseException as exc:
-            errors.append(exc)
+    def run(_: int) -> str:
+        with strategy.session(attempt) as outcome:
+            name = type(outcome).__name__ if not isinstance(outcome, Claimed) else "Claimed"
+            if isinstance(outcome, Claimed):
+                time.sleep(0.1)
+                outcome.complete(RESPONSE)
+        return name
 
-    threads = [threading.Thread(target=run) for _ in range(20)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    assert not errors
+    seen = run_at_once(20, run)  # a thread's error is re-raised here
     summary = Counter(seen)
     assert summary["Claimed"] == 1, summary
     assert set(summary) <= {"Claimed", "InFlight", "Replay"}, summary

@@ -3,7 +3,6 @@ and a private ``redis-server`` for what must not happen to the shared one."""
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from django_idempotency.responses import StoredResponse
 from django_idempotency.status import COMPLETED, IN_PROGRESS
 
 from .support.redis_servers import Blackhole, RedisServer, closed_port_url
+from .support.threads import run_at_once
 
 pytestmark = pytest.mark.redis
 
@@ -179,34 +179,22 @@ def test_stale_owner_is_fenced_off_after_expiry_and_takeover(store: RedisStore) 
     assert record is not None and record.response == RESPONSE and record.token == new
 
 
-def _together(n: int, func: Callable[[int], Any]) -> list[Any]:
-    barrier = threading.Barrier(n)
-    results: list[Any] = [None] * n
-
-    def run(i: int) -> None:
-        barrier.wait(10)
-        results[i] = func(i)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    return results
-
-
 def test_racing_claims_and_completions_have_one_winner(
     shared_redis_url: str, redis_prefix: str
 ) -> None:
     # A client per thread: separate connections, so the commands really interleave in Redis.
     stores = [RedisStore(_client(shared_redis_url, 2), redis_prefix) for _ in range(20)]
     tokens = [_token() for _ in stores]
-    claims = _together(20, lambda i: stores[i].claim("user:1", "race", "fp", tokens[i], 5000))
+    claims = run_at_once(20, lambda i: stores[i].claim("user:1", "race", "fp", tokens[i], 5000))
     winners = [i for i, (won, _) in enumerate(claims) if won]
     assert len(winners) == 1
-    assert all(record.token == tokens[winners[0]] for won, record in claims if not won)
+    assert all(
+        record is not None and record.token == tokens[winners[0]]
+        for won, record in claims
+        if not won
+    )
     responses = [StoredResponse(status=201, body=str(i).encode()) for i in range(20)]
-    done = _together(
+    done = run_at_once(
         20, lambda i: stores[i].complete("user:1", "race", tokens[i], responses[i], 60_000)
     )
     assert [i for i, ok in enumerate(done) if ok] == winners

@@ -6,7 +6,6 @@ first request and replay it, and the 64-bit lock as pg_locks shows it."""
 from __future__ import annotations
 
 import json
-import threading
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -28,6 +27,7 @@ from .factories import CompletedKeyFactory, ExpiredKeyFactory, UserFactory
 from .support.assertions import assert_problem
 from .support.gates import Background, Gate
 from .support.gates import gate as the_gate
+from .support.threads import run_at_once
 from .support.waiting import wait_until
 from .testapp.models import SideEffect
 
@@ -281,24 +281,12 @@ class TestRequests:
         assert SideEffect.objects.count() == 2
 
     def test_sixteen_concurrent_requests_run_the_view_once(self) -> None:
-        barrier = threading.Barrier(16)
-        statuses: list[tuple[int, bool]] = []
-        lock = threading.Lock()
 
-        def send() -> None:
-            try:
-                barrier.wait(timeout=30)
-                response = post("/t/fn/", {"a": 1, "sleep": 0.05}, key="race")
-                with lock:
-                    statuses.append((response.status_code, response.has_header(REPLAYED_HEADER)))
-            finally:
-                connections.close_all()
+        def send(_: int) -> tuple[int, bool]:
+            response = post("/t/fn/", {"a": 1, "sleep": 0.05}, key="race")
+            return response.status_code, response.has_header(REPLAYED_HEADER)
 
-        threads = [threading.Thread(target=send) for _ in range(16)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=60)
+        statuses = run_at_once(16, send)
         assert len(statuses) == 16
         assert SideEffect.objects.count() == 1
         assert statuses.count((201, False)) == 1

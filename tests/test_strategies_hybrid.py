@@ -9,13 +9,12 @@ Side effects are counted in ``SideEffect`` rows (the test views) and ``Charge`` 
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
 from typing import Any
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
@@ -32,6 +31,7 @@ from tests.testapp.models import SideEffect
 from .factories import StaleKeyFactory, UserFactory
 from .support.api import api_client, post_json, replayed, token_client, wait_in_progress
 from .support.redis_servers import RedisServer, closed_port_url
+from .support.threads import in_background, run_at_once
 
 pytestmark = [
     pytest.mark.redis,
@@ -106,25 +106,15 @@ def test_same_key_other_request_is_422(hybrid: Any, api: APIClient) -> None:
 def test_duplicate_while_the_view_runs_is_409(hybrid: Any, api: APIClient) -> None:
     key = uuid.uuid4().hex
     user = UserFactory()
-    results: dict[str, Any] = {}
-
-    def slow() -> None:
-        client = api_client(user)
-        try:
-            results["slow"] = post_json(client, key, {"sleep": 1.0})
-        finally:
-            connections.close_all()  # this thread's connection
-
-    thread = threading.Thread(target=slow)
-    thread.start()
+    running = in_background(lambda: post_json(api_client(user), key, {"sleep": 1.0}))
     wait_in_progress(f"user:{user.pk}", key)
     client = api_client(user)
     duplicate = post_json(client, key, {"sleep": 1.0})
-    thread.join(10)
+    slow = running.result(10)
     assert duplicate.status_code == 409
     assert duplicate["Content-Type"] == PROBLEM_CONTENT_TYPE
     assert int(duplicate["Retry-After"]) >= 1
-    assert results["slow"].status_code == 201
+    assert slow.status_code == 201
     assert replayed(post_json(client, key, {"sleep": 1.0}))
     assert SideEffect.objects.filter(label="drf").count() == 1
 
@@ -167,22 +157,8 @@ def test_example_charge_view_charges_once(hybrid: Any) -> None:
 def test_racing_threads_run_the_view_once(hybrid: Any) -> None:
     user = UserFactory()
     key = uuid.uuid4().hex
-    barrier = threading.Barrier(10)
-    statuses: list[int] = []
-
-    def run() -> None:
-        client = api_client(user)
-        barrier.wait(10)
-        try:
-            statuses.append(post_json(client, key, {"sleep": 0.3}).status_code)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=run) for _ in range(10)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    clients = [api_client(user) for _ in range(10)]
+    statuses = run_at_once(10, lambda i: post_json(clients[i], key, {"sleep": 0.3}).status_code)
     assert sorted(set(statuses)) <= [201, 409] and statuses.count(201) >= 1
     assert SideEffect.objects.count() == 1
 
@@ -303,25 +279,15 @@ def test_redis_losing_a_claim_mid_view_cannot_commit_twice(
     unique constraint refuses the slower commit, whose writes roll back."""
     user = UserFactory()
     key = uuid.uuid4().hex
-    results: dict[str, Any] = {}
-
-    def slow() -> None:
-        client = api_client(user)
-        try:
-            results["slow"] = post_json(client, key, {"sleep": 1.0})
-        finally:
-            connections.close_all()  # this thread's connection
-
-    thread = threading.Thread(target=slow)
-    thread.start()
+    running = in_background(lambda: post_json(api_client(user), key, {"sleep": 1.0}))
     wait_in_progress(f"user:{user.pk}", key)
     get_client().flushall()
     client = api_client(user)
     fast = post_json(client, key, {"sleep": 1.0})
-    thread.join(10)
-    statuses = sorted([fast.status_code, results["slow"].status_code])
+    slow = running.result(10)
+    statuses = sorted([fast.status_code, slow.status_code])
     assert statuses == [201, 409], statuses
-    loser = fast if fast.status_code == 409 else results["slow"]
+    loser = fast if fast.status_code == 409 else slow
     assert loser.json()["type"].endswith("lease-lost")
     assert SideEffect.objects.count() == 1
     assert IdempotencyOutbox.objects.filter(key=key).count() == 1
@@ -453,29 +419,19 @@ def test_a_db_claim_in_progress_is_left_to_the_db_strategy(hybrid: Any) -> None:
     working = hybrid()
     hybrid(REDIS_URL=closed_port_url())
     key = uuid.uuid4().hex
-    results: dict[str, Any] = {}
-
-    def slow() -> None:
-        client = api_client(user)
-        try:
-            results["slow"] = post_json(client, key, body)
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=slow)
-    thread.start()
+    running = in_background(lambda: post_json(api_client(user), key, body))
     deadline = time.monotonic() + 5
     while not IdempotencyKey.objects.filter(key=key).exists() and time.monotonic() < deadline:
         time.sleep(0.02)  # the fallback's claim committed; its view is running
     hybrid(**{k: v for k, v in working.items() if k != "STRATEGY"})
     client = api_client(user)
     duplicate = post_json(client, key, body)
-    thread.join(10)
+    slow = running.result(10)
     assert duplicate.status_code == 409, duplicate.content
-    assert results["slow"].status_code == 201
+    assert slow.status_code == 201
     retry = post_json(client, key, body)
     assert retry.status_code == 201 and replayed(retry)
-    assert retry.content == results["slow"].content
+    assert retry.content == slow.content
     record = get_store().get(scope, key)
     assert record is not None and record.status == COMPLETED  # refilled
     assert SideEffect.objects.count() == 1
@@ -498,7 +454,13 @@ def test_race_through_the_example_server_charges_once(
     running_private_redis: RedisServer, backend: str
 ) -> None:
     from .support.databases import count_rows
-    from .support.example import example_server, race, request, scratch_database, split_race
+    from .support.example import (
+        assert_one_execution,
+        example_server,
+        race,
+        request,
+        scratch_database,
+    )
 
     key = f"pay-{uuid.uuid4().hex[:8]}"
     charge = {"amount": 1999, "currency": "EUR"}
@@ -517,10 +479,7 @@ def test_race_through_the_example_server_charges_once(
     ):
         url = server.url + "/api/charges/"
         results = race(url, n=20, key=key, body=charge)
-        fresh, replays, conflicts = split_race(results)
-        assert len(fresh) == 1, [s for s, _ in results]
-        assert len(fresh) + len(replays) + len(conflicts) == 20
-        assert all(b["id"] == fresh[0]["id"] for b in replays)
+        fresh = assert_one_execution(results, n=20)
         # Redis loses everything; the retry is replayed from the outbox.
         import redis
 

@@ -7,7 +7,6 @@ accepts and never answers (hung), or a private ``redis-server`` killed mid-reque
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import uuid
 from typing import Any
@@ -28,6 +27,7 @@ from tests.testapp.models import SideEffect
 
 from .support.api import post_json
 from .support.redis_servers import Blackhole, RedisServer, closed_port_url
+from .support.threads import in_background, run_at_once
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
@@ -113,9 +113,7 @@ def test_a_duplicate_during_the_view_gets_409(
     api: APIClient, on_shared_redis: dict[str, Any]
 ) -> None:
     key = uuid.uuid4().hex
-    results: list[Any] = []
-    runner = threading.Thread(target=lambda: results.append(post_json(api, key, {"sleep": 0.8})))
-    runner.start()
+    runner = in_background(lambda: post_json(api, key, {"sleep": 0.8}))
     deadline = time.monotonic() + 5
     prefix = on_shared_redis["REDIS_KEY_PREFIX"]
     while not list(get_store().client.scan_iter(match=f"{prefix}:*")):  # claimed
@@ -124,10 +122,10 @@ def test_a_duplicate_during_the_view_gets_409(
     other_scope = post_json(APIClient(), key, {}, "/t/fn/")  # anonymous: another scope, runs
     assert other_scope.status_code == 201
     busy = post_json(api, key, {"sleep": 0.8})
-    runner.join(10)
+    first = runner.result(10)
     assert busy.status_code == 409
     assert busy["Content-Type"] == PROBLEM_CONTENT_TYPE and busy.has_header("Retry-After")
-    assert results[0].status_code == 201
+    assert first.status_code == 201
     assert SideEffect.objects.filter(label="drf").count() == 1
 
 
@@ -226,24 +224,15 @@ def test_failed_commit_undoes_the_completion(on_shared_redis: dict[str, Any]) ->
 def test_racing_sessions_have_one_owner(on_shared_redis: dict[str, Any]) -> None:
     strategy = RedisStrategy()
     attempt = _attempt(uuid.uuid4().hex, atomic=False)
-    barrier = threading.Barrier(20)
-    outcomes: list[Any] = []
-    lock = threading.Lock()
 
-    def run() -> None:
-        barrier.wait(10)
+    def run(_: int) -> Any:
         with strategy.session(attempt) as outcome:
-            with lock:
-                outcomes.append(outcome)
             if isinstance(outcome, Claimed):
                 time.sleep(0.2)
                 outcome.complete(StoredResponse(201, {}, b"once"))
+        return outcome
 
-    threads = [threading.Thread(target=run) for _ in range(20)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    outcomes = run_at_once(20, run)
     assert sum(isinstance(o, Claimed) for o in outcomes) == 1
     assert all(isinstance(o, (Claimed, InFlight, Replay)) for o in outcomes)
     assert len(outcomes) == 20
@@ -375,7 +364,13 @@ def test_check_e012_cache_alias_must_be_django_redis(settings: Any) -> None:
 @pytest.mark.postgres
 def test_race_through_the_example_server_charges_once(running_private_redis: RedisServer) -> None:
     from .support.databases import count_rows
-    from .support.example import example_server, race, request, scratch_database, split_race
+    from .support.example import (
+        assert_one_execution,
+        example_server,
+        race,
+        request,
+        scratch_database,
+    )
 
     key = f"pay-{uuid.uuid4().hex[:8]}"
     charge = {"amount": 1999, "currency": "EUR"}
@@ -387,10 +382,7 @@ def test_race_through_the_example_server_charges_once(running_private_redis: Red
     ):
         url = server.url + "/api/charges/"
         results = race(url, n=20, key=key, body=charge)
-        fresh, replays, conflicts = split_race(results)
-        assert len(fresh) == 1, [s for s, _ in results]
-        assert len(fresh) + len(replays) + len(conflicts) == 20
-        assert all(b["id"] == fresh[0]["id"] for b in replays)
+        fresh = assert_one_execution(results, n=20)
         status, body = request(url, key=key, body=charge)
         assert status == 201 and body["_headers"]["idempotent-replayed"] == "true"
         assert body["id"] == fresh[0]["id"]

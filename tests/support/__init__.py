@@ -9,6 +9,7 @@
 * ``workers``: real Celery worker processes, and removing a test's queue from the broker;
 * ``gates``: views whose timing a test controls (``@pytest.mark.urls("tests.support.gates")``);
 * ``waiting``: polling until a condition holds;
+* ``threads``: threads released together by a barrier, and work in a background thread;
 * ``api``: API clients and the requests the strategy tests send;
 * ``assertions``: the problem+json checks.
 

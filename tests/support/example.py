@@ -2,8 +2,9 @@
 
 ``scratch_database`` makes a fresh, migrated and seeded database (PostgreSQL or
 SQLite); ``example_server`` runs the example payments API under gunicorn against
-it; ``race`` fires many requests at one moment from real threads, and ``split_race``
-and ``race_summary`` sort what they got back.
+it; ``race`` fires many requests at one moment from real threads, ``split_race``
+and ``race_summary`` sort what they got back, and ``assert_one_execution`` checks that
+the view ran once.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections import Counter
@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 from .databases import pg_admin, with_database
 from .ports import free_port
 from .services import POSTGRES_URL
+from .threads import run_at_once
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -243,28 +244,15 @@ def race(
     body: Any = None,
     stagger: float = 0.0,
 ) -> list[tuple[int, Any]]:
-    """``n`` threads send the same request at the same moment (a barrier releases them)."""
-    barrier = threading.Barrier(n)
-    results: list[tuple[int, Any] | BaseException] = [RuntimeError("no result")] * n
+    """``n`` threads send the same request at the same moment (a barrier releases them);
+    the answers in thread order. A client that fails is re-raised after all have finished."""
 
-    def client(index: int) -> None:
-        try:
-            barrier.wait(30)
-            if stagger:
-                time.sleep(stagger * index)
-            results[index] = request(url, key=key, token=token, body=body)
-        except BaseException as exc:  # reported below
-            results[index] = exc
+    def client(index: int) -> tuple[int, Any]:
+        if stagger:
+            time.sleep(stagger * index)
+        return request(url, key=key, token=token, body=body)
 
-    workers = [threading.Thread(target=client, args=(i,)) for i in range(n)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(120)
-    errors = [r for r in results if isinstance(r, BaseException)]
-    if errors:
-        raise RuntimeError(f"{len(errors)} clients failed: {errors[0]!r}")
-    return results  # type: ignore[return-value]
+    return run_at_once(n, client, timeout=120)
 
 
 def is_replay(result: tuple[int, Any]) -> bool:
@@ -288,3 +276,13 @@ def split_race(
     replays = [b for s, b in results if s == 201 and is_replay((s, b))]
     conflicts = [b for s, b in results if s == 409]
     return fresh, replays, conflicts
+
+
+def assert_one_execution(results: list[tuple[int, Any]], n: int) -> list[Any]:
+    """A race of ``n`` requests ran the view once: one fresh 201, and every other answer a
+    replay of it or a 409. Returns the fresh bodies (a list of one)."""
+    fresh, replays, conflicts = split_race(results)
+    assert len(fresh) == 1, [s for s, _ in results]
+    assert len(fresh) + len(replays) + len(conflicts) == n
+    assert all(b["id"] == fresh[0]["id"] for b in replays)
+    return fresh

@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from django.db import connections
 from django.http import HttpRequest, JsonResponse
 from django.test import Client
 from django.urls import path
@@ -28,6 +27,7 @@ from django_idempotency.mixins import IdempotencyMixin
 from django_idempotency.models import IdempotencyKey
 
 from ..testapp.models import SideEffect
+from .threads import in_background
 
 
 class Gate:
@@ -81,24 +81,11 @@ def gated_short_lock(request: HttpRequest) -> JsonResponse:
 def steal(scope: str, key: str, fingerprint: str) -> ClaimResult:
     """Take the claim over from another thread (so: another database connection),
     as a second worker would once the lease looked stale (lock_timeout=0)."""
-    result: list[ClaimResult] = []
-
-    def run() -> None:
-        try:
-            result.append(
-                IdempotencyKey.objects.claim(
-                    scope, key, fingerprint, ttl=60, lock_timeout=0, using=conf.DATABASE
-                )
-            )
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join(timeout=30)
-    if not result:
-        raise RuntimeError("the takeover did not finish")
-    return result[0]
+    return in_background(
+        lambda: IdempotencyKey.objects.claim(
+            scope, key, fingerprint, ttl=60, lock_timeout=0, using=conf.DATABASE
+        )
+    ).result(timeout=30)
 
 
 @csrf_exempt
@@ -125,29 +112,18 @@ class Background:
     """One request sent from its own thread (so: its own database connection)."""
 
     def __init__(self, path: str, key: str, body: object = None) -> None:
-        self.response: Any = None
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(path, key, body))
-        self.thread.start()
-
-    def _run(self, path: str, key: str, body: object) -> None:
-        try:
-            self.response = Client().post(
+        self._running = in_background(
+            lambda: Client().post(
                 path,
                 body or {"amount": 1},
                 content_type="application/json",
                 HTTP_IDEMPOTENCY_KEY=key,
             )
-        except BaseException as exc:
-            self.error = exc
-        finally:
-            connections.close_all()
+        )
 
     def result(self) -> Any:
-        self.thread.join(timeout=60)
-        assert not self.thread.is_alive(), "the request hung"
-        assert self.error is None, self.error
-        return self.response
+        """The response; fails if the request hung, re-raises what it raised."""
+        return self._running.result(timeout=60)
 
 
 urlpatterns = [
