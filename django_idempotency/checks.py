@@ -228,3 +228,113 @@ def _check_metrics() -> list[CheckMessage]:
             )
         ]
     return []
+
+
+@register(Tags.urls)
+def check_drf_function_views(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """``@idempotent`` combined with DRF's ``@api_view`` in the URLconf: inside it, every
+    response fails to be stored after the view has run (E020); outside it, the key is
+    claimed before DRF authenticates the caller (W020). ``@idempotent_api_view`` is the
+    supported form of a DRF function view."""
+    import importlib.util
+
+    if importlib.util.find_spec("rest_framework") is None:
+        return []
+    from django.urls import URLPattern, URLResolver, get_resolver
+    from rest_framework.views import APIView
+
+    from .mixins import IdempotencyMixin
+
+    codes = _idempotent_wrapper_codes()
+    messages: list[CheckMessage] = []
+
+    def is_idempotent_wrapper(func: Any) -> bool:
+        """Whether ``func``, or a function it wraps (``functools.wraps``), is one."""
+        seen = 0
+        while func is not None and seen < 50:
+            if getattr(func, "__code__", None) in codes:
+                return True
+            func, seen = getattr(func, "__wrapped__", None), seen + 1
+        return False
+
+    def visit(patterns: Any, prefix: str) -> None:
+        for pattern in patterns:
+            if isinstance(pattern, URLResolver):
+                visit(pattern.url_patterns, prefix + str(pattern.pattern))
+                continue
+            if not isinstance(pattern, URLPattern):
+                continue
+            callback = pattern.callback
+            view_class = getattr(callback, "cls", None)
+            if not isinstance(view_class, type) or not issubclass(view_class, APIView):
+                continue
+            if issubclass(view_class, IdempotencyMixin):
+                continue
+            route = prefix + str(pattern.pattern)
+            name = f"{view_class.__module__}.{view_class.__qualname__}"
+            if is_idempotent_wrapper(callback):
+                messages.append(
+                    Warning(
+                        f"{name} (URL {route!r}) has @idempotent outside DRF's @api_view: "
+                        "the key is claimed before DRF authenticates the caller, so a "
+                        "request with credentials is refused (credentials-not-authenticated) "
+                        "and a rejected request's 401, 403 or 429 is stored for its key.",
+                        hint="Replace @idempotent and @api_view(...) with "
+                        "@idempotent_api_view(...) from django_idempotency.drf.",
+                        obj=callback,
+                        id=ID + "W020",
+                    )
+                )
+                continue
+            for method in getattr(view_class, "http_method_names", ()):
+                handler = getattr(view_class, method, None)
+                cells = getattr(handler, "__closure__", None) or ()
+                if any(is_idempotent_wrapper(_cell_value(cell)) for cell in cells):
+                    messages.append(
+                        Error(
+                            f"{name} (URL {route!r}) has @idempotent inside DRF's @api_view: "
+                            "DRF renders the view's Response after @idempotent has tried to "
+                            "store it, so every request fails after the view has run and a "
+                            "retry runs the view again.",
+                            hint="Replace @idempotent and @api_view(...) with "
+                            "@idempotent_api_view(...) from django_idempotency.drf.",
+                            obj=callback,
+                            id=ID + "E020",
+                        )
+                    )
+                    break
+
+    try:
+        resolver = get_resolver()
+        patterns = resolver.url_patterns
+    except Exception:  # a broken URLconf is reported by Django's own checks
+        return []
+    visit(patterns, "")
+    return messages
+
+
+def _idempotent_wrapper_codes() -> set[Any]:
+    """The code objects of the functions ``@idempotent`` wraps a view in (one per kind
+    of view it supports), to tell its wrappers from any other decorator's."""
+    from .decorators import idempotent
+
+    def sync_view(request: Any) -> Any:
+        raise NotImplementedError
+
+    async def async_view(request: Any) -> Any:
+        raise NotImplementedError
+
+    codes = set()
+    views: tuple[Any, ...] = (sync_view, async_view)
+    for view in views:
+        code = getattr(idempotent(view), "__code__", None)
+        if code is not None and code not in (sync_view.__code__, async_view.__code__):
+            codes.add(code)
+    return codes
+
+
+def _cell_value(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return None

@@ -86,6 +86,17 @@ DEFAULTS: Mapping[str, Any] = {
     "HYBRID_DB_CHECK": "always",
     # hybrid: rows drained per outbox transaction.
     "OUTBOX_BATCH_SIZE": 1000,
+    # Request headers that carry credentials: a request with one whose user is still
+    # anonymous at the claim is refused (400 credentials-not-authenticated).
+    "CREDENTIAL_HEADERS": ("Authorization",),
+    # Cookies that identify an anonymous caller, who is scoped by a keyed hash of the
+    # cookie instead of sharing "anonymous"; None: settings.SESSION_COOKIE_NAME.
+    "CREDENTIAL_COOKIES": None,
+    # Where a problem document's ``type`` URI points: this base followed by the slug.
+    "PROBLEM_BASE_URI": "https://django-idempotency.readthedocs.io/en/latest/problems/",
+    # Callable (dotted path) ``(error, request) -> HttpResponse`` that renders this app's
+    # errors in a project's own format; None: RFC 9457 application/problem+json.
+    "PROBLEM_RENDERER": None,
 }
 
 
@@ -214,6 +225,26 @@ class IdempotencySettings:
     @property
     def OUTBOX_BATCH_SIZE(self) -> int:
         return int(self._get("OUTBOX_BATCH_SIZE"))
+
+    @property
+    def CREDENTIAL_HEADERS(self) -> tuple[str, ...]:
+        return tuple(str(h) for h in self._get("CREDENTIAL_HEADERS"))
+
+    @property
+    def CREDENTIAL_COOKIES(self) -> tuple[str, ...]:
+        value = self._get("CREDENTIAL_COOKIES")
+        if value is None:
+            return (str(settings.SESSION_COOKIE_NAME),)
+        return tuple(str(c) for c in value)
+
+    @property
+    def PROBLEM_BASE_URI(self) -> str:
+        return str(self._get("PROBLEM_BASE_URI"))
+
+    @property
+    def PROBLEM_RENDERER(self) -> str | None:
+        value = self._get("PROBLEM_RENDERER")
+        return None if value is None else str(value)
 
 
 def _lower_set(values: Sequence[str]) -> frozenset[str]:

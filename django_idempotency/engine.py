@@ -19,12 +19,14 @@ from django.db import DatabaseError, InterfaceError, connections
 from django.dispatch import Signal
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
+from django.utils.crypto import salted_hmac
 from django.utils.module_loading import import_string
 
 from . import signals
 from .conf import conf
 from .errors import (
     DATABASE_ERRORS,
+    CredentialsNotAuthenticated,
     FingerprintMismatch,
     IdempotencyError,
     LeaseLost,
@@ -48,6 +50,9 @@ logger = logging.getLogger("django_idempotency")
 #: (``django_idempotency.metrics`` sets it). None keeps the claim path free of timing.
 ClaimTimer = Callable[[str, str, float], None]
 claim_timer: ClaimTimer | None = None
+
+#: The ``salted_hmac`` salt of the scope of an anonymous request with a credential cookie.
+CREDENTIAL_SALT = "django_idempotency.engine.default_scope"
 
 
 @dataclass(frozen=True, init=False)
@@ -100,7 +105,14 @@ class RequestIdempotency:
 
 
 def default_scope(request: HttpRequest) -> str:
-    """``user:<pk>`` for an authenticated user, else ``anonymous``."""
+    """``SCOPE_FUNCTION``'s result when set; else ``user:<pk>`` for an authenticated user.
+
+    An anonymous request never shares the scope ``anonymous`` with other callers while it
+    carries a credential: one of ``CREDENTIAL_HEADERS`` (credentials that were not
+    authenticated before the claim) raises ``CredentialsNotAuthenticated``; one of
+    ``CREDENTIAL_COOKIES`` (an anonymous session) scopes it by a keyed hash of the cookie.
+    Only a request with neither is ``anonymous``.
+    """
     path = conf.SCOPE_FUNCTION
     if path:
         func: Callable[[HttpRequest], str] = import_string(path)
@@ -108,6 +120,17 @@ def default_scope(request: HttpRequest) -> str:
     user = getattr(request, "user", None)
     if user is not None and getattr(user, "is_authenticated", False):
         return f"user:{user.pk}"
+    for header in conf.CREDENTIAL_HEADERS:
+        if request.headers.get(header):
+            raise CredentialsNotAuthenticated(
+                f"The request carries an {header} header, but it was not authenticated "
+                "before the Idempotency-Key was claimed, so the request was not processed."
+            )
+    for name in conf.CREDENTIAL_COOKIES:
+        value = request.COOKIES.get(name)
+        if value:
+            digest = salted_hmac(CREDENTIAL_SALT, f"{name}\x00{value}", algorithm="sha256")
+            return "anonymous:" + digest.hexdigest()
     return "anonymous"
 
 

@@ -11,10 +11,13 @@ from typing import TYPE_CHECKING
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, InterfaceError, OperationalError
 
+from .conf import DEFAULTS, conf
+
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
-PROBLEM_BASE = "https://django-idempotency.readthedocs.io/en/latest/problems/"
+#: The default of ``IDEMPOTENCY["PROBLEM_BASE_URI"]``: this documentation's problem pages.
+PROBLEM_BASE = str(DEFAULTS["PROBLEM_BASE_URI"])
 
 
 class IdempotencyError(Exception):
@@ -35,7 +38,11 @@ class IdempotencyError(Exception):
 
     @property
     def type_uri(self) -> str:
-        return PROBLEM_BASE + self.slug
+        """``IDEMPOTENCY["PROBLEM_BASE_URI"]`` followed by the slug."""
+        from django.conf import settings  # not a module attribute: the docs inspect this one
+
+        base = conf.PROBLEM_BASE_URI if settings.configured else PROBLEM_BASE
+        return base + self.slug
 
 
 class MissingKey(IdempotencyError):
@@ -59,6 +66,23 @@ class InvalidBody(IdempotencyError):
     default_detail = (
         "The request body could not be parsed (a malformed multipart body, or too many "
         "fields or files), so it cannot be fingerprinted."
+    )
+
+
+class CredentialsNotAuthenticated(IdempotencyError):
+    """The request carries credentials (an ``Authorization`` header, or another of
+    ``CREDENTIAL_HEADERS``) but its user was still anonymous when the key was claimed:
+    the credentials were never checked (the key is claimed before the view authenticates,
+    as ``@idempotent`` outside DRF's ``@api_view`` does) or no authentication the view
+    uses accepts them. Scoping such a request as ``anonymous`` would share its stored
+    responses with every other caller, so it is refused before the view runs."""
+
+    status = 400
+    slug = "credentials-not-authenticated"
+    title = "Credentials were not authenticated"
+    default_detail = (
+        "The request carries credentials, but they were not authenticated before the "
+        "Idempotency-Key was claimed, so the request was not processed."
     )
 
 
@@ -183,6 +207,12 @@ class DatabaseUnavailable(IdempotencyError):
 
 class ImproperlyConfiguredStrategy(ImproperlyConfigured):
     """The configured strategy cannot be loaded (reported by the system checks too)."""
+
+
+class MisplacedIdempotencyMixin(ImproperlyConfigured):
+    """``IdempotencyMixin`` comes after ``APIView`` in a view's bases (or is used on a
+    view that is not a DRF ``APIView``), where its ``dispatch()`` and ``initial()``
+    never run and the view would have no protection. Raised when the class is created."""
 
 
 class RedisNotConfigured(ImproperlyConfigured):

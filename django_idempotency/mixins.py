@@ -8,12 +8,14 @@ from typing import Any
 from django.db import transaction
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
+from django.views import View
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from .conf import conf
 from .engine import IdempotentRequest, Options, default_scope, transient_conflict_response
-from .errors import DATABASE_ERRORS, IdempotencyError
+from .errors import DATABASE_ERRORS, IdempotencyError, MisplacedIdempotencyMixin
 from .fingerprint import preload_body
 from .responses import problem_response
 
@@ -48,6 +50,10 @@ class IdempotencyMixin:
 
     _idempotency: IdempotentRequest | None
     _idempotency_stack: ExitStack | None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        check_mixin_order(cls)
 
     @classmethod
     def as_view(cls, *args: Any, **kwargs: Any) -> Any:
@@ -92,7 +98,7 @@ class IdempotencyMixin:
                 if idem is not None and idem.claimed:
                     response = idem.finish(response)
         except IdempotencyError as error:
-            return problem_response(error)
+            return problem_response(error, request=getattr(self, "request", request))
         except DATABASE_ERRORS as exc:
             # Raised by the handler and past DRF: the claim's context has rolled back.
             # A transient conflict or a lost connection is a 503; others propagate.
@@ -124,7 +130,7 @@ class IdempotencyMixin:
                 return
             raise _ShortCircuit(idem.short_circuit())
         except IdempotencyError as error:
-            raise _ShortCircuit(problem_response(error)) from error
+            raise _ShortCircuit(problem_response(error, request=request)) from error
 
     def _idempotency_has_handler(self, request: Request) -> bool:
         """Whether ``dispatch()`` will find a handler for the method (as DRF looks it up)."""
@@ -141,3 +147,24 @@ class IdempotencyMixin:
         if isinstance(exc, _ShortCircuit):
             return exc.response  # type: ignore[return-value]
         return super().handle_exception(exc)  # type: ignore[misc,no-any-return]
+
+
+def check_mixin_order(cls: type[Any]) -> None:
+    """Raise ``MisplacedIdempotencyMixin`` when ``IdempotencyMixin``'s ``dispatch()`` and
+    ``initial()`` would never run on view class ``cls``: the mixin comes after ``APIView``
+    in its MRO, or ``cls`` is a Django view that is not a DRF ``APIView``. A class that is
+    no view yet (a project's own mixin built on this one) passes."""
+    mro = cls.__mro__
+    if issubclass(cls, APIView):
+        if mro.index(IdempotencyMixin) > mro.index(APIView):
+            raise MisplacedIdempotencyMixin(
+                f"{cls.__module__}.{cls.__qualname__}: IdempotencyMixin must come before "
+                "APIView (and any DRF view class) in the bases, as in "
+                f"class {cls.__name__}(IdempotencyMixin, APIView); after it, its dispatch() "
+                "and initial() never run and the view has no idempotency protection."
+            )
+    elif issubclass(cls, View):
+        raise MisplacedIdempotencyMixin(
+            f"{cls.__module__}.{cls.__qualname__}: IdempotencyMixin works on DRF views "
+            "(APIView and its subclasses) only; use @idempotent on a plain Django view."
+        )

@@ -6,8 +6,9 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from django.http import HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
+from django.utils.module_loading import import_string
 
 from .conf import conf
 from .errors import IdempotencyError
@@ -93,9 +94,27 @@ def capture(response: HttpResponseBase) -> StoredResponse:
 
 
 def problem_response(
+    error: IdempotencyError,
+    *,
+    extra: Mapping[str, object] | None = None,
+    request: HttpRequest | None = None,
+) -> HttpResponse:
+    """The response for ``error``: ``IDEMPOTENCY["PROBLEM_RENDERER"]``'s when set (called
+    as ``renderer(error, request)``; ``request`` is None where the caller has none), else
+    :func:`problem_json`'s."""
+    path = conf.PROBLEM_RENDERER
+    if path:
+        renderer = import_string(path)
+        response: HttpResponse = renderer(error, request)
+        return response
+    return problem_json(error, extra=extra)
+
+
+def problem_json(
     error: IdempotencyError, *, extra: Mapping[str, object] | None = None
 ) -> HttpResponse:
-    """An ``application/problem+json`` response for ``error``."""
+    """An RFC 9457 ``application/problem+json`` response for ``error`` (with its
+    ``Retry-After``)."""
     payload: dict[str, object] = {
         "type": error.type_uri,
         "title": error.title,

@@ -227,3 +227,37 @@ def test_w004_metrics_without_prometheus_client(monkeypatch: pytest.MonkeyPatch)
     assert isinstance(message, Warning)
     assert "pip install django-idempotency[prometheus]" in (message.hint or "")
     assert run({"METRICS": False}) == []
+
+
+# -- @idempotent with DRF's @api_view (the URLconf) -------------------------------------------
+
+
+def url_messages(urlconf: str) -> list[CheckMessage]:
+    from django_idempotency.checks import check_drf_function_views
+
+    with override_settings(ROOT_URLCONF=urlconf):
+        return check_drf_function_views()
+
+
+def test_e020_idempotent_inside_api_view() -> None:
+    message = only(url_messages("tests.test_drf_function_views"), "E020")
+    assert isinstance(message, Error)
+    assert "inside" in message.msg and "'inside/'" in message.msg
+    assert "idempotent_api_view" in (message.hint or "")
+
+
+def test_w020_idempotent_outside_api_view() -> None:
+    message = only(url_messages("tests.test_drf_function_views"), "W020")
+    assert isinstance(message, Warning)
+    assert "outside" in message.msg and "'outside/'" in message.msg
+    assert "idempotent_api_view" in (message.hint or "")
+
+
+def test_the_supported_drf_function_views_pass_the_url_check() -> None:
+    # The test URLconf has @idempotent_api_view views, mixin views and plain views.
+    assert url_messages("tests.testapp.urls") == []
+    # and the test module's URLconf names its two wrong orders only
+    assert sorted(ids(url_messages("tests.test_drf_function_views"))) == [
+        "django_idempotency.E020",
+        "django_idempotency.W020",
+    ]

@@ -2,6 +2,7 @@ from django.urls import path
 
 from example_project.urls import urlpatterns as example_urls
 
+from ..examples import drf_class_view, drf_function_view, plain_view
 from . import views
 
 urlpatterns = [
@@ -20,4 +21,7 @@ urlpatterns = [
     path("t/fn-post-only/", views.function_post_only, name="t-fn-post-only"),
     path("t/drf-lost/", views.ConnectionLossView.as_view(), name="t-drf-lost"),
     path("t/fn-lost/", views.function_connection_loss, name="t-fn-lost"),
+    path("ex/drf-class/", drf_class_view.ChargeCreateView.as_view(), name="ex-drf-class"),
+    path("ex/drf-function/", drf_function_view.create_charge, name="ex-drf-function"),
+    path("ex/plain/", plain_view.create_charge, name="ex-plain"),
 ]

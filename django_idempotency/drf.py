@@ -1,0 +1,82 @@
+"""``@idempotent_api_view`` for Django REST framework function views.
+
+DRF's ``@api_view`` turns a function into an ``APIView`` subclass. ``@idempotent`` does
+not fit on either side of it: inside, the view's ``Response`` is not rendered yet when the
+app stores it (DRF renders it after the view returns); outside, the key is claimed before
+DRF has authenticated the caller. ``@idempotent_api_view`` builds the same view as
+``@api_view`` with :class:`~django_idempotency.mixins.IdempotencyMixin` in front, so the
+key is claimed after authentication, permissions and throttling, and the response is
+stored as DRF renders it::
+
+    @idempotent_api_view(["POST"], required=True)
+    @permission_classes([IsAuthenticated])
+    def pay(request):
+        ...
+
+DRF's policy decorators (``@permission_classes``, ``@authentication_classes``,
+``@throttle_classes``, ...) go below it, as they go below ``@api_view``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from django.http import HttpRequest
+from rest_framework.decorators import api_view
+from rest_framework.request import Request
+from rest_framework.views import APIView
+
+from .mixins import IdempotencyMixin
+
+__all__ = ["idempotent_api_view"]
+
+
+def idempotent_api_view(
+    http_method_names: Sequence[str] | None = None,
+    *,
+    methods: Iterable[str] | None = None,
+    required: bool | None = None,
+    ttl: float | None = None,
+    lock_timeout: float | None = None,
+    scope: Callable[[HttpRequest], str] | None = None,
+    strategy: str | None = None,
+) -> Callable[[Callable[..., Any]], Any]:
+    """DRF's ``@api_view(http_method_names)`` with the Idempotency-Key protocol.
+
+    ``http_method_names`` are the methods the view answers (default ``["GET"]``, as for
+    ``@api_view``); ``methods`` those that honour the header (default
+    ``IDEMPOTENCY["METHODS"]``). ``required``, ``ttl``, ``lock_timeout`` and ``strategy``
+    are ``@idempotent``'s; ``scope`` is a ``(request) -> str`` callable given DRF's
+    authenticated request (default: the user).
+    """
+    # A string would be split into letters by api_view's method loop.
+    if isinstance(http_method_names, str):
+        raise TypeError("idempotent_api_view expects a list of HTTP methods, not a string.")
+
+    def decorator(func: Callable[..., Any]) -> Any:
+        base = api_view(list(http_method_names) if http_method_names is not None else None)(
+            func
+        ).cls
+        attrs: dict[str, Any] = {
+            "__doc__": func.__doc__,
+            "__module__": func.__module__,
+            "__qualname__": getattr(func, "__qualname__", func.__name__),
+            "idempotency_methods": tuple(methods) if methods is not None else None,
+            "idempotency_required": required,
+            "idempotency_ttl": ttl,
+            "idempotency_lock_timeout": lock_timeout,
+            "idempotency_strategy": strategy,
+        }
+        if scope is not None:
+            scope_func = scope
+
+            def get_idempotency_scope(self: IdempotencyMixin, request: Request) -> str:
+                return scope_func(request)
+
+            attrs["get_idempotency_scope"] = get_idempotency_scope
+        view_class: type[APIView] = type(base.__name__, (IdempotencyMixin, base), attrs)
+        return view_class.as_view()
+
+    return decorator
+

@@ -1,0 +1,2 @@
+"""The examples of the integration pages (docs/drf-class-views.md, docs/drf-function-views.md,
+docs/plain-views.md), included there as they are here and routed in tests/testapp/urls.py."""
