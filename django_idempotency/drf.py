@@ -79,4 +79,3 @@ def idempotent_api_view(
         return view_class.as_view()
 
     return decorator
-

@@ -8,7 +8,6 @@ import json
 from typing import Any
 
 import pytest
-from django.core.checks import run_checks
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework.decorators import api_view, permission_classes
@@ -112,8 +111,9 @@ def test_methods_and_options_are_passed_on(alice: Any) -> None:
 
     factory = RequestFactory()
     for _ in range(2):
-        response = view(factory.put("/", b"{}", content_type="application/json",
-                                    HTTP_IDEMPOTENCY_KEY="p"))
+        response = view(
+            factory.put("/", b"{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY="p")
+        )
     assert response.status_code == 200 and replayed(response)
     assert SideEffect.objects.count() == 1
     assert IdempotencyKey.objects.get().scope == "tenant:7"

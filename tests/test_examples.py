@@ -55,5 +55,7 @@ def test_each_example_runs_once_and_keeps_users_apart(path: str, client_for: Any
 def test_the_drf_examples_require_a_key_and_a_user(path: str) -> None:
     alice = UserFactory()
     assert token_client(alice).post(path, CHARGE, format="json").status_code == 400
-    assert APIClient().post(path, CHARGE, format="json", HTTP_IDEMPOTENCY_KEY="k").status_code == 401
+    assert (
+        APIClient().post(path, CHARGE, format="json", HTTP_IDEMPOTENCY_KEY="k").status_code == 401
+    )
     assert not Charge.objects.exists()

@@ -94,7 +94,7 @@ def test_an_authenticated_user_is_the_scope_whatever_the_request_carries() -> No
 
 
 def test_a_function_view_reached_with_unauthenticated_credentials_does_not_run() -> None:
-    client = Client(HTTP_AUTHORIZATION="Bearer alice-token")
+    client = Client(headers={"authorization": "Bearer alice-token"})
     assert_problem(post_json(client, "k", {}, "/t/fn/"), 400, "credentials-not-authenticated")
     assert not SideEffect.objects.exists() and not IdempotencyKey.objects.exists()
 
@@ -187,7 +187,9 @@ seen: list[tuple[IdempotencyError, Any]] = []
 def render_error(error: IdempotencyError, request: Any) -> HttpResponse:
     """A project's own error format."""
     seen.append((error, request))
-    response = JsonResponse({"error": {"code": error.slug, "message": error.detail}}, status=error.status)
+    response = JsonResponse(
+        {"error": {"code": error.slug, "message": error.detail}}, status=error.status
+    )
     if error.retry_after is not None:
         response["Retry-After"] = str(error.retry_after)
     return response
