@@ -2,6 +2,7 @@ from django.urls import path
 
 from example_project.urls import urlpatterns as example_urls
 
+from ..docs_examples import async_views as docs_async
 from . import views
 
 urlpatterns = [
@@ -20,4 +21,5 @@ urlpatterns = [
     path("t/fn-post-only/", views.function_post_only, name="t-fn-post-only"),
     path("t/drf-lost/", views.ConnectionLossView.as_view(), name="t-drf-lost"),
     path("t/fn-lost/", views.function_connection_loss, name="t-fn-lost"),
+    path("t/async/charge/", docs_async.create_charge, name="t-async-charge"),
 ]
