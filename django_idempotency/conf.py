@@ -86,6 +86,9 @@ DEFAULTS: Mapping[str, Any] = {
     "HYBRID_DB_CHECK": "always",
     # hybrid: rows drained per outbox transaction.
     "OUTBOX_BATCH_SIZE": 1000,
+    # IdempotencyMiddleware: protect the views marked @idempotency_opt_in ("opt_in"), or
+    # every view that is not marked @idempotency_exempt ("all"); never DRF views.
+    "MIDDLEWARE_DEFAULT": "opt_in",
 }
 
 
@@ -214,6 +217,10 @@ class IdempotencySettings:
     @property
     def OUTBOX_BATCH_SIZE(self) -> int:
         return int(self._get("OUTBOX_BATCH_SIZE"))
+
+    @property
+    def MIDDLEWARE_DEFAULT(self) -> str:
+        return str(self._get("MIDDLEWARE_DEFAULT"))
 
 
 def _lower_set(values: Sequence[str]) -> frozenset[str]:

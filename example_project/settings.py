@@ -6,6 +6,7 @@ IDEMPOTENCY_STRATEGY      db (default), advisory_lock, redis, hybrid
 IDEMPOTENCY_LOCK_TIMEOUT  seconds before an in-progress lease counts as abandoned (default 60)
 PSP_DELAY_MS              how long the fake payment provider takes (default 0)
 EXAMPLE_BASELINE_ROUTES   1 adds /baseline/ routes (benchmarks and the naive race control)
+EXAMPLE_MIDDLEWARE        1 installs IdempotencyMiddleware (after an API-token middleware)
 DATABASE_CONN_MAX_AGE     seconds a PostgreSQL connection is kept (default 600; 0 under ASGI,
                           where every request runs its database work in a thread of its own)
 IDEMPOTENCY_REDIS_PREFIX  the Redis key prefix of the redis and hybrid strategies (default idem)
@@ -90,6 +91,12 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
 ]
+
+if env_flag("EXAMPLE_MIDDLEWARE"):
+    MIDDLEWARE += [
+        "example_project.payments.async_views.token_auth_middleware",
+        "django_idempotency.middleware.IdempotencyMiddleware",
+    ]
 
 ROOT_URLCONF = "example_project.urls"
 WSGI_APPLICATION = "example_project.wsgi.application"

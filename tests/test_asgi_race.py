@@ -2,7 +2,8 @@
 duplicates of one key, sent from real threads at one moment, charge exactly once.
 
 Every test counts the side effect (rows in ``payments_charge``) afterwards, for
-``@idempotent`` on an ``async def`` view, with the ``db``, ``redis`` and ``hybrid`` strategies.
+``@idempotent`` on an ``async def`` view and for ``IdempotencyMiddleware`` on the async
+stack, with the ``db``, ``redis`` and ``hybrid`` strategies.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ CHARGE = {"amount": 1999, "currency": "EUR"}
 CLIENTS = 20
 ROUTES = [
     pytest.param("/api/async/charges/", {}, id="decorator"),
+    pytest.param("/api/middleware/charges/", {"EXAMPLE_MIDDLEWARE": "1"}, id="middleware"),
 ]
 
 

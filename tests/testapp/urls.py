@@ -3,6 +3,7 @@ from django.urls import path
 from example_project.urls import urlpatterns as example_urls
 
 from ..docs_examples import async_views as docs_async
+from ..docs_examples import middleware_views as docs_middleware
 from . import views
 
 urlpatterns = [
@@ -22,4 +23,8 @@ urlpatterns = [
     path("t/drf-lost/", views.ConnectionLossView.as_view(), name="t-drf-lost"),
     path("t/fn-lost/", views.function_connection_loss, name="t-fn-lost"),
     path("t/async/charge/", docs_async.create_charge, name="t-async-charge"),
+    path("t/mw/charge/", docs_middleware.create_charge, name="t-mw-charge"),
+    path("t/mw/acharge/", docs_middleware.acreate_charge, name="t-mw-acharge"),
+    path("t/mw/webhook/", docs_middleware.provider_webhook, name="t-mw-webhook"),
+    path("t/mw/unmarked/", docs_middleware.unmarked, name="t-mw-unmarked"),
 ]
