@@ -112,11 +112,8 @@ class IdempotencyMiddleware:
         opt_in = protection(view_func)
         if opt_in is None or not takes_part(request, opt_in.options):
             return None
-        if iscoroutinefunction(view_func):
-            # An async view on a sync stack: Django would run it with async_to_sync too.
-            call = async_to_sync(view_func)
-        else:
-            call = view_func
+        # An async view on a sync stack: Django would run it with async_to_sync too.
+        call = async_to_sync(view_func) if iscoroutinefunction(view_func) else view_func
         return handle(
             request,
             lambda: call(request, *view_args, **view_kwargs),
@@ -167,9 +164,7 @@ class IdempotencyMiddleware:
 # -- system checks ------------------------------------------------------------------------------
 
 
-def _patterns(
-    resolver: URLResolver, prefix: str = ""
-) -> Iterator[tuple[str, Callable[..., Any]]]:
+def _patterns(resolver: URLResolver, prefix: str = "") -> Iterator[tuple[str, Callable[..., Any]]]:
     for pattern in resolver.url_patterns:
         if isinstance(pattern, URLResolver):
             yield from _patterns(pattern, prefix + str(pattern.pattern))
@@ -221,7 +216,7 @@ def check_middleware(**kwargs: Any) -> list[checks.CheckMessage]:
             )
     try:
         patterns = list(_patterns(get_resolver()))
-    except Exception:  # noqa: BLE001 - a broken URLconf is reported by Django's own checks
+    except Exception:  # a broken URLconf is reported by Django's own checks
         return messages
     for route, callback in patterns:
         cls = drf_view_class(callback)
