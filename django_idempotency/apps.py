@@ -10,7 +10,10 @@ class IdempotencyConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401  (registers the system checks)
+        from . import (
+            checks,  # noqa: F401  (registers the system checks)
+            middleware,  # noqa: F401  (registers the middleware's checks)
+        )
         from .conf import conf
 
         # Prometheus metrics only when asked for and installed (check W004 says when

@@ -97,6 +97,9 @@ DEFAULTS: Mapping[str, Any] = {
     # Callable (dotted path) ``(error, request) -> HttpResponse`` that renders this app's
     # errors in a project's own format; None: RFC 9457 application/problem+json.
     "PROBLEM_RENDERER": None,
+    # IdempotencyMiddleware: protect the views marked @idempotency_opt_in ("opt_in"), or
+    # every view that is not marked @idempotency_exempt ("all"); never DRF views.
+    "MIDDLEWARE_DEFAULT": "opt_in",
 }
 
 
@@ -245,6 +248,10 @@ class IdempotencySettings:
     def PROBLEM_RENDERER(self) -> str | None:
         value = self._get("PROBLEM_RENDERER")
         return None if value is None else str(value)
+
+    @property
+    def MIDDLEWARE_DEFAULT(self) -> str:
+        return str(self._get("MIDDLEWARE_DEFAULT"))
 
 
 def _lower_set(values: Sequence[str]) -> frozenset[str]:

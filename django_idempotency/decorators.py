@@ -1,19 +1,30 @@
-"""``@idempotent`` for plain Django function views."""
+"""``@idempotent`` for plain Django function views, sync or async, and the per-view
+``@idempotency_opt_in`` / ``@idempotency_exempt`` marks that ``IdempotencyMiddleware`` reads."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
+from asgiref.sync import iscoroutinefunction
 from django.db import transaction
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 
 from .conf import conf
-from .engine import Options, default_scope, handle
+from .engine import Options, ahandle, default_scope, handle
 
-ViewFunc = TypeVar("ViewFunc", bound=Callable[..., HttpResponseBase])
+ViewFunc = TypeVar("ViewFunc", bound=Callable[..., Any])
+
+#: Set on a view that handles the protocol itself (``@idempotent``), so that
+#: ``IdempotencyMiddleware`` leaves it alone instead of claiming its key a second time.
+HANDLED_ATTR = "idempotency_handled"
+#: Set by ``@idempotency_opt_in``: an :class:`OptIn` for the middleware.
+OPT_IN_ATTR = "idempotency_opt_in"
+#: Set by ``@idempotency_exempt``: the middleware never handles the view.
+EXEMPT_ATTR = "idempotency_exempt"
 
 
 @overload
@@ -49,6 +60,9 @@ def idempotent(
     ``scope`` is a ``(request) -> str`` callable (default: the user).
     The view is exempt from ``ATOMIC_REQUESTS``: the app runs it in its own
     transaction, which also stores the response.
+
+    An ``async def`` view stays async; its claim and completion run in a
+    ``sync_to_async`` thread, the view itself on the event loop (docs/async.md).
     """
     options = Options(
         methods=methods,
@@ -60,17 +74,101 @@ def idempotent(
     scope_func = scope or default_scope
 
     def decorate(func: ViewFunc) -> ViewFunc:
-        @functools.wraps(func)
-        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-            return handle(
-                request,
-                lambda: func(request, *args, **kwargs),
-                scope=scope_func,
-                options=options,
-            )
+        wrapper: Callable[..., Any]
+        if iscoroutinefunction(func):
 
+            @functools.wraps(func)
+            async def async_wrapper(
+                request: HttpRequest, *args: Any, **kwargs: Any
+            ) -> HttpResponseBase:
+                return await ahandle(
+                    request,
+                    lambda: func(request, *args, **kwargs),
+                    scope=scope_func,
+                    options=options,
+                )
+
+            wrapper = async_wrapper
+        else:
+
+            @functools.wraps(func)
+            def sync_wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+                return handle(
+                    request,
+                    lambda: func(request, *args, **kwargs),
+                    scope=scope_func,
+                    options=options,
+                )
+
+            wrapper = sync_wrapper
+        setattr(wrapper, HANDLED_ATTR, True)
         return transaction.non_atomic_requests(using=conf.DATABASE)(wrapper)  # type: ignore[return-value]
 
     if view is not None:
         return decorate(view)
     return decorate
+
+
+@dataclass(frozen=True)
+class OptIn:
+    """What ``@idempotency_opt_in`` asked for: the view's options and scope."""
+
+    options: Options
+    scope: Callable[[HttpRequest], str] = default_scope
+
+
+@overload
+def idempotency_opt_in(view: ViewFunc) -> ViewFunc: ...
+
+
+@overload
+def idempotency_opt_in(
+    view: None = None,
+    *,
+    methods: Iterable[str] | None = None,
+    required: bool | None = None,
+    ttl: float | None = None,
+    lock_timeout: float | None = None,
+    scope: Callable[[HttpRequest], str] | None = None,
+    strategy: str | None = None,
+) -> Callable[[ViewFunc], ViewFunc]: ...
+
+
+def idempotency_opt_in(
+    view: Any = None,
+    *,
+    methods: Iterable[str] | None = None,
+    required: bool | None = None,
+    ttl: float | None = None,
+    lock_timeout: float | None = None,
+    scope: Callable[[HttpRequest], str] | None = None,
+    strategy: str | None = None,
+) -> Any:
+    """Have ``IdempotencyMiddleware`` protect this view, with the same options as
+    ``@idempotent``. The view function is returned as it is (sync or async), with an
+    attribute the middleware reads; it does nothing without the middleware."""
+    opt_in = OptIn(
+        Options(
+            methods=methods,
+            required=required,
+            ttl=ttl,
+            lock_timeout=lock_timeout,
+            strategy=strategy,
+        ),
+        scope or default_scope,
+    )
+
+    def decorate(func: ViewFunc) -> ViewFunc:
+        setattr(func, OPT_IN_ATTR, opt_in)
+        return func
+
+    if view is not None:
+        return decorate(view)
+    return decorate
+
+
+def idempotency_exempt(view: ViewFunc) -> ViewFunc:
+    """Keep ``IdempotencyMiddleware`` away from this view, also with
+    ``MIDDLEWARE_DEFAULT = "all"``. The view function is returned as it is."""
+    setattr(view, EXEMPT_ATTR, True)
+    return view

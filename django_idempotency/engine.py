@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from types import TracebackType
 
+from asgiref.sync import async_to_sync, sync_to_async
 from django.db import DatabaseError, InterfaceError, connections
 from django.dispatch import Signal
 from django.http import HttpRequest, HttpResponse
@@ -439,3 +440,47 @@ def handle(
         return problem_response(error)
     except DATABASE_ERRORS as exc:
         return transient_conflict_response(exc)
+
+
+# -- the async path ---------------------------------------------------------------------------
+
+
+def takes_part(request: HttpRequest, options: Options) -> bool:
+    """Whether ``handle`` would do more than call the view: the method honours the header,
+    and the header is there or required. Reads the request line and headers only (no
+    database, no ``request.user``), so it is safe on the event loop."""
+    if not options.applies_to(request.method):
+        return False
+    required = options.required if options.required is not None else conf.REQUIRED
+    return required or conf.HEADER in request.headers
+
+
+async def ahandle(
+    request: HttpRequest,
+    view: Callable[[], Awaitable[HttpResponseBase]],
+    *,
+    scope: Callable[[HttpRequest], str] = default_scope,
+    options: Options | None = None,
+) -> HttpResponseBase:
+    """Run the async ``view`` under the Idempotency-Key protocol (async function views and
+    the middleware on an async stack).
+
+    The whole session (claim, the view's transaction, completion or release) is one
+    ``sync_to_async`` call: Django's ORM and its transactions are synchronous and belong
+    to one thread's connection. Inside it, the view runs back on the event loop through
+    ``async_to_sync``; while it runs, that thread serves the view's thread-sensitive calls
+    (the async ORM: ``acreate()``...), so the view's writes go through the connection whose
+    transaction also stores the response. A request without a key (or a method that does
+    not take part) awaits the view directly. See docs/async.md.
+    """
+    options = options or Options()
+    if not takes_part(request, options):
+        return await view()
+
+    async def run_view() -> HttpResponseBase:
+        return await view()
+
+    def session() -> HttpResponseBase:
+        return handle(request, async_to_sync(run_view), scope=scope, options=options)
+
+    return await sync_to_async(session, thread_sensitive=True)()

@@ -6,6 +6,9 @@ IDEMPOTENCY_STRATEGY      db (default), advisory_lock, redis, hybrid
 IDEMPOTENCY_LOCK_TIMEOUT  seconds before an in-progress lease counts as abandoned (default 60)
 PSP_DELAY_MS              how long the fake payment provider takes (default 0)
 EXAMPLE_BASELINE_ROUTES   1 adds /baseline/ routes (benchmarks and the naive race control)
+EXAMPLE_MIDDLEWARE        1 installs IdempotencyMiddleware (after an API-token middleware)
+DATABASE_CONN_MAX_AGE     seconds a PostgreSQL connection is kept (default 600; 0 under ASGI,
+                          where every request runs its database work in a thread of its own)
 IDEMPOTENCY_REDIS_PREFIX  the Redis key prefix of the redis and hybrid strategies (default idem)
 CELERY_BROKER_URL         the Celery broker (default: REDIS_URL, else redis://127.0.0.1:6379/0)
 CELERY_TASK_DEFAULT_QUEUE the Celery queue the outbox drain is sent to (default celery)
@@ -55,7 +58,7 @@ def database_from_url(url: str) -> dict[str, Any]:
             "HOST": parts.hostname or "127.0.0.1",
             "PORT": str(parts.port or 5432),
             # Persistent connections, as a production deployment would use.
-            "CONN_MAX_AGE": 600,
+            "CONN_MAX_AGE": int(os.environ.get("DATABASE_CONN_MAX_AGE", "600")),
             "CONN_HEALTH_CHECKS": True,
         }
     raise ValueError(f"unsupported DATABASE_URL scheme: {parts.scheme!r}")
@@ -88,6 +91,12 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
 ]
+
+if env_flag("EXAMPLE_MIDDLEWARE"):
+    MIDDLEWARE += [
+        "example_project.payments.async_views.token_auth_middleware",
+        "django_idempotency.middleware.IdempotencyMiddleware",
+    ]
 
 ROOT_URLCONF = "example_project.urls"
 WSGI_APPLICATION = "example_project.wsgi.application"

@@ -2,13 +2,15 @@ from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path
 
-from example_project.payments import views
+from example_project.payments import async_views, views
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api-auth/", include("rest_framework.urls")),
     path("api/charges/", views.ChargeView.as_view(), name="charges"),
     path("api/refunds/", views.refund, name="refunds"),
+    path("api/async/charges/", async_views.async_charge, name="async-charges"),
+    path("api/middleware/charges/", async_views.middleware_charge, name="middleware-charges"),
 ]
 
 if settings.EXAMPLE_BASELINE_ROUTES:

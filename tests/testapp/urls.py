@@ -3,6 +3,8 @@ from django.urls import path
 from example_project.urls import urlpatterns as example_urls
 
 from ..examples import drf_class_view, drf_function_view, plain_view
+from ..docs_examples import async_views as docs_async
+from ..docs_examples import middleware_views as docs_middleware
 from . import views
 
 urlpatterns = [
@@ -24,4 +26,9 @@ urlpatterns = [
     path("ex/drf-class/", drf_class_view.ChargeCreateView.as_view(), name="ex-drf-class"),
     path("ex/drf-function/", drf_function_view.create_charge, name="ex-drf-function"),
     path("ex/plain/", plain_view.create_charge, name="ex-plain"),
+    path("t/async/charge/", docs_async.create_charge, name="t-async-charge"),
+    path("t/mw/charge/", docs_middleware.create_charge, name="t-mw-charge"),
+    path("t/mw/acharge/", docs_middleware.acreate_charge, name="t-mw-acharge"),
+    path("t/mw/webhook/", docs_middleware.provider_webhook, name="t-mw-webhook"),
+    path("t/mw/unmarked/", docs_middleware.unmarked, name="t-mw-unmarked"),
 ]
