@@ -126,9 +126,13 @@ def on_pre_build(config: Any) -> None:
                 cls.__name__,
             )
 
-    checks_py = (ROOT / "django_idempotency" / "checks.py").read_text(encoding="utf-8")
+    check_sources = "".join(
+        (ROOT / "django_idempotency" / name).read_text(encoding="utf-8")
+        for name in ("checks.py", "middleware.py")
+    )
     api_md = (docs / "api.md").read_text(encoding="utf-8")
-    for check_id in sorted(set(re.findall(r'ID \+ "([EW]\d{3})"', checks_py))):
+    ids = re.findall(r'(?:ID \+ "|"django_idempotency\.)([EW]\d{3})"', check_sources)
+    for check_id in sorted(set(ids)):
         if f"`django_idempotency.{check_id}`" not in api_md:
             log.warning("api.md does not list the system check django_idempotency.%s", check_id)
 

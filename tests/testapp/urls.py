@@ -2,9 +2,9 @@ from django.urls import path
 
 from example_project.urls import urlpatterns as example_urls
 
+from ..examples import async_views as docs_async
 from ..examples import drf_class_view, drf_function_view, plain_view
-from ..docs_examples import async_views as docs_async
-from ..docs_examples import middleware_views as docs_middleware
+from ..examples import middleware_views as docs_middleware
 from . import views
 
 urlpatterns = [
