@@ -140,8 +140,12 @@ class Listener:
                     self._thread.start()
         return self._ready.wait(timeout)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 3.0) -> None:
+        """Stop the thread and wait for it to close its connection (up to ``timeout``)."""
         self._stop.set()
+        thread = self._thread
+        if thread is not None and thread.is_alive() and self._pid == os.getpid():
+            thread.join(timeout)
 
     def _run(self) -> None:
         ready, stop = self._ready, self._stop
@@ -181,7 +185,7 @@ class PostgresListener(Listener):
             ready.set()
             hub.wake_all()
             while not stop.is_set():
-                for notify in conn.notifies(timeout=5.0):
+                for notify in conn.notifies(timeout=1.0):
                     hub.wake(notify.payload)
 
 
@@ -207,7 +211,7 @@ class RedisListener(Listener):
             ready.set()
             hub.wake_all()
             while not stop.is_set():
-                message = pubsub.get_message(timeout=5.0)
+                message = pubsub.get_message(timeout=1.0)
                 if message is not None and message["type"] == "message":
                     data = message["data"]
                     hub.wake(data.decode() if isinstance(data, bytes) else str(data))
