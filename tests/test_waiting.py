@@ -204,3 +204,21 @@ def test_options_and_the_attempt_carry_the_wait() -> None:
         assert idem is not None and idem.attempt.wait == 2
         idem = IdempotentRequest.from_request(request("k-opt"), default_scope, Options(wait=0))
         assert idem is not None and idem.attempt.wait == 0
+
+
+@pytest.mark.redis_cluster
+def test_the_redis_listener_on_a_cluster(
+    redis_settings: Any, redis_cluster: Any, redis_prefix: str
+) -> None:
+    """On a cluster the PUBLISH reaches the subscriber whichever nodes the two use."""
+    from django_idempotency.redis_store import get_store
+
+    redis_settings(redis_cluster.url, REDIS_CLUSTER=True, REDIS_SOCKET_TIMEOUT=2)
+    store = get_store()
+    listener = waiting.redis_listener(store)
+    assert listener.ensure(10)
+    for _ in range(5):  # keys in different slots
+        key = uuid.uuid4().hex
+        with waiting.hub.subscribe(waiting.key_digest("user:1", key)) as woken:
+            store.notify("user:1", key)
+            assert woken.wait(3)
