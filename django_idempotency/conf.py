@@ -30,6 +30,12 @@ DEFAULTS: Mapping[str, Any] = {
     "LOCK_TIMEOUT": 60,
     # How often (seconds) a running view renews its lease; None means LOCK_TIMEOUT / 3.
     "HEARTBEAT_INTERVAL": None,
+    # Seconds a duplicate waits for the first request's answer instead of a 409; 0: no wait.
+    "WAIT": 0,
+    # Duplicates that may wait at the same time in one process; the next one gets the 409.
+    "WAIT_MAX_WAITERS": 16,
+    # Seconds between a waiter's claims when no notification came (the fallback poll).
+    "WAIT_POLL_INTERVAL": 0.5,
     # Retry-After (seconds) sent with a 409 for a request still in progress; None: derived.
     "RETRY_AFTER": None,
     # Run the view and the key's completion in one database transaction.
@@ -151,6 +157,18 @@ class IdempotencySettings:
         if value is None:
             return self.LOCK_TIMEOUT / 3
         return float(value)
+
+    @property
+    def WAIT(self) -> float:
+        return float(self._get("WAIT"))
+
+    @property
+    def WAIT_MAX_WAITERS(self) -> int:
+        return int(self._get("WAIT_MAX_WAITERS"))
+
+    @property
+    def WAIT_POLL_INTERVAL(self) -> float:
+        return float(self._get("WAIT_POLL_INTERVAL"))
 
     @property
     def RETRY_AFTER(self) -> int | None:

@@ -41,6 +41,7 @@ def idempotent(
     lock_timeout: float | None = None,
     scope: Callable[[HttpRequest], str] | None = None,
     strategy: str | None = None,
+    wait: float | None = None,
 ) -> Callable[[ViewFunc], ViewFunc]: ...
 
 
@@ -53,11 +54,13 @@ def idempotent(
     lock_timeout: float | None = None,
     scope: Callable[[HttpRequest], str] | None = None,
     strategy: str | None = None,
+    wait: float | None = None,
 ) -> Any:
     """Honour the Idempotency-Key header on a function view.
 
     ``@idempotent`` or ``@idempotent(required=True, methods=["POST"], ttl=3600)``;
-    ``scope`` is a ``(request) -> str`` callable (default: the user).
+    ``scope`` is a ``(request) -> str`` callable (default: the user); ``wait`` the seconds
+    a duplicate waits for the first request's answer (default: ``IDEMPOTENCY["WAIT"]``).
     The view is exempt from ``ATOMIC_REQUESTS``: the app runs it in its own
     transaction, which also stores the response.
 
@@ -70,6 +73,7 @@ def idempotent(
         ttl=ttl,
         lock_timeout=lock_timeout,
         strategy=strategy,
+        wait=wait,
     )
     scope_func = scope or default_scope
 

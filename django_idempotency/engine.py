@@ -23,7 +23,7 @@ from django.http.response import HttpResponseBase
 from django.utils.crypto import salted_hmac
 from django.utils.module_loading import import_string
 
-from . import signals
+from . import signals, waiting
 from .conf import conf
 from .errors import (
     DATABASE_ERRORS,
@@ -68,6 +68,7 @@ class Options:
     ttl: float | None
     lock_timeout: float | None
     strategy: str | None
+    wait: float | None
 
     def __init__(
         self,
@@ -76,6 +77,7 @@ class Options:
         ttl: float | None = None,
         lock_timeout: float | None = None,
         strategy: str | None = None,
+        wait: float | None = None,
     ) -> None:
         # Frozen: the fields are set the way a dataclass's own __init__ sets them.
         upper = frozenset(m.upper() for m in methods) if methods is not None else None
@@ -84,6 +86,7 @@ class Options:
         object.__setattr__(self, "ttl", ttl)
         object.__setattr__(self, "lock_timeout", lock_timeout)
         object.__setattr__(self, "strategy", strategy)
+        object.__setattr__(self, "wait", wait)
 
     def applies_to(self, method: str | None) -> bool:
         methods = self.methods if self.methods is not None else conf.METHODS
@@ -198,6 +201,7 @@ class IdempotentRequest:
             path=request.get_full_path()[:2048],
             atomic=conf.ATOMIC,
             database=conf.DATABASE,
+            wait=max(options.wait if options.wait is not None else conf.WAIT, 0.0),
         )
         return cls(request, attempt, strategy)
 
@@ -223,18 +227,75 @@ class IdempotentRequest:
         return outcome
 
     def _claim(self) -> Outcome:
-        """Enter the strategy's session; ``claim_timer``, when set, times it by outcome."""
-        session = self.strategy.session(self.attempt)
+        """Enter the strategy's session, waiting for a key in progress when the attempt's
+        ``wait`` is set; ``claim_timer``, when set, times it (waits included) by outcome."""
         timer = claim_timer
         started = time.perf_counter() if timer is not None else 0.0
         label = "error"
         try:
-            outcome: Outcome = self._stack.enter_context(session)
-            self.outcome = outcome
+            if self.attempt.wait > 0 and not self.strategy.waits_in_claim:
+                outcome = self._claim_or_wait()
+            else:
+                outcome = self._stack.enter_context(self.strategy.session(self.attempt))
+                self.outcome = outcome
             label = outcome.label
         finally:
             if timer is not None:
                 timer(self.strategy.name, label, time.perf_counter() - started)
+        return outcome
+
+    def _claim_or_wait(self) -> Outcome:
+        """Claim; while the key is in progress, wait for its holder to complete or release
+        it (a notification, or the poll interval) and claim again, until the deadline.
+
+        The waiter subscribes before its first claim, so that a wake-up sent between
+        that claim and the wait is not lost; a released key is claimed by one waiter
+        (the claim is atomic) and the others find it in progress again."""
+        attempt = self.attempt
+        deadline = time.monotonic() + attempt.wait
+        listener = self.strategy.listener(attempt)
+        if listener is not None:
+            listener.ensure()  # not ready (store unreachable): the waiter polls
+        with waiting.hub.subscribe(waiting.key_digest(self.scope, self.key)) as woken:
+            outcome = self._claim_once()
+            if not isinstance(outcome, InFlight) or not waiting.slots.acquire():
+                return outcome  # past WAIT_MAX_WAITERS: the 409 at once
+            try:
+                self._event(
+                    "wait_started",
+                    signals.wait_started,
+                    logging.DEBUG,
+                    "idempotency key %s (scope %s) is in progress; waiting up to %ss",
+                    attempt.wait,
+                )
+                poll = max(conf.WAIT_POLL_INTERVAL, 0.01)
+                while isinstance(outcome, InFlight):
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        self._event(
+                            "wait_timed_out",
+                            signals.wait_timed_out,
+                            logging.INFO,
+                            "idempotency key %s (scope %s) still in progress after %ss",
+                            attempt.wait,
+                        )
+                        return outcome
+                    woken.wait(min(remaining, poll))
+                    woken.clear()  # before the claim: a wake-up during it is kept
+                    outcome = self._claim_once()
+            finally:
+                waiting.slots.release()
+        if isinstance(outcome, Replay):
+            self._send(signals.wait_replayed)
+        return outcome
+
+    def _claim_once(self) -> Outcome:
+        """One session; kept (in ``_stack``) unless the key was in progress."""
+        with ExitStack() as stack:
+            outcome: Outcome = stack.enter_context(self.strategy.session(self.attempt))
+            self.outcome = outcome
+            if not isinstance(outcome, InFlight):
+                self._stack.enter_context(stack.pop_all())
         return outcome
 
     def _keep(self, claim: Claimed) -> None:

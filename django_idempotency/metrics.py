@@ -5,11 +5,12 @@ The app config installs them at start-up; nothing else imports this module, so
 
 ``django_idempotency_events_total{event, strategy}``
     one per signal the engine sends: ``claimed``, ``taken_over``, ``replayed``,
-    ``conflict``, ``mismatch``, ``released``, ``stored``, ``lease_lost``.
+    ``conflict``, ``mismatch``, ``released``, ``stored``, ``lease_lost``, and for
+    duplicates that wait (``WAIT``) ``wait_started``, ``wait_replayed``, ``wait_timed_out``.
 ``django_idempotency_claim_duration_seconds{strategy, outcome}``
     the time to claim a key (for ``advisory_lock`` this includes waiting for the
-    lock), by outcome: ``claimed``, ``taken_over``, ``in_flight``, ``replay``,
-    ``mismatch`` or ``error``.
+    lock, and for a duplicate that waits (``WAIT``) its wait), by outcome: ``claimed``,
+    ``taken_over``, ``in_flight``, ``replay``, ``mismatch`` or ``error``.
 
 Under gunicorn with several worker processes, set ``PROMETHEUS_MULTIPROC_DIR``
 as ``prometheus_client`` documents; the metrics here need nothing else for it.
@@ -40,6 +41,9 @@ EVENTS: dict[str, Signal] = {
     "released": signals.key_released,
     "stored": signals.response_stored,
     "lease_lost": signals.lease_lost,
+    "wait_started": signals.wait_started,
+    "wait_replayed": signals.wait_replayed,
+    "wait_timed_out": signals.wait_timed_out,
 }
 
 #: Claims take a millisecond or two; advisory-lock waits can take up to LOCK_TIMEOUT.

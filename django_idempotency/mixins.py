@@ -47,6 +47,8 @@ class IdempotencyMixin:
     idempotency_lock_timeout: float | None = None
     #: Strategy name for this view; None: ``IDEMPOTENCY["STRATEGY"]``.
     idempotency_strategy: str | None = None
+    #: Seconds a duplicate waits for the first request's answer; None: ``IDEMPOTENCY["WAIT"]``.
+    idempotency_wait: float | None = None
 
     _idempotency: IdempotentRequest | None
     _idempotency_stack: ExitStack | None
@@ -70,6 +72,7 @@ class IdempotencyMixin:
             ttl=self.idempotency_ttl,
             lock_timeout=self.idempotency_lock_timeout,
             strategy=self.idempotency_strategy,
+            wait=self.idempotency_wait,
         )
 
     def get_idempotency_scope(self, request: Request) -> str:

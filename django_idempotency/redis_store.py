@@ -296,6 +296,20 @@ class RedisStore:
         digest = hashlib.sha256(scope.encode() + b"\x00" + key.encode()).hexdigest()[:32]
         return f"{self.prefix}:{{{digest}}}:rec"
 
+    @property
+    def wake_channel(self) -> str:
+        """The pub/sub channel that wakes waiting duplicates (``WAIT``)."""
+        return f"{self.prefix}:django_idempotency"
+
+    def notify(self, scope: str, key: str) -> None:
+        """Wake the key's waiting duplicates in every process: one ``PUBLISH`` of the
+        digest that names the record."""
+        digest = hashlib.sha256(scope.encode() + b"\x00" + key.encode()).hexdigest()[:32]
+        try:
+            self.client.publish(self.wake_channel, digest)
+        except REDIS_ERRORS as exc:
+            raise RedisUnavailable(str(exc)) from exc
+
     # operations
 
     def claim(

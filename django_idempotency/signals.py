@@ -19,3 +19,9 @@ key_released = Signal()
 response_stored = Signal()
 #: The claim was lost before completion and the view's writes were rolled back.
 lease_lost = Signal()
+#: A duplicate found its key in progress and started waiting (``WAIT``).
+wait_started = Signal()
+#: A waiting duplicate was answered with the stored response.
+wait_replayed = Signal()
+#: A waiting duplicate's wait ran out (it gets the 409).
+wait_timed_out = Signal()

@@ -4,7 +4,10 @@ DATABASE_URL              sqlite:///path/to/db.sqlite3 (default: db.sqlite3 here
                           postgres://user:password@host:port/name
 IDEMPOTENCY_STRATEGY      db (default), advisory_lock, redis, hybrid
 IDEMPOTENCY_LOCK_TIMEOUT  seconds before an in-progress lease counts as abandoned (default 60)
+IDEMPOTENCY_WAIT          seconds a duplicate waits for the first request's answer (default 0)
 PSP_DELAY_MS              how long the fake payment provider takes (default 0)
+PSP_FAIL_MARKER           a file path: while it exists, the next payment call fails once (tests)
+PSP_CALL_LOG              a file path: each payment call appends its process id (tests)
 EXAMPLE_BASELINE_ROUTES   1 adds /baseline/ routes (benchmarks and the naive race control)
 EXAMPLE_MIDDLEWARE        1 installs IdempotencyMiddleware (after an API-token middleware)
 DATABASE_CONN_MAX_AGE     seconds a PostgreSQL connection is kept (default 600; 0 under ASGI,
@@ -139,6 +142,7 @@ REST_FRAMEWORK = {
 IDEMPOTENCY = {
     "STRATEGY": os.environ.get("IDEMPOTENCY_STRATEGY", "db"),
     "LOCK_TIMEOUT": float(os.environ.get("IDEMPOTENCY_LOCK_TIMEOUT", "60")),
+    "WAIT": float(os.environ.get("IDEMPOTENCY_WAIT", "0")),
 }
 if os.environ.get("REDIS_CLUSTER_URL"):
     IDEMPOTENCY.update(REDIS_URL=os.environ["REDIS_CLUSTER_URL"], REDIS_CLUSTER=True)
@@ -164,6 +168,8 @@ else:
     CELERY_BEAT_SCHEDULE = beat_schedule(drain_every=10, purge_every=3600)
 
 PSP_DELAY_MS = int(os.environ.get("PSP_DELAY_MS", "0"))
+PSP_FAIL_MARKER = os.environ.get("PSP_FAIL_MARKER", "")
+PSP_CALL_LOG = os.environ.get("PSP_CALL_LOG", "")
 EXAMPLE_BASELINE_ROUTES = env_flag("EXAMPLE_BASELINE_ROUTES")
 
 LOGGING = {

@@ -12,9 +12,12 @@ there is nothing to take over.
 
 from __future__ import annotations
 
+import dataclasses
+
 from django.db import DatabaseError, connections, transaction
 from django.db.utils import OperationalError
 
+from .. import waiting
 from ..errors import LeaseLost, StoreUnavailable
 from ..models import IdempotencyKey
 from ..responses import StoredResponse
@@ -53,7 +56,7 @@ class AdvisoryClaim(TransactionalClaim):
         # have run and completed the key since. Take the lock again and store only
         # over an absent or expired record, never over the other execution's.
         with transaction.atomic(using=self.attempt.database):
-            lock(self.attempt)
+            lock(dataclasses.replace(self.attempt, wait=0))  # the owner: no waiter slot
             return self._upsert(response)
 
     def _upsert(self, response: StoredResponse) -> bool:
@@ -74,9 +77,15 @@ class AdvisoryClaim(TransactionalClaim):
         return False
 
 
+class NoWaiterSlot(Exception):
+    """``WAIT_MAX_WAITERS`` duplicates already wait in this process."""
+
+
 def lock(attempt: Attempt) -> None:
     """Take the advisory lock of ``attempt``'s key in the current transaction, waiting
-    at most its lock timeout for another holder."""
+    at most its lock timeout for another holder (and at most ``attempt.wait`` when that
+    is set: a waiter then takes one of the process's ``WAIT_MAX_WAITERS`` slots, or
+    raises ``NoWaiterSlot``)."""
     name = lock_name(attempt.scope, attempt.key)
     with connections[attempt.database].cursor() as cursor:
         # Uncontended (the usual case): one statement takes the lock at once.
@@ -84,10 +93,17 @@ def lock(attempt: Attempt) -> None:
         if cursor.fetchone()[0]:
             return
         # Another request holds the key: wait for it, up to the lock timeout.
-        cursor.execute(
-            "SET LOCAL lock_timeout = %s", [f"{max(int(attempt.lock_timeout * 1000), 1)}ms"]
-        )
-        cursor.execute(LOCK_SQL, [name])
+        seconds = attempt.lock_timeout
+        if attempt.wait > 0:
+            seconds = min(seconds, attempt.wait)
+            if not waiting.slots.acquire():
+                raise NoWaiterSlot()
+        try:
+            cursor.execute("SET LOCAL lock_timeout = %s", [f"{max(int(seconds * 1000), 1)}ms"])
+            cursor.execute(LOCK_SQL, [name])
+        finally:
+            if attempt.wait > 0:
+                waiting.slots.release()
         # The timeout is for the wait on the key only, not for the view's own statements.
         cursor.execute("SET LOCAL lock_timeout TO DEFAULT")
 
@@ -95,11 +111,14 @@ def lock(attempt: Attempt) -> None:
 class AdvisoryLockStrategy(Strategy):
     name = "advisory_lock"
     claims_in_transaction = True
+    waits_in_claim = True  # with WAIT set, the lock wait is bounded by it
 
     def claim(self, attempt: Attempt) -> Outcome:
         """Lock, then read, in the transaction the session has opened."""
         try:
             lock(attempt)
+        except NoWaiterSlot:
+            return InFlight()
         except OperationalError as exc:
             if getattr(getattr(exc, "__cause__", None), "sqlstate", None) == "55P03":
                 # lock_not_available: another request has held the key past the lock timeout

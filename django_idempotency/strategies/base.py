@@ -23,12 +23,15 @@ import abc
 import logging
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections, transaction
 
 from ..errors import LeaseLost, StoreUnavailable
 from ..responses import StoredResponse
+
+if TYPE_CHECKING:
+    from ..waiting import Listener
 
 logger = logging.getLogger("django_idempotency")
 
@@ -46,6 +49,9 @@ class Attempt:
     path: str = ""
     atomic: bool = True
     database: str = "default"
+    #: Seconds a duplicate waits for this key's answer (``WAIT``); 0: the 409 at once.
+    #: When > 0 the request that completes or releases the key also wakes its waiters.
+    wait: float = 0.0
 
 
 class Outcome:
@@ -211,6 +217,15 @@ class Strategy(abc.ABC):
     def claim(self, attempt: Attempt) -> Outcome:
         """Claim ``attempt``'s key (see the module doc); ``StoreUnavailable`` when the
         store cannot be reached."""
+
+    #: The claim itself waits for the key's holder (``advisory_lock``: the lock wait,
+    #: bounded by ``attempt.wait``); the engine then does not wait again after it.
+    waits_in_claim: bool = False
+
+    def listener(self, attempt: Attempt) -> Listener | None:
+        """What wakes the duplicates waiting for ``attempt``'s key in this process
+        (see ``django_idempotency.waiting``); None: they poll. Must not raise."""
+        return None
 
     def session(self, attempt: Attempt) -> Session:
         """A context manager that claims the key and yields the outcome."""

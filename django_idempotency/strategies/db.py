@@ -17,8 +17,9 @@ from __future__ import annotations
 import logging
 import uuid
 
-from django.db import DatabaseError
+from django.db import DatabaseError, connections
 
+from .. import waiting
 from ..errors import LeaseLost, StoreUnavailable
 from ..models import IdempotencyKey
 from ..records import ClaimState
@@ -61,6 +62,9 @@ class DatabaseClaim(TransactionalClaim):
             stored = IdempotencyKey.objects.complete(
                 self.pk, self.token, response, ttl=self.attempt.ttl, using=self.attempt.database
             )
+            if stored and self.attempt.wait > 0:
+                # In the view's transaction: the waiters are woken at its COMMIT.
+                waiting.notify_database(self.attempt.database, self.attempt.scope, self.attempt.key)
         except DatabaseError as exc:
             raise StoreUnavailable(
                 "The response could not be stored, so this request's changes were rolled back. "
@@ -69,9 +73,18 @@ class DatabaseClaim(TransactionalClaim):
         if not stored:
             raise LeaseLost()
 
+    def after_commit(self) -> None:
+        if self.attempt.wait > 0:
+            self.wake_local()
+
+    def wake_local(self) -> None:
+        """Wake this process's waiters for the key (the only wake-up on SQLite)."""
+        waiting.hub.wake(waiting.key_digest(self.attempt.scope, self.attempt.key))
+
     def delete(self) -> bool:
+        a = self.attempt
         try:
-            return IdempotencyKey.objects.release(self.pk, self.token, using=self.attempt.database)
+            released = IdempotencyKey.objects.release(self.pk, self.token, using=a.database)
         except DatabaseError:
             logger.exception(
                 "could not release idempotency key; it will be taken over after the lock timeout",
@@ -81,12 +94,25 @@ class DatabaseClaim(TransactionalClaim):
                 },
             )
             return False
+        if released and a.wait > 0:
+            # One waiter claims the key now; outside a transaction this is sent at once.
+            try:
+                waiting.notify_database(a.database, a.scope, a.key)
+            except DatabaseError:
+                logger.warning("could not notify the waiters of key %s", a.key, exc_info=True)
+            self.wake_local()
+        return released
 
 
 class DatabaseStrategy(Strategy):
     name = "db"
     #: The Claimed class handed to the view (the hybrid strategy's fallback extends it).
     claim_class: type[DatabaseClaim] = DatabaseClaim
+
+    def listener(self, attempt: Attempt) -> waiting.Listener | None:
+        if connections[attempt.database].vendor != "postgresql":
+            return None  # SQLite: in-process wake-ups and the poll
+        return waiting.postgres_listener(attempt.database)
 
     def claim(self, attempt: Attempt) -> Outcome:
         try:

@@ -85,6 +85,7 @@ class OutboxDatabaseClaim(DatabaseClaim):
             super()._store(response)
 
     def after_commit(self) -> None:
+        super().after_commit()
         self.strategy.parent.request_drain()
 
 
@@ -169,6 +170,8 @@ class HybridClaim(RedisClaim):
                 attempt.scope,
                 exc_info=True,
             )
+        if attempt.wait > 0:
+            self.wake()
         self.strategy.request_drain()
 
     def discard(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from .. import waiting
 from ..conf import conf
 from ..errors import LeaseLost, StoreUnavailable
 from ..redis_store import (
@@ -64,6 +65,20 @@ class RedisClaim(TransactionalClaim):
         if not stored:
             raise LeaseLost()
 
+    def after_commit(self) -> None:
+        # Only now: a waiter woken before COMMIT would replay a response not yet durable.
+        if self.attempt.wait > 0:
+            self.wake()
+
+    def wake(self) -> None:
+        """Wake the key's waiting duplicates (in every process through Redis); never raises."""
+        a = self.attempt
+        waiting.hub.wake(waiting.key_digest(a.scope, a.key))
+        try:
+            self.store.notify(a.scope, a.key)
+        except RedisUnavailable:
+            logger.warning("could not notify the waiters of key %s", a.key, exc_info=True)
+
     def delete(self) -> bool:
         """Delete this claim's in-progress record, if it is still ours."""
         return self._redis_delete(self.store.release)
@@ -75,7 +90,7 @@ class RedisClaim(TransactionalClaim):
     def _redis_delete(self, operation: Callable[[str, str, str], bool]) -> bool:
         a = self.attempt
         try:
-            return operation(a.scope, a.key, self.token)
+            deleted = operation(a.scope, a.key, self.token)
         except RedisUnavailable:
             logger.warning(
                 "could not release idempotency key in Redis; it will expire after the lock timeout",
@@ -83,6 +98,9 @@ class RedisClaim(TransactionalClaim):
                 extra={"idempotency_scope": a.scope, "idempotency_key": a.key},
             )
             return False
+        if deleted and a.wait > 0:
+            self.wake()  # one waiter claims the key now
+        return deleted
 
 
 def outcome_for(record: RedisRecord, attempt: Attempt) -> Outcome:
@@ -118,6 +136,12 @@ class RedisStrategy(Strategy):
 
     def __init__(self) -> None:
         self.fallback: Strategy = DatabaseStrategy()
+
+    def listener(self, attempt: Attempt) -> waiting.Listener | None:
+        try:
+            return waiting.redis_listener(get_store())
+        except Exception:  # Redis not configured or unreachable: the waiters poll
+            return None
 
     def claim(self, attempt: Attempt) -> Outcome:
         try:

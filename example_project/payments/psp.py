@@ -3,18 +3,36 @@ as real providers do with the idempotency key they are handed."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
 from django.conf import settings
+
+
+class ProviderError(Exception):
+    """The provider did not answer (an unhandled exception: the view's 500)."""
+
 
 _seen: dict[str, str] = {}
 _lock = threading.Lock()
 
 
 def charge(amount: int, currency: str, *, idempotency_key: str) -> str:
+    calls = getattr(settings, "PSP_CALL_LOG", "")
+    if calls:
+        with open(calls, "a") as log:  # which worker process made the call (tests)
+            log.write(f"{os.getpid()}\n")
     delay = settings.PSP_DELAY_MS / 1000
     if delay:
         time.sleep(delay)
+    marker = getattr(settings, "PSP_FAIL_MARKER", "")
+    if marker:
+        try:
+            os.unlink(marker)  # one call in all the processes wins it
+        except FileNotFoundError:
+            pass
+        else:
+            raise ProviderError("the payment provider failed (PSP_FAIL_MARKER)")
     with _lock:
         return _seen.setdefault(idempotency_key, f"psp_{idempotency_key[:24]}")
