@@ -1,11 +1,12 @@
-# django-idempotency: make run (the example API on SQLite), make test (the whole suite).
+# django-idempotency: make run (the example API on SQLite), make test (the whole suite),
+# make matrix (a smoke subset on the other supported Python, Django and DRF versions).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test lint typecheck docs bench clean services browser
+.PHONY: run test matrix lint typecheck docs bench clean services browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +17,7 @@ $(VENV)/.example: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.test: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e ".[test,lint,docs]"
+	$(BIN)/pip install -q -e ".[test,lint,docs,dev]"
 	touch $@
 
 ## Serve the example payments API on SQLite at http://$(HOST):$(PORT)/api/charges/
@@ -31,6 +32,16 @@ run: $(VENV)/.example
 COVERAGE ?= --cov=django_idempotency --cov-branch --cov-report=term-missing:skip-covered
 test: $(VENV)/.test browser
 	$(BIN)/python -m pytest $(COVERAGE) $(PYTEST_ARGS)
+
+## The version matrix (noxfile.py): the smoke subset on every supported combination of Python
+## 3.11-3.13, Django 5.2 and 6.0, and DRF 3.15 and the newest, but the main one that `make test`
+## runs; one reused venv each under .nox/, packages from PyPI. The interpreters are pyenv's
+## when pyenv is there (else python3.11, python3.12, python3.13 on PATH). One combination:
+## make matrix NOX_ARGS="-s \"smoke(python='3.12', django='6.0', drf='latest')\""
+PYENV_BINS := $(shell r=$$(pyenv root 2>/dev/null) && for v in 3.11 3.12 3.13; do \
+	ls -d $$r/versions/$$v.*/bin 2>/dev/null | sort -V | tail -n 1; done | tr '\n' ':')
+matrix: $(VENV)/.test
+	PATH="$(PYENV_BINS)$$PATH" $(BIN)/nox -r $(NOX_ARGS)
 
 ## Debian's Chromium for the Playwright tests (the Playwright browser download is not used)
 browser:
@@ -55,4 +66,4 @@ bench: $(VENV)/.test
 	$(BIN)/python benchmarks/e2e.py
 
 clean:
-	rm -rf $(VENV) site build *.egg-info example_project/db.sqlite3*
+	rm -rf $(VENV) .nox dist site build *.egg-info example_project/db.sqlite3*

@@ -181,11 +181,14 @@ def _check_choices() -> list[CheckMessage]:
 
 
 REDIS_STRATEGIES = {"redis", "hybrid"}
+#: Django's own Redis cache backend, accepted for REDIS_CACHE_ALIAS like django-redis.
+DJANGO_REDIS_CACHE = "django.core.cache.backends.redis.RedisCache"
 
 
 def _check_redis() -> list[CheckMessage]:
     """The redis and hybrid strategies need a Redis to talk to (E011), and a cache
-    alias must name a django-redis cache (E012). Nothing here connects to Redis."""
+    alias must name a Redis cache, django-redis or Django's own (E012). Nothing here
+    connects to Redis."""
     if conf.STRATEGY not in REDIS_STRATEGIES:
         return []
     alias = conf.REDIS_CACHE_ALIAS
@@ -195,18 +198,20 @@ def _check_redis() -> list[CheckMessage]:
                 f"The {conf.STRATEGY} strategy needs IDEMPOTENCY['REDIS_URL'] or "
                 "IDEMPOTENCY['REDIS_CACHE_ALIAS'].",
                 hint="Set REDIS_URL (e.g. 'redis://127.0.0.1:6379/0', with REDIS_CLUSTER "
-                "for a Redis Cluster) or name a django-redis cache in REDIS_CACHE_ALIAS.",
+                "for a Redis Cluster) or name a Redis cache (django-redis or "
+                "django.core.cache.backends.redis.RedisCache) in REDIS_CACHE_ALIAS.",
                 id=ID + "E011",
             )
         ]
     if alias:
         backend = str(getattr(settings, "CACHES", {}).get(alias, {}).get("BACKEND", ""))
-        if not backend.startswith("django_redis."):
+        if not backend.startswith("django_redis.") and backend != DJANGO_REDIS_CACHE:
             found = f"its BACKEND is {backend!r}" if backend else "it is not in CACHES"
             return [
                 Error(
                     f"IDEMPOTENCY['REDIS_CACHE_ALIAS'] is {alias!r}, but {found}.",
-                    hint="Name a cache whose BACKEND is 'django_redis.cache.RedisCache', "
+                    hint="Name a cache whose BACKEND is 'django_redis.cache.RedisCache' "
+                    f"(pip install django-idempotency[django-redis]) or {DJANGO_REDIS_CACHE!r}, "
                     "or set REDIS_URL instead.",
                     id=ID + "E012",
                 )

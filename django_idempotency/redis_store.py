@@ -52,8 +52,9 @@ _clients_lock = threading.Lock()
 def get_client() -> RedisClient:
     """The Redis client named by the settings, created once per process and target.
 
-    ``REDIS_CACHE_ALIAS`` wins: the raw client of that django-redis cache (its own
-    ``OPTIONS`` set the timeouts). Otherwise ``REDIS_URL``, as a ``RedisCluster``
+    ``REDIS_CACHE_ALIAS`` wins: the raw client of that cache, a django-redis cache or
+    Django's own ``django.core.cache.backends.redis.RedisCache`` (its own ``OPTIONS``
+    set the timeouts). Otherwise ``REDIS_URL``, as a ``RedisCluster``
     when ``REDIS_CLUSTER`` is true, with both socket timeouts set to
     ``REDIS_SOCKET_TIMEOUT`` and no retry with back-off on a single node (a dead
     server costs one timeout, not several). Raises ``RedisUnavailable`` when a
@@ -85,9 +86,7 @@ def get_client() -> RedisClient:
 def _connect(ident: tuple[str, str, bool], timeout: float) -> RedisClient:
     kind, target, cluster = ident
     if kind == "alias":
-        from django_redis import get_redis_connection
-
-        return get_redis_connection(target)  # type: ignore[no-any-return]
+        return _cache_client(target)
     options: dict[str, Any] = {
         "socket_timeout": timeout,
         "socket_connect_timeout": timeout,
@@ -101,6 +100,23 @@ def _connect(ident: tuple[str, str, bool], timeout: float) -> RedisClient:
             raise RedisUnavailable(f"cannot reach the Redis Cluster at {_safe(target)}") from exc
     options["retry"] = Retry(NoBackoff(), 0)
     return redis.Redis.from_url(target, **options)
+
+
+def _cache_client(alias: str) -> RedisClient:
+    """The raw client of the cache ``alias``: Django's built-in Redis backend or django-redis.
+
+    Django's backend gives its write client, the one of its first server (the primary);
+    django_redis is imported only for a django-redis cache.
+    """
+    from django.core.cache import caches
+    from django.core.cache.backends.redis import RedisCache
+
+    cache = caches[alias]
+    if isinstance(cache, RedisCache):
+        return cache._cache.get_client(write=True)
+    from django_redis import get_redis_connection
+
+    return get_redis_connection(alias)  # type: ignore[no-any-return]
 
 
 def _safe(url: str) -> str:

@@ -196,13 +196,27 @@ def test_redis_strategies_without_a_redis_raise_improperly_configured() -> None:
     assert isinstance(info.value, ImproperlyConfigured)
 
 
-def test_e012_cache_alias_must_be_django_redis() -> None:
+def test_e012_cache_alias_must_be_a_redis_cache() -> None:
     message = only(run({"STRATEGY": "hybrid", "REDIS_CACHE_ALIAS": "default"}), "E012")
     assert "'default'" in message.msg
+    assert "django.core.cache.backends.redis.RedisCache" in (message.hint or "")
+    assert "django-idempotency[django-redis]" in (message.hint or "")
     assert (
         "not in CACHES"
         in only(run({"STRATEGY": "redis", "REDIS_CACHE_ALIAS": "nowhere"}), "E012").msg
     )
+
+
+@pytest.mark.parametrize(
+    "backend", ["django_redis.cache.RedisCache", "django.core.cache.backends.redis.RedisCache"]
+)
+def test_e012_accepts_django_redis_and_djangos_own_redis_cache(backend: str) -> None:
+    caches = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "idem": {"BACKEND": backend, "LOCATION": "redis://127.0.0.1:6379/15"},
+    }
+    with override_settings(CACHES=caches):
+        assert run({"STRATEGY": "redis", "REDIS_CACHE_ALIAS": "idem"}) == []
 
 
 def test_every_check_id_is_tested_here() -> None:

@@ -3,6 +3,7 @@ and a private ``redis-server`` for what must not happen to the shared one."""
 
 from __future__ import annotations
 
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -283,6 +284,48 @@ def test_get_client_uses_a_django_redis_cache(
         assert store.claim("user:1", "via-cache", "fp", token, 5000)[0]
         assert store.complete("user:1", "via-cache", token, RESPONSE, 5000)
         assert store.get("user:1", "via-cache").response == RESPONSE  # type: ignore[union-attr]
+    finally:
+        redis_store.reset_clients()
+
+
+@pytest.mark.parametrize("config", ["url", "django-cache"])
+def test_url_and_djangos_own_redis_cache_need_no_django_redis(
+    config: str,
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    shared_redis_url: str,
+    redis_prefix: str,
+) -> None:
+    """``REDIS_URL`` and a cache of Django's built-in Redis backend work with redis-py alone
+    (the ``[redis]`` extra): django_redis cannot be imported here."""
+    monkeypatch.setitem(sys.modules, "django_redis", None)  # `import django_redis` fails
+    if config == "url":
+        settings.IDEMPOTENCY = {"REDIS_URL": shared_redis_url, "REDIS_KEY_PREFIX": redis_prefix}
+    else:
+        # Two servers: Django's backend writes to the first and reads from the others; the
+        # store must get the write client (the second one has nothing listening).
+        settings.CACHES = {
+            "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+            "idem": {
+                "BACKEND": "django.core.cache.backends.redis.RedisCache",
+                "LOCATION": f"{shared_redis_url},{closed_port_url()}",
+                "OPTIONS": {"socket_timeout": 0.4, "socket_connect_timeout": 0.4},
+            },
+        }
+        settings.IDEMPOTENCY = {"REDIS_CACHE_ALIAS": "idem", "REDIS_KEY_PREFIX": redis_prefix}
+    try:
+        client = get_client()
+        assert isinstance(client, redis.Redis)
+        assert get_client() is client
+        if config == "django-cache":
+            kwargs = client.connection_pool.connection_kwargs
+            assert kwargs["socket_timeout"] == 0.4  # the cache's own OPTIONS
+        store = get_store()
+        token = _token()
+        assert store.claim("user:1", "builtin", "fp", token, 5000) == (True, None)
+        assert store.renew("user:1", "builtin", token, 5000)
+        assert store.complete("user:1", "builtin", token, RESPONSE, 5000)
+        assert store.get("user:1", "builtin").response == RESPONSE  # type: ignore[union-attr]
     finally:
         redis_store.reset_clients()
 
