@@ -41,7 +41,37 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     messages.extend(_check_choices())
     messages.extend(_check_redis())
     messages.extend(_check_metrics())
+    messages.extend(_check_wait())
     return messages
+
+
+def _check_wait() -> list[CheckMessage]:
+    """E013: WAIT at least 0, WAIT_POLL_INTERVAL positive, WAIT_MAX_WAITERS a whole number
+    of at least 1."""
+    configured = getattr(settings, "IDEMPOTENCY", None)
+    raw = configured if isinstance(configured, dict) else {}
+    problems: list[str] = []
+    for name, least, inclusive in (("WAIT", 0, True), ("WAIT_POLL_INTERVAL", 0, False)):
+        value = raw.get(name, DEFAULTS[name])
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or value < least or (value == least and not inclusive):
+            problems.append(name)
+    waiters = raw.get("WAIT_MAX_WAITERS", DEFAULTS["WAIT_MAX_WAITERS"])
+    if isinstance(waiters, bool) or not isinstance(waiters, int) or waiters < 1:
+        problems.append("WAIT_MAX_WAITERS")
+    return [
+        Error(
+            f"IDEMPOTENCY[{name!r}] is not valid.",
+            hint=(
+                "WAIT is seconds (0 turns waiting off), WAIT_POLL_INTERVAL a positive number "
+                "of seconds, WAIT_MAX_WAITERS a whole number of at least 1; the defaults are "
+                f"{DEFAULTS['WAIT']!r}, {DEFAULTS['WAIT_POLL_INTERVAL']!r} and "
+                f"{DEFAULTS['WAIT_MAX_WAITERS']!r}."
+            ),
+            id=ID + "E013",
+        )
+        for name in problems
+    ]
 
 
 def _check_numbers() -> list[CheckMessage]:

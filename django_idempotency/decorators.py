@@ -135,6 +135,7 @@ def idempotency_opt_in(
     lock_timeout: float | None = None,
     scope: Callable[[HttpRequest], str] | None = None,
     strategy: str | None = None,
+    wait: float | None = None,
 ) -> Callable[[ViewFunc], ViewFunc]: ...
 
 
@@ -147,6 +148,7 @@ def idempotency_opt_in(
     lock_timeout: float | None = None,
     scope: Callable[[HttpRequest], str] | None = None,
     strategy: str | None = None,
+    wait: float | None = None,
 ) -> Any:
     """Have ``IdempotencyMiddleware`` protect this view, with the same options as
     ``@idempotent``. The view function is returned as it is (sync or async), with an
@@ -158,6 +160,7 @@ def idempotency_opt_in(
             ttl=ttl,
             lock_timeout=lock_timeout,
             strategy=strategy,
+            wait=wait,
         ),
         scope or default_scope,
     )

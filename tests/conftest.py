@@ -68,3 +68,13 @@ def forget_queued_drains() -> Iterator[None]:
     queue = str(getattr(settings, "CELERY_TASK_DEFAULT_QUEUE", ""))
     if queue.startswith("idem-tests-"):
         delete_queue(queue)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_wait_listeners(django_db_setup: None) -> Iterator[None]:
+    """The WAIT listeners hold connections of their own to the test database: stop them
+    before pytest-django drops it (set up after the databases, so torn down before)."""
+    yield
+    from django_idempotency import waiting
+
+    waiting.reset_listeners()

@@ -106,6 +106,27 @@ def test_e002_numbers_must_be_positive(idempotency: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     "idempotency",
     [
+        {"WAIT": -1},
+        {"WAIT": "soon"},
+        {"WAIT_POLL_INTERVAL": 0},
+        {"WAIT_MAX_WAITERS": 0},
+        {"WAIT_MAX_WAITERS": 2.5},
+    ],
+)
+def test_e013_the_wait_settings(idempotency: dict[str, Any]) -> None:
+    (name,) = idempotency
+    message = only(run(idempotency), "E013")
+    assert isinstance(message, Error)
+    assert name in message.msg
+
+
+def test_the_wait_settings_pass_with_their_defaults_and_a_wait() -> None:
+    assert not [m for m in run({"WAIT": 5}) if m.id == "django_idempotency.E013"]
+
+
+@pytest.mark.parametrize(
+    "idempotency",
+    [
         {"LOCK_TIMEOUT": 10, "HEARTBEAT_INTERVAL": 10},
         {"LOCK_TIMEOUT": 10, "HEARTBEAT_INTERVAL": 30},
         {"HEARTBEAT_INTERVAL": 0},

@@ -4,6 +4,7 @@ docs/middleware.md), and its system checks. Races under uvicorn: tests/test_asgi
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from example_project.payments.models import Charge
 
 from .factories import UserFactory
 from .support.assertions import assert_problem
+from .support.threads import in_background
 from .testapp.models import SideEffect
 
 pytestmark = pytest.mark.django_db
@@ -102,6 +104,39 @@ def test_views_that_handle_the_protocol_are_not_handled_twice(stack: str) -> Non
     assert IdempotencyKey.objects.count() == 2
 
 
+@idempotency_opt_in(wait=5)
+def slow_charge(request: Any) -> Any:
+    from django.http import JsonResponse
+
+    time.sleep(0.5)
+    label = request.headers["Idempotency-Key"]
+    return JsonResponse({"id": SideEffect.objects.create(label=label).pk}, status=201)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.urls(__name__)
+@override_settings(MIDDLEWARE=WITH_MIDDLEWARE)
+def test_the_opt_in_takes_a_wait() -> None:
+    """``@idempotency_opt_in(wait=...)``: a duplicate sent while the first request runs
+    waits for its answer and replays it, instead of a 409."""
+    user = UserFactory()
+
+    def send() -> Any:
+        c = Client()
+        c.force_login(user)
+        return post(c, "/slow/", key="waited")
+
+    first = in_background(send)
+    time.sleep(0.15)  # inside the first request's 0.5 s view
+    duplicate = send()
+    answer = first.result()
+    assert answer.status_code == 201 and REPLAYED_HEADER not in answer
+    assert duplicate.status_code == 201 and duplicate[REPLAYED_HEADER] == "true"
+    assert duplicate.content == answer.content
+    assert SideEffect.objects.filter(label="waited").count() == 1
+
+
 # -- checks -------------------------------------------------------------------------------------
 
 
@@ -114,6 +149,7 @@ urlpatterns = [
     path("plain/", PlainDRFView.as_view()),
     path("opted/", idempotency_opt_in(PlainDRFView.as_view())),
     path("exempt/", idempotency_exempt(PlainDRFView.as_view())),
+    path("slow/", slow_charge),
 ]
 
 
