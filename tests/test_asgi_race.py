@@ -103,3 +103,23 @@ def test_an_exception_after_the_write_rolls_it_back_and_releases_the_key() -> No
         status, body = request(url, key="boom", body=CHARGE)
         assert status == 201 and "idempotent-replayed" not in body["_headers"], body
         assert count_rows(db, "payments_charge") == 1
+
+
+@pytest.mark.parametrize(("route", "extra"), ROUTES)
+def test_duplicates_wait_for_the_answer_under_uvicorn(route: str, extra: dict[str, str]) -> None:
+    """``IDEMPOTENCY_WAIT=5`` on async views: the duplicates of a 500 ms request wait for
+    its answer (each in the thread Django runs its session in, not on the event loop) and
+    replay it; none gets a 409."""
+    env = {**extra, "IDEMPOTENCY_WAIT": "5"}
+    with (
+        scratch_database("postgres") as db,
+        uvicorn_server(db, strategy="db", psp_delay_ms=500, env=env) as server,
+    ):
+        key = f"pay-{uuid.uuid4().hex[:8]}"
+        results = race(server.url + route, n=CLIENTS, key=key, body=CHARGE)
+        fresh, replays, conflicts = split_race(results)
+        assert len(fresh) == 1 and not conflicts, race_summary(results)
+        assert len(replays) == CLIENTS - 1
+        assert all(body["id"] == fresh[0]["id"] for body in replays)
+        assert count_rows(db, "payments_charge") == 1
+        assert "Traceback" not in server.log()
