@@ -3,17 +3,10 @@ under gunicorn: a subprocess on a free port against a scratch database."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from pathlib import Path
 
-from .example import ROOT, ExampleServer, _wait_ready, example_env
-from .ports import free_port
+from .example import ExampleServer, serve, server_settings
 
 
 @contextmanager
@@ -30,53 +23,25 @@ def uvicorn_server(
     """``example_project.asgi`` under uvicorn with ``workers`` processes, each one event
     loop. Persistent database connections are off, as Django advises under ASGI (each
     request's database work runs in a thread of its own)."""
-    port = free_port()
-    server_env = example_env(
-        database_url,
-        {
-            "IDEMPOTENCY_STRATEGY": strategy,
-            "PSP_DELAY_MS": str(psp_delay_ms),
-            "IDEMPOTENCY_LOCK_TIMEOUT": str(lock_timeout),
-            "DATABASE_CONN_MAX_AGE": "0",
-            **(env or {}),
-        },
-    )
-    log = tempfile.NamedTemporaryFile(prefix="idem-uvicorn-", suffix=".log", delete=False)  # noqa: SIM115
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "example_project.asgi:application",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            str(workers),
-            "--lifespan",
-            "off",
-            "--no-access-log",
-            "--timeout-graceful-shutdown",
-            "5",
-        ],
-        env=server_env,
-        cwd=ROOT,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    server = ExampleServer(f"http://127.0.0.1:{port}", port, process, Path(log.name), server_env)
-    try:
-        _wait_ready(server, ready_timeout)
+    command = [
+        "uvicorn",
+        "example_project.asgi:application",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "{port}",
+        "--workers",
+        str(workers),
+        "--lifespan",
+        "off",
+        "--no-access-log",
+        "--timeout-graceful-shutdown",
+        "5",
+    ]
+    settings = {
+        **server_settings(strategy, psp_delay_ms, lock_timeout, None),
+        "DATABASE_CONN_MAX_AGE": "0",
+        **(env or {}),
+    }
+    with serve("uvicorn", command, database_url, settings, ready_timeout) as server:
         yield server
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(5)
-        log.close()
-        os.unlink(log.name)

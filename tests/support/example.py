@@ -112,6 +112,56 @@ class ExampleServer:
 
 
 @contextmanager
+def serve(
+    name: str,
+    command: list[str],
+    database_url: str,
+    settings: Mapping[str, str],
+    ready_timeout: float = 30,
+) -> Iterator[ExampleServer]:
+    """Run ``command`` (a server of the example project, with ``{port}`` in it for a free
+    port) against ``database_url`` with the example's environment plus ``settings``; stop
+    its whole process group afterwards."""
+    port = free_port()
+    server_env = example_env(database_url, settings)
+    log = tempfile.NamedTemporaryFile(prefix=f"idem-{name}-", suffix=".log", delete=False)  # noqa: SIM115
+    process = subprocess.Popen(
+        [sys.executable, "-m", *(part.format(port=port) for part in command)],
+        env=server_env,
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    server = ExampleServer(f"http://127.0.0.1:{port}", port, process, Path(log.name), server_env)
+    try:
+        _wait_ready(server, ready_timeout, name)
+        yield server
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(5)
+        log.close()
+        os.unlink(log.name)
+
+
+def server_settings(
+    strategy: str, psp_delay_ms: int, lock_timeout: float, env: Mapping[str, str] | None
+) -> dict[str, str]:
+    """The example's environment for one test server."""
+    return {
+        "IDEMPOTENCY_STRATEGY": strategy,
+        "PSP_DELAY_MS": str(psp_delay_ms),
+        "IDEMPOTENCY_LOCK_TIMEOUT": str(lock_timeout),
+        **(env or {}),
+    }
+
+
+@contextmanager
 def example_server(
     database_url: str,
     *,
@@ -128,64 +178,33 @@ def example_server(
 
     ``timeout`` is gunicorn's worker timeout; ``ready_timeout`` how long to wait for the
     first answer."""
-    port = free_port()
-    server_env = example_env(
-        database_url,
-        {
-            "IDEMPOTENCY_STRATEGY": strategy,
-            "PSP_DELAY_MS": str(psp_delay_ms),
-            "IDEMPOTENCY_LOCK_TIMEOUT": str(lock_timeout),
-            **(env or {}),
-        },
-    )
-    log = tempfile.NamedTemporaryFile(prefix="idem-gunicorn-", suffix=".log", delete=False)  # noqa: SIM115
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "example_project.wsgi",
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--workers",
-            str(workers),
-            "--worker-class",
-            "gthread",
-            "--threads",
-            str(threads),
-            "--timeout",
-            str(int(timeout)),
-            "--graceful-timeout",
-            "5",
-            "--no-control-socket",
-        ],
-        env=server_env,
-        cwd=ROOT,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    server = ExampleServer(f"http://127.0.0.1:{port}", port, process, Path(log.name), server_env)
-    try:
-        _wait_ready(server, ready_timeout)
+    command = [
+        "gunicorn",
+        "example_project.wsgi",
+        "--bind",
+        "127.0.0.1:{port}",
+        "--workers",
+        str(workers),
+        "--worker-class",
+        "gthread",
+        "--threads",
+        str(threads),
+        "--timeout",
+        str(int(timeout)),
+        "--graceful-timeout",
+        "5",
+        "--no-control-socket",
+    ]
+    settings = server_settings(strategy, psp_delay_ms, lock_timeout, env)
+    with serve("gunicorn", command, database_url, settings, ready_timeout) as server:
         yield server
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(5)
-        log.close()
-        os.unlink(log.name)
 
 
-def _wait_ready(server: ExampleServer, seconds: float = 30) -> None:
+def _wait_ready(server: ExampleServer, seconds: float = 30, name: str = "gunicorn") -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
-            raise RuntimeError("gunicorn exited:\n" + server.log())
+            raise RuntimeError(f"{name} exited:\n" + server.log())
         try:
             status, _ = request(server.url + "/api/charges/", method="GET", token="alice-token")
         except OSError:
@@ -194,7 +213,7 @@ def _wait_ready(server: ExampleServer, seconds: float = 30) -> None:
         if status == 200:
             return
         time.sleep(0.1)
-    raise RuntimeError("gunicorn did not answer:\n" + server.log())
+    raise RuntimeError(f"{name} did not answer:\n" + server.log())
 
 
 def request(
