@@ -310,19 +310,19 @@ class Statements:
                 " ORDER BY 1 LIMIT 1",
             ]
 
-        self.read = statement(
-            f"SELECT 0, {from_outbox}",
-            *outbox_live(_Now()),
-            f" UNION ALL SELECT 1, {from_keys}",
-            *key_row(),
-        )
+        def outbox_then_key(*key_live: _Part) -> Statement:
+            """The key's live outbox row, else its IdempotencyKey row: one statement."""
+            return statement(
+                f"SELECT 0, {from_outbox}",
+                *outbox_live(_Now()),
+                f" UNION ALL SELECT 1, {from_keys}",
+                *key_row(*key_live),
+            )
+
+        self.read = outbox_then_key()
         #: The same, live rows only: an expired key row counts as absent (database clock).
-        self.read_live = statement(
-            f"SELECT 0, {from_outbox}",
-            *outbox_live(_Now()),
-            f" UNION ALL SELECT 1, {from_keys}",
-            *key_row(f" AND {expires} > ", _Now()),
-        )
+        #: The hybrid strategy's lookup, and advisory_lock's read.
+        self.read_live = outbox_then_key(f" AND {expires} > ", _Now())
         #: The loser's read, the same with whether the row may be taken over (decided in
         #: SQL, on the database's clock; never an outbox row).
         self.claim_read = statement(
@@ -332,15 +332,7 @@ class Statements:
             *takeover,
             *key_row(),
         )
-        #: The hybrid strategy's lookup: the live outbox row, else the live key row, live
-        #: at the app's ``now`` (a parameter).
-        self.lookup = statement(
-            f"SELECT 0, {from_outbox}",
-            *outbox_live(_Param("now")),
-            f" UNION ALL SELECT 1, {from_keys}",
-            *key_row(f" AND {expires} > ", _Param("now")),
-        )
-        self.outbox_lookup = statement(f"SELECT 0, {from_outbox}", *outbox_live(_Param("now")))
+        self.outbox_lookup = statement(f"SELECT 0, {from_outbox}", *outbox_live(_Now()))
         self.take_over = statement(
             f"UPDATE {table} SET {col('claim_token')} = ",
             _Param("token"),

@@ -76,17 +76,13 @@ class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
     ) -> KeyRecord | None:
         """The live record of (scope, key): an undrained outbox row first (it is the newer
         one), else the IdempotencyKey row, in progress or completed. Expired rows count
-        as absent. One statement (the outbox alone with ``outbox_only``); no write.
+        as absent, judged on the database's clock. One statement (the outbox alone with
+        ``outbox_only``); no write.
         """
         connection = connections[database(using, self._db)]
         sql = statements(connection)
-        values = {
-            "scope": scope,
-            "key": key,
-            "now": sql.prep("expires_at", timezone.now(), connection),
-        }
-        statement = sql.outbox_lookup if outbox_only else sql.lookup
-        found, _count = statement.execute(connection, values)
+        statement = sql.outbox_lookup if outbox_only else sql.read_live
+        found, _count = statement.execute(connection, {"scope": scope, "key": key})
         return None if found is None else KeyRecord.from_row(sql.key_row(connection, found))
 
     def drain(

@@ -253,3 +253,20 @@ def test_advisory_lock_judges_expiry_on_the_database_clock() -> None:
     attempt = Attempt(row.scope, row.key, PRINT, ttl=60, lock_timeout=5)
     with app_clock(45), AdvisoryLockStrategy().session(attempt) as outcome:
         assert isinstance(outcome, Replay)
+
+
+def test_the_hybrid_lookup_judges_expiry_on_the_database_clock() -> None:
+    """The hybrid strategy's database check finds a completed key with 20 s of its TTL
+    left (by the database's clock) from an app server whose clock runs 45 s ahead."""
+    from django_idempotency.models import IdempotencyOutbox
+
+    row = CompletedKeyFactory(fingerprint=PRINT, response_body=RESPONSE.body)
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {TABLE} SET expires_at = statement_timestamp() + interval '20 seconds' "
+            "WHERE id = %s",
+            [row.pk],
+        )
+    with app_clock(45):
+        found = IdempotencyOutbox.objects.lookup(row.scope, row.key)
+    assert found is not None and found.completed
