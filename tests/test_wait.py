@@ -1,7 +1,7 @@
 """Duplicates that wait for the first request's answer (``WAIT``), through real servers.
 
-Each strategy runs the example payments API under gunicorn (3 workers x 8 threads) with a
-500 ms payment call, and every test counts the charges committed afterwards:
+Each strategy (``redis`` and ``hybrid`` on a node and on a Redis Cluster too) runs the
+example payments API under gunicorn (3 workers x 8 threads) with a 500 ms payment call, and every test counts the charges committed afterwards:
 
 * 20 concurrent duplicates with ``WAIT=5``: one execution, 19 replays, no 409;
 * the first request fails (the provider raises: a 500): one waiter runs the view, the
@@ -52,14 +52,33 @@ SETUPS = [
     pytest.param(
         "postgres", "advisory_lock", marks=pytest.mark.postgres, id="postgres-advisory_lock"
     ),
+    pytest.param(
+        "postgres",
+        "redis-cluster",
+        marks=[pytest.mark.postgres, pytest.mark.redis_cluster],
+        id="redis-cluster",
+    ),
+    pytest.param(
+        "postgres",
+        "hybrid-cluster",
+        marks=[pytest.mark.postgres, pytest.mark.redis_cluster],
+        id="hybrid-cluster",
+    ),
 ]
 
 
 def redis_env(request: pytest.FixtureRequest, strategy: str) -> dict[str, str]:
+    prefix = {"IDEMPOTENCY_REDIS_PREFIX": "wait-" + uuid.uuid4().hex}
+    if strategy.endswith("-cluster"):
+        cluster = request.getfixturevalue("redis_cluster")
+        # The wake-ups are a PUBLISH the cluster forwards to every node; the drain messages
+        # go to a private server.
+        private = request.getfixturevalue("running_private_redis")
+        return {"REDIS_CLUSTER_URL": cluster.url, "CELERY_BROKER_URL": private.url, **prefix}
     if strategy not in ("redis", "hybrid"):
         return {}
     private = request.getfixturevalue("running_private_redis")
-    return {"REDIS_URL": private.url, "IDEMPOTENCY_REDIS_PREFIX": "wait-" + uuid.uuid4().hex}
+    return {"REDIS_URL": private.url, **prefix}
 
 
 @contextmanager
@@ -82,10 +101,11 @@ def test_duplicates_wait_for_the_answer(
     request: pytest.FixtureRequest, backend: str, strategy: str
 ) -> None:
     env = redis_env(request, strategy)
+    name = strategy.removesuffix("-cluster")
     with scratch_database(backend) as db, scratch_dir() as tmp:
         marker = tmp / "fail-once"
         wait_env = {**env, "IDEMPOTENCY_WAIT": "5", "PSP_FAIL_MARKER": str(marker)}
-        with example_server(db, strategy=strategy, psp_delay_ms=500, env=wait_env) as server:
+        with example_server(db, strategy=name, psp_delay_ms=500, env=wait_env) as server:
             url = server.url + "/api/charges/"
             # 20 duplicates at once: one execution, 19 replays, no 409.
             started = time.monotonic()
@@ -114,7 +134,7 @@ def test_duplicates_wait_for_the_answer(
 
         # A short wait: the 409s as without waiting.
         short_env = {**env, "IDEMPOTENCY_WAIT": "0.1"}
-        with example_server(db, strategy=strategy, psp_delay_ms=500, env=short_env) as server:
+        with example_server(db, strategy=name, psp_delay_ms=500, env=short_env) as server:
             results = race(server.url + "/api/charges/", n=CLIENTS, key="wait-short", body=CHARGE)
             summary = race_summary(results)
             assert summary["409"] > 0, summary
