@@ -77,6 +77,17 @@ def build_urls() -> list[Any]:
     class PlainView(generics.CreateAPIView[Any]):
         serializer_class = AmountSerializer
 
+    class UndocumentedView(IdempotencyMixin, generics.CreateAPIView[Any]):
+        serializer_class = AmountSerializer
+
+    class DocumentedBase(APIView):
+        """Charges, from the base view."""
+
+    class InheritedDocView(IdempotencyMixin, DocumentedBase):
+        @extend_schema(request=AmountSerializer, responses={201: AmountSerializer})
+        def post(self, request: Request) -> Response:
+            return Response(request.data, status=201)
+
     @extend_schema_view(create=extend_schema(summary="Create a payout"))
     class PayoutViewSet(IdempotencyMixin, mixins.CreateModelMixin, viewsets.GenericViewSet[Any]):
         serializer_class = AmountSerializer
@@ -93,6 +104,8 @@ def build_urls() -> list[Any]:
         path("put-only/", PutOnlyView.as_view()),
         path("decorated/", DecoratedView.as_view()),
         path("plain/", PlainView.as_view()),
+        path("undocumented/", UndocumentedView.as_view()),
+        path("inherited-doc/", InheritedDocView.as_view()),
         *router.urls,
     ]
 
@@ -155,6 +168,17 @@ def test_problem_responses_and_headers(schema: dict[str, Any]) -> None:
     }
     problem = schema["components"]["schemas"]["IdempotencyProblem"]
     assert problem["required"] == ["type", "title", "status", "detail"]
+
+
+def test_a_view_without_a_docstring_gets_no_mixin_docstring(schema: dict[str, Any]) -> None:
+    mixin_doc = IdempotencyMixin.__doc__.split("\n")[0]  # type: ignore[union-attr]
+    for url, operations in schema["paths"].items():
+        for operation in operations.values():
+            assert mixin_doc not in operation.get("description", ""), url
+    assert "description" not in schema["paths"]["/undocumented/"]["post"]
+    assert schema["paths"]["/optional/"]["post"]["description"] == "Create with an optional key."
+    inherited = schema["paths"]["/inherited-doc/"]["post"]
+    assert inherited["description"] == "Charges, from the base view."
 
 
 def test_only_the_methods_the_view_honours(schema: dict[str, Any]) -> None:

@@ -5,6 +5,7 @@ gets, on the methods that honour the header:
 
 * the ``Idempotency-Key`` request header parameter (required when the view
   requires it);
+* no ``IdempotencyMixin`` docstring as the description of a view without one;
 * the ``400``, ``409`` and ``422`` ``application/problem+json`` responses, with
   ``Retry-After`` on the ``409``;
 * the ``Idempotent-Replayed`` header on its success responses.
@@ -25,7 +26,8 @@ from typing import Any
 
 from drf_spectacular.extensions import OpenApiViewExtension
 from drf_spectacular.openapi import AutoSchema
-from drf_spectacular.plumbing import ResolvedComponent, get_class
+from drf_spectacular.plumbing import ResolvedComponent, get_class, get_doc
+from drf_spectacular.settings import spectacular_settings
 
 from ..conf import conf
 from ..engine import Options
@@ -106,6 +108,23 @@ class IdempotencySchemaMixin:
         self._add_problem_responses(operation)
         self._add_replayed_header(operation)
         return operation
+
+    def get_description(self, *args: Any, **kwargs: Any) -> str:
+        """The operation's description, never ``IdempotencyMixin``'s own docstring, which
+        drf-spectacular would otherwise take (from the view's bases) for a view without
+        one; the next docstring in the bases is used instead, as for any other view."""
+        description: str = super().get_description(*args, **kwargs)  # type: ignore[misc]
+        if not isinstance(self.view, IdempotencyMixin) or description != get_doc(IdempotencyMixin):
+            return description
+        mro = type(self.view).__mro__
+        barrier = min(
+            (mro.index(c) for c in spectacular_settings.GET_LIB_DOC_EXCLUDES() if c in mro),
+            default=len(mro),
+        )
+        for cls in mro[:barrier]:
+            if cls.__doc__ and cls is not IdempotencyMixin:
+                return get_doc(cls)
+        return ""
 
     def _add_key_parameter(self, operation: dict[str, Any], required: bool) -> None:
         header = conf.HEADER
