@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,8 @@ import django_idempotency.contrib.spectacular  # noqa: F401  (registers the exte
 from django_idempotency.contrib.spectacular import IdempotencyAutoSchema
 from django_idempotency.mixins import IdempotencyMixin
 from example_project.payments.views import ChargeView
+
+from . import test_header
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECTACULAR = {
@@ -136,7 +139,12 @@ def test_required_key_on_a_view_that_requires_it(schema: dict[str, Any]) -> None
     parameter = key_parameter(operation)
     assert parameter is not None
     assert parameter["required"] is True
-    assert parameter["schema"] == {"type": "string", "minLength": 1, "maxLength": 255}
+    key_schema = parameter["schema"]
+    assert key_schema["type"] == "string"
+    assert key_schema["minLength"] == 1
+    bare, quoted = key_schema["oneOf"]
+    assert bare["maxLength"] == 255
+    assert {"pattern"} <= set(quoted)
     assert key_parameter(schema["paths"]["/charges/"]["get"]) is None  # GET does not take part
 
 
@@ -168,6 +176,41 @@ def test_problem_responses_and_headers(schema: dict[str, Any]) -> None:
     }
     problem = schema["components"]["schemas"]["IdempotencyProblem"]
     assert problem["required"] == ["type", "title", "status", "detail"]
+
+
+def _examples(test: Any) -> list[str]:
+    (mark,) = [m for m in test.pytestmark if m.name == "parametrize"]
+    return [raw for raw, _ in mark.args[1]]
+
+
+def _matches(key_schema: dict[str, Any], value: str) -> bool:
+    """Validation of ``value`` by the header's schema: minLength, then exactly one of
+    the two forms (a pattern is searched for, as JSON Schema does; both are anchored)."""
+    if len(value) < key_schema["minLength"]:
+        return False
+    hits = [
+        form
+        for form in key_schema["oneOf"]
+        if re.search(form["pattern"], value) and len(value) <= form.get("maxLength", len(value))
+    ]
+    return len(hits) == 1
+
+
+def test_the_key_schema_follows_parse_key(schema: dict[str, Any]) -> None:
+    """Every header value parse_key accepts matches the schema; every one it refuses
+    does not. HTTP removes the whitespace around a field value (RFC 9110 section 5.5)
+    before the schema applies, so the examples are stripped as parse_key strips them."""
+    key_schema = key_parameter(schema["paths"]["/charges/"]["post"])["schema"]  # type: ignore[index]
+    accepted = _examples(test_header.test_parse_key_accepts)
+    refused = _examples(test_header.test_parse_key_rejects)
+    assert len(accepted) > 15 and len(refused) > 40
+    for raw in accepted:
+        assert _matches(key_schema, raw.strip(" \t")), raw
+    for raw in refused:
+        assert not _matches(key_schema, raw.strip(" \t")), raw
+    for pattern in (form["pattern"] for form in key_schema["oneOf"]):
+        assert pattern.startswith("^") and pattern.endswith("$")
+        assert '\\"' not in pattern.replace("\\\\", "")  # no \" escape: invalid in ECMA u mode
 
 
 def test_a_view_without_a_docstring_gets_no_mixin_docstring(schema: dict[str, Any]) -> None:

@@ -4,7 +4,7 @@ Every DRF view that uses :class:`~django_idempotency.mixins.IdempotencyMixin`
 gets, on the methods that honour the header:
 
 * the ``Idempotency-Key`` request header parameter (required when the view
-  requires it);
+  requires it), with the patterns of its bare and quoted (RFC 8941) forms;
 * no ``IdempotencyMixin`` docstring as the description of a view without one;
 * the ``400``, ``409`` and ``422`` ``application/problem+json`` responses, with
   ``Retry-After`` on the ``409``;
@@ -20,6 +20,7 @@ to each such view, on top of whatever schema class the view uses. Alternatively
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -65,6 +66,35 @@ PROBLEMS: dict[str, tuple[str, type[Exception]]] = {
         "The Idempotency-Key was already used with a different request.",
         FingerprintMismatch,
     ),
+}
+
+
+# The Idempotency-Key header value (what header.parse_key accepts, after HTTP's own
+# removal of surrounding whitespace), as ECMA-262 patterns that Python's re reads alike.
+#: The bare form: 1-255 visible ASCII characters, without ',' or ';', not starting with '"'.
+BARE_KEY_PATTERN = r"^[\x21\x23-\x2B\x2D-\x3A\x3C-\x7E][\x21-\x2B\x2D-\x3A\x3C-\x7E]{0,254}$"
+_SF_STRING_CHAR = r'(?:[\x20\x21\x23-\x5B\x5D-\x7E]|\\["\\])'
+_KEY_CHAR = r'(?:[\x21\x23-\x5B\x5D-\x7E]|\\["\\])'  # a space is not allowed in the key
+_BASE64 = r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}(?:==)?|[A-Za-z0-9+/]{3}=?)?"
+_BARE_ITEM = (
+    r"(?:-?[0-9]{1,12}\.[0-9]{1,3}|-?[0-9]{1,15}"  # decimal, integer
+    r'|"' + _SF_STRING_CHAR + r'*"'  # string
+    r"|[A-Za-z*][A-Za-z0-9!#$%&'*+.^_`|~:/-]*"  # token
+    r"|\?[01]"  # boolean
+    r"|:" + _BASE64 + r":)"  # byte sequence
+)
+_PARAMETER = r";[ ]*[a-z*][a-z0-9_.*-]*(?:=" + _BARE_ITEM + r")?"
+#: The RFC 8941 sf-string form: 1-255 visible ASCII characters between quotes (``\"``
+#: and ``\\`` escaped), optionally followed by parameters, which are ignored.
+QUOTED_KEY_PATTERN = r'^"' + _KEY_CHAR + r'{1,255}"(?:' + _PARAMETER + r")*$"
+
+KEY_SCHEMA: dict[str, Any] = {
+    "type": "string",
+    "minLength": 1,
+    "oneOf": [
+        {"title": "Bare key", "pattern": BARE_KEY_PATTERN, "maxLength": MAX_KEY_LENGTH},
+        {"title": "Quoted key (RFC 8941 sf-string)", "pattern": QUOTED_KEY_PATTERN},
+    ],
 }
 
 
@@ -139,7 +169,7 @@ class IdempotencySchemaMixin:
                 "in": "header",
                 "name": header,
                 "required": required,
-                "schema": {"type": "string", "minLength": 1, "maxLength": MAX_KEY_LENGTH},
+                "schema": copy.deepcopy(KEY_SCHEMA),
                 "description": (
                     "A unique key per operation (a UUID, for example), sent again unchanged "
                     "with every retry of the same request. The first request with a key runs; "
