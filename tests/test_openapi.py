@@ -25,7 +25,13 @@ from rest_framework.routers import SimpleRouter
 from rest_framework.views import APIView
 
 import django_idempotency.contrib.spectacular  # noqa: F401  (registers the extension)
-from django_idempotency.contrib.spectacular import IdempotencyAutoSchema
+from django_idempotency import errors as errors_module
+from django_idempotency.contrib.spectacular import (
+    IdempotencyAutoSchema,
+    _error_classes,
+    problems_by_status,
+)
+from django_idempotency.errors import IdempotencyError
 from django_idempotency.mixins import IdempotencyMixin
 from example_project.payments.views import ChargeView
 
@@ -159,23 +165,60 @@ def test_optional_key_follows_the_setting(schema: dict[str, Any]) -> None:
 
 def test_problem_responses_and_headers(schema: dict[str, Any]) -> None:
     responses = schema["paths"]["/charges/"]["post"]["responses"]
-    assert set(responses) >= {"201", "400", "409", "422"}
+    assert set(responses) >= {"201", "400", "409", "413", "422", "503"}
     ref = {"$ref": "#/components/schemas/IdempotencyProblem"}
-    for code in ("400", "409", "422"):
-        content = responses[code]["content"]
-        assert list(content) == ["application/problem+json"]
-        assert content["application/problem+json"]["schema"] == ref
-        assert content["application/problem+json"]["example"]["status"] == int(code)
-    assert responses["409"]["headers"]["Retry-After"]["schema"] == {"type": "integer"}
-    assert responses["422"]["content"]["application/problem+json"]["example"]["type"].endswith(
-        "/key-reused"
-    )
+    for code in ("400", "409", "413", "422", "503"):
+        problem = responses[code]["content"]["application/problem+json"]
+        assert problem["schema"] == ref
+        assert problem["examples"]
+        for example in problem["examples"].values():
+            assert example["value"]["status"] == int(code)
+    for code in ("409", "413", "422", "503"):
+        assert list(responses[code]["content"]) == ["application/problem+json"]
+    for code in ("409", "503"):
+        assert responses[code]["headers"]["Retry-After"]["schema"] == {"type": "integer"}
+    assert "headers" not in responses["422"]
+    key_reused = responses["422"]["content"]["application/problem+json"]["examples"]
+    assert key_reused["key-reused"]["value"]["type"].endswith("/key-reused")
     assert responses["201"]["headers"]["Idempotent-Replayed"]["schema"] == {
         "type": "string",
         "enum": ["true"],
     }
-    problem = schema["components"]["schemas"]["IdempotencyProblem"]
-    assert problem["required"] == ["type", "title", "status", "detail"]
+    problem_component = schema["components"]["schemas"]["IdempotencyProblem"]
+    assert problem_component["required"] == ["type", "title", "status", "detail"]
+
+
+def test_the_400_is_problem_json_and_drf_json(schema: dict[str, Any]) -> None:
+    """The protocol's own 400s are problem+json; DRF's validation 400s application/json."""
+    content = schema["paths"]["/charges/"]["post"]["responses"]["400"]["content"]
+    assert list(content) == ["application/problem+json", "application/json"]
+    assert content["application/json"]["schema"]["type"] == "object"
+    assert content["application/json"]["schema"]["additionalProperties"] == {}
+
+
+def test_every_problem_status_is_declared_with_its_types(schema: dict[str, Any]) -> None:
+    responses = schema["paths"]["/charges/"]["post"]["responses"]
+    errors = _error_classes()
+    assert len(errors) >= 12
+    assert set(errors) == {
+        cls
+        for cls in vars(errors_module).values()
+        if isinstance(cls, type) and issubclass(cls, IdempotencyError)
+    } - {IdempotencyError}
+    for error in errors:
+        response = responses[str(error.status)]
+        assert f"`{error.slug}`" in response["description"]
+        assert error.slug in response["content"]["application/problem+json"]["examples"]
+    # The ones the issue named, where it named them.
+    for code, slugs in {
+        "400": ("missing-key", "invalid-key", "credentials-not-authenticated", "invalid-body"),
+        "409": ("request-in-progress", "lease-lost", "response-not-stored"),
+        "413": ("request-too-large",),
+        "503": ("store-unavailable", "transient-conflict", "database-unavailable"),
+    }.items():
+        for slug in slugs:
+            assert f"`{slug}`" in responses[code]["description"]
+    assert set(problems_by_status()) == {400, 409, 413, 422, 503}
 
 
 def _examples(test: Any) -> list[str]:
@@ -238,8 +281,11 @@ def test_extend_schema_on_the_method_is_kept_and_extended(schema: dict[str, Any]
     operation = schema["paths"]["/decorated/"]["post"]
     assert operation["summary"] == "Charge with a hand-written 400"
     assert key_parameter(operation)["required"] is True  # type: ignore[index]
-    # The view's own 400 stays as written; the others are added.
-    assert operation["responses"]["400"] == {"description": "The amount is not valid."}
+    # The view's own 400 description comes first; the problem types and media types are added.
+    bad_request = operation["responses"]["400"]
+    assert bad_request["description"].startswith("The amount is not valid.\n\n")
+    assert "`invalid-key`" in bad_request["description"]
+    assert set(bad_request["content"]) == {"application/problem+json", "application/json"}
     assert "409" in operation["responses"]
     assert "422" in operation["responses"]
 
