@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,9 +25,17 @@ from rest_framework.routers import SimpleRouter
 from rest_framework.views import APIView
 
 import django_idempotency.contrib.spectacular  # noqa: F401  (registers the extension)
-from django_idempotency.contrib.spectacular import IdempotencyAutoSchema
+from django_idempotency import errors as errors_module
+from django_idempotency.contrib.spectacular import (
+    IdempotencyAutoSchema,
+    _error_classes,
+    problems_by_status,
+)
+from django_idempotency.errors import IdempotencyError
 from django_idempotency.mixins import IdempotencyMixin
 from example_project.payments.views import ChargeView
+
+from . import test_header
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECTACULAR = {
@@ -77,6 +86,17 @@ def build_urls() -> list[Any]:
     class PlainView(generics.CreateAPIView[Any]):
         serializer_class = AmountSerializer
 
+    class UndocumentedView(IdempotencyMixin, generics.CreateAPIView[Any]):
+        serializer_class = AmountSerializer
+
+    class DocumentedBase(APIView):
+        """Charges, from the base view."""
+
+    class InheritedDocView(IdempotencyMixin, DocumentedBase):
+        @extend_schema(request=AmountSerializer, responses={201: AmountSerializer})
+        def post(self, request: Request) -> Response:
+            return Response(request.data, status=201)
+
     @extend_schema_view(create=extend_schema(summary="Create a payout"))
     class PayoutViewSet(IdempotencyMixin, mixins.CreateModelMixin, viewsets.GenericViewSet[Any]):
         serializer_class = AmountSerializer
@@ -93,6 +113,8 @@ def build_urls() -> list[Any]:
         path("put-only/", PutOnlyView.as_view()),
         path("decorated/", DecoratedView.as_view()),
         path("plain/", PlainView.as_view()),
+        path("undocumented/", UndocumentedView.as_view()),
+        path("inherited-doc/", InheritedDocView.as_view()),
         *router.urls,
     ]
 
@@ -123,7 +145,12 @@ def test_required_key_on_a_view_that_requires_it(schema: dict[str, Any]) -> None
     parameter = key_parameter(operation)
     assert parameter is not None
     assert parameter["required"] is True
-    assert parameter["schema"] == {"type": "string", "minLength": 1, "maxLength": 255}
+    key_schema = parameter["schema"]
+    assert key_schema["type"] == "string"
+    assert key_schema["minLength"] == 1
+    bare, quoted = key_schema["oneOf"]
+    assert bare["maxLength"] == 255
+    assert {"pattern"} <= set(quoted)
     assert key_parameter(schema["paths"]["/charges/"]["get"]) is None  # GET does not take part
 
 
@@ -138,23 +165,106 @@ def test_optional_key_follows_the_setting(schema: dict[str, Any]) -> None:
 
 def test_problem_responses_and_headers(schema: dict[str, Any]) -> None:
     responses = schema["paths"]["/charges/"]["post"]["responses"]
-    assert set(responses) >= {"201", "400", "409", "422"}
+    assert set(responses) >= {"201", "400", "409", "413", "422", "503"}
     ref = {"$ref": "#/components/schemas/IdempotencyProblem"}
-    for code in ("400", "409", "422"):
-        content = responses[code]["content"]
-        assert list(content) == ["application/problem+json"]
-        assert content["application/problem+json"]["schema"] == ref
-        assert content["application/problem+json"]["example"]["status"] == int(code)
-    assert responses["409"]["headers"]["Retry-After"]["schema"] == {"type": "integer"}
-    assert responses["422"]["content"]["application/problem+json"]["example"]["type"].endswith(
-        "/key-reused"
-    )
+    for code in ("400", "409", "413", "422", "503"):
+        problem = responses[code]["content"]["application/problem+json"]
+        assert problem["schema"] == ref
+        assert problem["examples"]
+        for example in problem["examples"].values():
+            assert example["value"]["status"] == int(code)
+    for code in ("409", "413", "422", "503"):
+        assert list(responses[code]["content"]) == ["application/problem+json"]
+    for code in ("409", "503"):
+        assert responses[code]["headers"]["Retry-After"]["schema"] == {"type": "integer"}
+    assert "headers" not in responses["422"]
+    key_reused = responses["422"]["content"]["application/problem+json"]["examples"]
+    assert key_reused["key-reused"]["value"]["type"].endswith("/key-reused")
     assert responses["201"]["headers"]["Idempotent-Replayed"]["schema"] == {
         "type": "string",
         "enum": ["true"],
     }
-    problem = schema["components"]["schemas"]["IdempotencyProblem"]
-    assert problem["required"] == ["type", "title", "status", "detail"]
+    problem_component = schema["components"]["schemas"]["IdempotencyProblem"]
+    assert problem_component["required"] == ["type", "title", "status", "detail"]
+
+
+def test_the_400_is_problem_json_and_drf_json(schema: dict[str, Any]) -> None:
+    """The protocol's own 400s are problem+json; DRF's validation 400s application/json."""
+    content = schema["paths"]["/charges/"]["post"]["responses"]["400"]["content"]
+    assert list(content) == ["application/problem+json", "application/json"]
+    assert content["application/json"]["schema"]["type"] == "object"
+    assert content["application/json"]["schema"]["additionalProperties"] == {}
+
+
+def test_every_problem_status_is_declared_with_its_types(schema: dict[str, Any]) -> None:
+    responses = schema["paths"]["/charges/"]["post"]["responses"]
+    errors = _error_classes()
+    assert len(errors) >= 12
+    assert set(errors) == {
+        cls
+        for cls in vars(errors_module).values()
+        if isinstance(cls, type) and issubclass(cls, IdempotencyError)
+    } - {IdempotencyError}
+    for error in errors:
+        response = responses[str(error.status)]
+        assert f"`{error.slug}`" in response["description"]
+        assert error.slug in response["content"]["application/problem+json"]["examples"]
+    # The ones the issue named, where it named them.
+    for code, slugs in {
+        "400": ("missing-key", "invalid-key", "credentials-not-authenticated", "invalid-body"),
+        "409": ("request-in-progress", "lease-lost", "response-not-stored"),
+        "413": ("request-too-large",),
+        "503": ("store-unavailable", "transient-conflict", "database-unavailable"),
+    }.items():
+        for slug in slugs:
+            assert f"`{slug}`" in responses[code]["description"]
+    assert set(problems_by_status()) == {400, 409, 413, 422, 503}
+
+
+def _examples(test: Any) -> list[str]:
+    (mark,) = [m for m in test.pytestmark if m.name == "parametrize"]
+    return [raw for raw, _ in mark.args[1]]
+
+
+def _matches(key_schema: dict[str, Any], value: str) -> bool:
+    """Validation of ``value`` by the header's schema: minLength, then exactly one of
+    the two forms (a pattern is searched for, as JSON Schema does; both are anchored)."""
+    if len(value) < key_schema["minLength"]:
+        return False
+    hits = [
+        form
+        for form in key_schema["oneOf"]
+        if re.search(form["pattern"], value) and len(value) <= form.get("maxLength", len(value))
+    ]
+    return len(hits) == 1
+
+
+def test_the_key_schema_follows_parse_key(schema: dict[str, Any]) -> None:
+    """Every header value parse_key accepts matches the schema; every one it refuses
+    does not. HTTP removes the whitespace around a field value (RFC 9110 section 5.5)
+    before the schema applies, so the examples are stripped as parse_key strips them."""
+    key_schema = key_parameter(schema["paths"]["/charges/"]["post"])["schema"]  # type: ignore[index]
+    accepted = _examples(test_header.test_parse_key_accepts)
+    refused = _examples(test_header.test_parse_key_rejects)
+    assert len(accepted) > 15 and len(refused) > 40
+    for raw in accepted:
+        assert _matches(key_schema, raw.strip(" \t")), raw
+    for raw in refused:
+        assert not _matches(key_schema, raw.strip(" \t")), raw
+    for pattern in (form["pattern"] for form in key_schema["oneOf"]):
+        assert pattern.startswith("^") and pattern.endswith("$")
+        assert '\\"' not in pattern.replace("\\\\", "")  # no \" escape: invalid in ECMA u mode
+
+
+def test_a_view_without_a_docstring_gets_no_mixin_docstring(schema: dict[str, Any]) -> None:
+    mixin_doc = IdempotencyMixin.__doc__.split("\n")[0]  # type: ignore[union-attr]
+    for url, operations in schema["paths"].items():
+        for operation in operations.values():
+            assert mixin_doc not in operation.get("description", ""), url
+    assert "description" not in schema["paths"]["/undocumented/"]["post"]
+    assert schema["paths"]["/optional/"]["post"]["description"] == "Create with an optional key."
+    inherited = schema["paths"]["/inherited-doc/"]["post"]
+    assert inherited["description"] == "Charges, from the base view."
 
 
 def test_only_the_methods_the_view_honours(schema: dict[str, Any]) -> None:
@@ -171,8 +281,11 @@ def test_extend_schema_on_the_method_is_kept_and_extended(schema: dict[str, Any]
     operation = schema["paths"]["/decorated/"]["post"]
     assert operation["summary"] == "Charge with a hand-written 400"
     assert key_parameter(operation)["required"] is True  # type: ignore[index]
-    # The view's own 400 stays as written; the others are added.
-    assert operation["responses"]["400"] == {"description": "The amount is not valid."}
+    # The view's own 400 description comes first; the problem types and media types are added.
+    bad_request = operation["responses"]["400"]
+    assert bad_request["description"].startswith("The amount is not valid.\n\n")
+    assert "`invalid-key`" in bad_request["description"]
+    assert set(bad_request["content"]) == {"application/problem+json", "application/json"}
     assert "409" in operation["responses"]
     assert "422" in operation["responses"]
 

@@ -4,10 +4,14 @@ Every DRF view that uses :class:`~django_idempotency.mixins.IdempotencyMixin`
 gets, on the methods that honour the header:
 
 * the ``Idempotency-Key`` request header parameter (required when the view
-  requires it);
-* the ``400``, ``409`` and ``422`` ``application/problem+json`` responses, with
-  ``Retry-After`` on the ``409``;
-* the ``Idempotent-Replayed`` header on its success responses.
+  requires it), with the patterns of its bare and quoted (RFC 8941) forms;
+* one ``application/problem+json`` response per status the protocol answers
+  with (``400``, ``409``, ``413``, ``422``, ``503``), built from the problem types
+  in :mod:`django_idempotency.errors`, with ``Retry-After`` on the ``409`` and
+  ``503``; the ``400`` also as ``application/json``, DRF's own validation errors;
+  what the view declares for a status is kept and added to;
+* the ``Idempotent-Replayed`` header on its success responses;
+* no ``IdempotencyMixin`` docstring as the description of a view without one.
 
 This module is loaded by the app when ``drf_spectacular`` is in
 ``INSTALLED_APPS``; its :class:`IdempotencyViewExtension` then applies the above
@@ -19,17 +23,19 @@ to each such view, on top of whatever schema class the view uses. Alternatively
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable
 from typing import Any
 
 from drf_spectacular.extensions import OpenApiViewExtension
 from drf_spectacular.openapi import AutoSchema
-from drf_spectacular.plumbing import ResolvedComponent, get_class
+from drf_spectacular.plumbing import ResolvedComponent, get_class, get_doc
+from drf_spectacular.settings import spectacular_settings
 
 from ..conf import conf
 from ..engine import Options
-from ..errors import PROBLEM_BASE, FingerprintMismatch, InvalidKey, RequestInProgress
+from ..errors import PROBLEM_BASE, IdempotencyError
 from ..header import MAX_KEY_LENGTH
 from ..mixins import IdempotencyMixin
 from ..responses import PROBLEM_CONTENT_TYPE, REPLAYED_HEADER
@@ -48,21 +54,85 @@ PROBLEM_SCHEMA: dict[str, Any] = {
     "required": ["type", "title", "status", "detail"],
 }
 
-#: The problem responses added to each idempotent operation: code → (description, error).
-PROBLEMS: dict[str, tuple[str, type[Exception]]] = {
-    "400": (
-        "The Idempotency-Key header is missing (where required) or invalid.",
-        InvalidKey,
-    ),
-    "409": (
-        "A request with the same Idempotency-Key is still in progress; retry after "
-        "Retry-After seconds.",
-        RequestInProgress,
-    ),
-    "422": (
-        "The Idempotency-Key was already used with a different request.",
-        FingerprintMismatch,
-    ),
+#: What each status means, ahead of the list of its problem types (built from errors.py).
+STATUS_SUMMARIES: dict[int, str] = {
+    400: "The Idempotency-Key protocol refused the request before the view ran.",
+    409: "The Idempotency-Key's request cannot be answered with its result now: it is still "
+    "in progress (retry after Retry-After seconds), its claim was lost (its changes were "
+    "rolled back: retry), or it completed without a stored response (do not repeat it).",
+    413: "The request body is too large to be fingerprinted.",
+    422: "The Idempotency-Key was already used with a different request.",
+    503: "A dependency failed and the request was not processed, or its changes were rolled "
+    "back; retry with the same Idempotency-Key after Retry-After seconds.",
+}
+
+#: Statuses whose answers may carry ``Retry-After``.
+RETRY_AFTER_STATUSES = frozenset({409, 503})
+
+#: DRF's own 400s (serializer validation, a parse error) are ``application/json``.
+DRF_ERROR_CONTENT_TYPE = "application/json"
+DRF_ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": {},
+    "description": "DRF's own error document (validation errors by field, or ``detail``).",
+}
+
+
+def _error_classes() -> list[type[IdempotencyError]]:
+    """Every concrete IdempotencyError subclass, in definition order."""
+    found: list[type[IdempotencyError]] = []
+    pending = list(IdempotencyError.__subclasses__())
+    while pending:
+        cls = pending.pop(0)
+        if cls not in found:
+            found.append(cls)
+        pending.extend(cls.__subclasses__())
+    return found
+
+
+def problems_by_status() -> dict[int, list[type[IdempotencyError]]]:
+    """The problem types this app answers with, grouped by status (lowest first)."""
+    grouped: dict[int, list[type[IdempotencyError]]] = {}
+    for cls in _error_classes():
+        grouped.setdefault(cls.status, []).append(cls)
+    return dict(sorted(grouped.items()))
+
+
+def problem_description(status: int, errors: list[type[IdempotencyError]]) -> str:
+    """The response description for ``status``: what it means, then each problem type."""
+    lines = [STATUS_SUMMARIES.get(status, "An Idempotency-Key problem."), ""]
+    lines += [f"- `{error.slug}`: {error.title}." for error in errors]
+    if status == 400:
+        lines += ["", f"DRF's own 400s (validation errors) come as `{DRF_ERROR_CONTENT_TYPE}`."]
+    return "\n".join(lines)
+
+
+# The Idempotency-Key header value (what header.parse_key accepts, after HTTP's own
+# removal of surrounding whitespace), as ECMA-262 patterns that Python's re reads alike.
+#: The bare form: 1-255 visible ASCII characters, without ',' or ';', not starting with '"'.
+BARE_KEY_PATTERN = r"^[\x21\x23-\x2B\x2D-\x3A\x3C-\x7E][\x21-\x2B\x2D-\x3A\x3C-\x7E]{0,254}$"
+_SF_STRING_CHAR = r'(?:[\x20\x21\x23-\x5B\x5D-\x7E]|\\["\\])'
+_KEY_CHAR = r'(?:[\x21\x23-\x5B\x5D-\x7E]|\\["\\])'  # a space is not allowed in the key
+_BASE64 = r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}(?:==)?|[A-Za-z0-9+/]{3}=?)?"
+_BARE_ITEM = (
+    r"(?:-?[0-9]{1,12}\.[0-9]{1,3}|-?[0-9]{1,15}"  # decimal, integer
+    r'|"' + _SF_STRING_CHAR + r'*"'  # string
+    r"|[A-Za-z*][A-Za-z0-9!#$%&'*+.^_`|~:/-]*"  # token
+    r"|\?[01]"  # boolean
+    r"|:" + _BASE64 + r":)"  # byte sequence
+)
+_PARAMETER = r";[ ]*[a-z*][a-z0-9_.*-]*(?:=" + _BARE_ITEM + r")?"
+#: The RFC 8941 sf-string form: 1-255 visible ASCII characters between quotes (``\"``
+#: and ``\\`` escaped), optionally followed by parameters, which are ignored.
+QUOTED_KEY_PATTERN = r'^"' + _KEY_CHAR + r'{1,255}"(?:' + _PARAMETER + r")*$"
+
+KEY_SCHEMA: dict[str, Any] = {
+    "type": "string",
+    "minLength": 1,
+    "oneOf": [
+        {"title": "Bare key", "pattern": BARE_KEY_PATTERN, "maxLength": MAX_KEY_LENGTH},
+        {"title": "Quoted key (RFC 8941 sf-string)", "pattern": QUOTED_KEY_PATTERN},
+    ],
 }
 
 
@@ -107,6 +177,23 @@ class IdempotencySchemaMixin:
         self._add_replayed_header(operation)
         return operation
 
+    def get_description(self, *args: Any, **kwargs: Any) -> str:
+        """The operation's description, never ``IdempotencyMixin``'s own docstring, which
+        drf-spectacular would otherwise take (from the view's bases) for a view without
+        one; the next docstring in the bases is used instead, as for any other view."""
+        description: str = super().get_description(*args, **kwargs)  # type: ignore[misc]
+        if not isinstance(self.view, IdempotencyMixin) or description != get_doc(IdempotencyMixin):
+            return description
+        mro = type(self.view).__mro__
+        barrier = min(
+            (mro.index(c) for c in spectacular_settings.GET_LIB_DOC_EXCLUDES() if c in mro),
+            default=len(mro),
+        )
+        for cls in mro[:barrier]:
+            if cls.__doc__ and cls is not IdempotencyMixin:
+                return get_doc(cls)
+        return ""
+
     def _add_key_parameter(self, operation: dict[str, Any], required: bool) -> None:
         header = conf.HEADER
         parameters = operation.setdefault("parameters", [])
@@ -120,7 +207,7 @@ class IdempotencySchemaMixin:
                 "in": "header",
                 "name": header,
                 "required": required,
-                "schema": {"type": "string", "minLength": 1, "maxLength": MAX_KEY_LENGTH},
+                "schema": copy.deepcopy(KEY_SCHEMA),
                 "description": (
                     "A unique key per operation (a UUID, for example), sent again unchanged "
                     "with every retry of the same request. The first request with a key runs; "
@@ -143,33 +230,51 @@ class IdempotencySchemaMixin:
         return component.ref
 
     def _add_problem_responses(self, operation: dict[str, Any]) -> None:
+        """One response per status the protocol answers with. What the view declares
+        for a status is kept: its description comes first, its content and headers
+        stay, and only the media types and headers it lacks are added."""
         responses = operation.setdefault("responses", {})
         ref = self._problem_ref()
-        for code, (description, error) in PROBLEMS.items():
-            if code in responses:
-                continue  # the view documents this status itself
-            response: dict[str, Any] = {
-                "description": description,
-                "content": {
-                    PROBLEM_CONTENT_TYPE: {
-                        "schema": ref,
-                        "example": {
-                            "type": PROBLEM_BASE + error.slug,  # type: ignore[attr-defined]
-                            "title": error.title,  # type: ignore[attr-defined]
-                            "status": int(code),
-                            "detail": error.default_detail,  # type: ignore[attr-defined]
-                        },
-                    }
-                },
+        for status, errors in problems_by_status().items():
+            code = str(status)
+            content: dict[str, Any] = {
+                PROBLEM_CONTENT_TYPE: {
+                    "schema": ref,
+                    "examples": {
+                        error.slug: {
+                            "summary": error.title,
+                            "value": {
+                                "type": PROBLEM_BASE + error.slug,
+                                "title": error.title,
+                                "status": status,
+                                "detail": error.default_detail,
+                            },
+                        }
+                        for error in errors
+                    },
+                }
             }
-            if code == "409":
-                response["headers"] = {
-                    "Retry-After": {
+            if status == 400:
+                content[DRF_ERROR_CONTENT_TYPE] = {"schema": dict(DRF_ERROR_SCHEMA)}
+            description = problem_description(status, errors)
+            response = responses.get(code)
+            if not isinstance(response, dict) or "$ref" in response:
+                if response is not None:
+                    continue  # a referenced response: the view's own, left as it is
+                response = responses[code] = {}
+            own = str(response.get("description") or "").strip()
+            response["description"] = f"{own}\n\n{description}" if own else description
+            merged = response.setdefault("content", {})
+            for media_type, entry in content.items():
+                merged.setdefault(media_type, entry)
+            if status in RETRY_AFTER_STATUSES:
+                response.setdefault("headers", {}).setdefault(
+                    "Retry-After",
+                    {
                         "description": "Seconds to wait before retrying with the same key.",
                         "schema": {"type": "integer"},
-                    }
-                }
-            responses[code] = response
+                    },
+                )
 
     def _add_replayed_header(self, operation: dict[str, Any]) -> None:
         for code, response in operation.get("responses", {}).items():
