@@ -1,7 +1,8 @@
 """Duplicates that wait for the first request's answer (``WAIT``), through real servers.
 
 Each strategy (``redis`` and ``hybrid`` on a node and on a Redis Cluster too) runs the
-example payments API under gunicorn (3 workers x 8 threads) with a 500 ms payment call, and every test counts the charges committed afterwards:
+example payments API under gunicorn (3 workers x 8 threads) with a 500 ms payment call,
+and every test counts the charges committed afterwards:
 
 * 20 concurrent duplicates with ``WAIT=5``: one execution, 19 replays, no 409;
 * the first request fails (the provider raises: a 500): one waiter runs the view, the
