@@ -312,6 +312,16 @@ def test_the_header_name_setting(schema: dict[str, Any]) -> None:
     assert "Idempotency-Key" not in names
 
 
+def test_the_problem_examples_follow_the_base_uri_setting() -> None:
+    """The examples' ``type`` URIs are the ones the responses carry."""
+    base = "https://errors.example.com/idempotency/"
+    with override_settings(REST_FRAMEWORK=SPECTACULAR, IDEMPOTENCY={"PROBLEM_BASE_URI": base}):
+        renamed = generate(build_urls())
+    responses = renamed["paths"]["/charges/"]["post"]["responses"]
+    examples = responses["422"]["content"]["application/problem+json"]["examples"]
+    assert examples["key-reused"]["value"]["type"] == base + "key-reused"
+
+
 def test_as_default_schema_class_without_double_entries() -> None:
     """IdempotencyAutoSchema as DEFAULT_SCHEMA_CLASS and the extension together add
     each entry once."""

@@ -244,7 +244,7 @@ class IdempotencySchemaMixin:
                         error.slug: {
                             "summary": error.title,
                             "value": {
-                                "type": PROBLEM_BASE + error.slug,
+                                "type": error().type_uri,
                                 "title": error.title,
                                 "status": status,
                                 "detail": error.default_detail,
