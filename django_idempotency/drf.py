@@ -41,13 +41,14 @@ def idempotent_api_view(
     lock_timeout: float | None = None,
     scope: Callable[[HttpRequest], str] | None = None,
     strategy: str | None = None,
+    wait: float | None = None,
 ) -> Callable[[Callable[..., Any]], Any]:
     """DRF's ``@api_view(http_method_names)`` with the Idempotency-Key protocol.
 
     ``http_method_names`` are the methods the view answers (default ``["GET"]``, as for
     ``@api_view``); ``methods`` those that honour the header (default
-    ``IDEMPOTENCY["METHODS"]``). ``required``, ``ttl``, ``lock_timeout`` and ``strategy``
-    are ``@idempotent``'s; ``scope`` is a ``(request) -> str`` callable given DRF's
+    ``IDEMPOTENCY["METHODS"]``). ``required``, ``ttl``, ``lock_timeout``, ``strategy`` and
+    ``wait`` are ``@idempotent``'s; ``scope`` is a ``(request) -> str`` callable given DRF's
     authenticated request (default: the user).
     """
     # A string would be split into letters by api_view's method loop.
@@ -67,6 +68,7 @@ def idempotent_api_view(
             "idempotency_ttl": ttl,
             "idempotency_lock_timeout": lock_timeout,
             "idempotency_strategy": strategy,
+            "idempotency_wait": wait,
         }
         if scope is not None:
             scope_func = scope

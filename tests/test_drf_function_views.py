@@ -96,7 +96,9 @@ def test_a_validation_error_is_stored_and_replayed(alice: Any) -> None:
 
 
 def test_methods_and_options_are_passed_on(alice: Any) -> None:
-    @idempotent_api_view(["GET", "PUT"], methods=["PUT"], ttl=60, scope=lambda r: "tenant:7")
+    @idempotent_api_view(
+        ["GET", "PUT"], methods=["PUT"], ttl=60, wait=2, scope=lambda r: "tenant:7"
+    )
     @permission_classes([AllowAny])
     def view(request: Request) -> Response:
         """Puts a thing."""
@@ -107,6 +109,7 @@ def test_methods_and_options_are_passed_on(alice: Any) -> None:
     assert {"get", "put", "options"} <= set(view.cls.http_method_names)
     assert "post" not in view.cls.http_method_names
     assert view.cls.idempotency_ttl == 60
+    assert view.cls.idempotency_wait == 2
     from django.test import RequestFactory
 
     factory = RequestFactory()
