@@ -70,10 +70,12 @@ def forget_queued_drains() -> Iterator[None]:
         delete_queue(queue)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _stop_wait_listeners(django_db_setup: None) -> Iterator[None]:
-    """The WAIT listeners hold connections of their own to the test database: stop them
-    before pytest-django drops it (set up after the databases, so torn down before)."""
+@pytest.fixture(autouse=True)
+def _stop_wait_listeners() -> Iterator[None]:
+    """A WAIT listener (started by any request whose view waits) holds a connection of its
+    own to the test database: stop it after each test, so that it neither leaks into the
+    next test (which may count the database's connections) nor keeps pytest-django from
+    dropping the database."""
     yield
     from django_idempotency import waiting
 
