@@ -1,0 +1,13 @@
+from django.urls import path
+
+from control.orders.views import IdempotentOrderList, OrderList
+
+STRATEGIES = ("db", "advisory_lock", "redis", "hybrid")
+
+urlpatterns = [
+    path("plain/orders/", OrderList.as_view()),
+    *(
+        path(f"{name}/orders/", IdempotentOrderList.as_view(idempotency_strategy=name))
+        for name in STRATEGIES
+    ),
+]

@@ -1,0 +1,202 @@
+"""Client CPU per request: the control DRF view with and without the mixin, in-process.
+
+Each route of the control project (benchmarks/control) is called through Django's
+test client in this process; ``time.process_time()`` over ``--requests`` requests
+gives the CPU each costs here: Django, DRF, the library, psycopg and redis-py, not
+PostgreSQL's or Redis's own work. The routes are interleaved (the order rotates
+every round) and each round's ratio is taken against the plain view of that round.
+
+* ``plain``: ``ListCreateAPIView`` + ``ModelSerializer``, token auth, one ``INSERT``;
+* ``<strategy>``: the same view with ``IdempotencyMixin``, a fresh key per request;
+* ``<strategy>-replay``: the same view, one key already completed (a replay).
+
+    .venv/bin/python benchmarks/cpu.py [--strategies db,advisory_lock,redis,hybrid]
+        [--rounds 7] [--requests 300] [--profile ROUTE] [--only ROUTE --wrap COMMAND]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
+
+from control.bench import (  # noqa: E402
+    BODY,
+    STRATEGIES,
+    TOKEN,
+    clean_redis,
+    control_database,
+    control_env,
+    setup_django,
+)
+
+
+def routes(strategies: list[str], replay: bool) -> list[str]:
+    names = ["plain", *strategies]
+    if replay:
+        names += [f"{s}-replay" for s in strategies]
+    return names
+
+
+def worker(args: argparse.Namespace) -> int:
+    """Runs in a child process with the control project's environment."""
+    setup_django()
+    from django.test import Client
+
+    client = Client()
+    headers = {"HTTP_AUTHORIZATION": f"Token {TOKEN}"}
+    run = uuid.uuid4().hex[:8]
+    counter = iter(range(10**9))
+
+    def call(route: str) -> None:
+        strategy, _, mode = route.partition("-")
+        path = f"/{strategy}/orders/"
+        if strategy == "plain":
+            response = client.post(path, BODY, content_type="application/json", **headers)
+        else:
+            key = f"{run}-{strategy}-replay" if mode else f"{run}-{next(counter)}"
+            response = client.post(
+                path, BODY, content_type="application/json", HTTP_IDEMPOTENCY_KEY=key, **headers
+            )
+        if response.status_code != 201:
+            raise SystemExit(f"{route}: HTTP {response.status_code} {response.content[:300]!r}")
+
+    names = routes(args.strategies, not args.no_replay)
+    for name in names:  # warm up: connections, caches, the replay keys
+        for _ in range(20):
+            call(name)
+
+    if args.statements:
+        print_statements(names, call)
+        return 0
+
+    if args.profile or args.only:
+        route = args.profile or args.only
+        if args.profile:
+            import cProfile
+            import pstats
+
+            profiler = cProfile.Profile(time.process_time)
+            profiler.enable()
+            for _ in range(args.requests):
+                call(route)
+            profiler.disable()
+            stats = pstats.Stats(profiler).sort_stats(args.sort)
+            stats.print_stats(*( [args.filter] if args.filter else []), args.lines)
+        else:
+            for _ in range(args.requests):
+                call(route)
+        return 0
+
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(args.rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            gc.collect()
+            started = time.process_time()
+            for _ in range(args.requests):
+                call(name)
+            samples[name].append((time.process_time() - started) / args.requests * 1000)
+    print(f"{'route':<22} {'CPU ms/request':>15} {'ratio to plain':>15}  min–max of the rounds")
+    plain = samples["plain"]
+    for name in names:
+        ratios = [p / s for p, s in zip(plain, samples[name], strict=True)]
+        added = [s - p for p, s in zip(plain, samples[name], strict=True)]
+        print(
+            f"{name:<22} {statistics.median(samples[name]):15.3f} "
+            f"{statistics.median(ratios):15.2f}  {min(ratios):.2f}–{max(ratios):.2f}"
+            + (f"   adds {statistics.median(added) * 1000:5.0f} µs" if name != "plain" else "")
+        )
+    return 0
+
+
+def print_statements(names: list[str], call: Callable[[str], None]) -> None:
+    """The SQL statements and Redis commands one request of each route sends."""
+    from django.db import connection
+    from redis.connection import Connection
+
+    for name in names:
+        sent: list[str] = []
+
+        def wrapper(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+            sent.append(" ".join(sql.split())[:110])
+            return execute(sql, params, many, context)
+
+        real_send = Connection.send_packed_command
+        real_pack = Connection.pack_commands
+
+        def pack_commands(self, commands):  # type: ignore[no-untyped-def]
+            sent.append("redis pipeline: " + " ".join(str(c[0]) for c in commands))
+            return real_pack(self, commands)
+
+        def send_packed_command(self, command, check_health=True):  # type: ignore[no-untyped-def]
+            if isinstance(command, list) and len(command) == 1 or isinstance(command, bytes):
+                head = command if isinstance(command, bytes) else command[0]
+                sent.append("redis: " + bytes(head)[:60].decode(errors="replace").split("\r\n")[2])
+            return real_send(self, command, check_health)
+
+        Connection.send_packed_command = send_packed_command  # type: ignore[method-assign]
+        Connection.pack_commands = pack_commands  # type: ignore[method-assign]
+        try:
+            with connection.execute_wrapper(wrapper):
+                call(name)
+        finally:
+            Connection.send_packed_command = real_send  # type: ignore[method-assign]
+            Connection.pack_commands = real_pack  # type: ignore[method-assign]
+        print(f"{name}: {len(sent)} statements and commands")
+        for line in sent:
+            print("   ", line)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--strategies", default=",".join(STRATEGIES))
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--no-replay", action="store_true")
+    parser.add_argument(
+        "--statements", action="store_true", help="print the SQL and Redis commands per request"
+    )
+    parser.add_argument("--profile", default="", help="cProfile one route instead")
+    parser.add_argument("--sort", default="cumulative")
+    parser.add_argument("--lines", type=int, default=60)
+    parser.add_argument("--filter", default="", help="only functions whose path matches")
+    parser.add_argument("--only", default="", help="run one route only (for --wrap)")
+    parser.add_argument(
+        "--wrap", default="", help='a command the worker runs under, e.g. "py-spy record -o x --"'
+    )
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.strategies = [s for s in args.strategies.split(",") if s]
+    if args.worker:
+        return worker(args)
+    print(
+        f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; {args.rounds} rounds × "
+        f"{args.requests} requests per route, ratio = plain CPU ÷ route CPU",
+        flush=True,
+    )
+    prefix = f"idem-bench-{os.getpid()}"
+    with control_database() as url:
+        try:
+            command = [sys.executable, __file__, "--worker", *sys.argv[1:]]
+            if args.wrap:
+                command = [*shlex.split(args.wrap), *command]
+            return subprocess.run(command, env=control_env(url, prefix), check=False).returncode
+        finally:
+            clean_redis(prefix)
+            print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
