@@ -92,7 +92,7 @@ def worker(args: argparse.Namespace) -> int:
                 call(route)
             profiler.disable()
             stats = pstats.Stats(profiler).sort_stats(args.sort)
-            stats.print_stats(*( [args.filter] if args.filter else []), args.lines)
+            stats.print_stats(*([args.filter] if args.filter else []), args.lines)
         else:
             for _ in range(args.requests):
                 call(route)
@@ -107,14 +107,14 @@ def worker(args: argparse.Namespace) -> int:
             for _ in range(args.requests):
                 call(name)
             samples[name].append((time.process_time() - started) / args.requests * 1000)
-    print(f"{'route':<22} {'CPU ms/request':>15} {'ratio to plain':>15}  min–max of the rounds")
+    print(f"{'route':<22} {'CPU ms/request':>15} {'ratio to plain':>15}  min-max of the rounds")
     plain = samples["plain"]
     for name in names:
         ratios = [p / s for p, s in zip(plain, samples[name], strict=True)]
         added = [s - p for p, s in zip(plain, samples[name], strict=True)]
         print(
             f"{name:<22} {statistics.median(samples[name]):15.3f} "
-            f"{statistics.median(ratios):15.2f}  {min(ratios):.2f}–{max(ratios):.2f}"
+            f"{statistics.median(ratios):15.2f}  {min(ratios):.2f}-{max(ratios):.2f}"
             + (f"   adds {statistics.median(added) * 1000:5.0f} µs" if name != "plain" else "")
         )
     return 0
@@ -125,41 +125,43 @@ def print_statements(names: list[str], call: Callable[[str], None]) -> None:
     from django.db import connection
     from redis.connection import Connection
 
-    for name in names:
-        sent: list[str] = []
+    sent: list[str] = []
+    real_send = Connection.send_packed_command
+    real_pack = Connection.pack_commands
 
-        def wrapper(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
-            sent.append(" ".join(sql.split())[:110])
-            return execute(sql, params, many, context)
+    def wrapper(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        sent.append(" ".join(sql.split())[:110])
+        return execute(sql, params, many, context)
 
-        real_send = Connection.send_packed_command
-        real_pack = Connection.pack_commands
+    def pack_commands(self, commands):  # type: ignore[no-untyped-def]
+        sent.append("redis pipeline: " + " ".join(str(c[0]) for c in commands))
+        return real_pack(self, commands)
 
-        def pack_commands(self, commands):  # type: ignore[no-untyped-def]
-            sent.append("redis pipeline: " + " ".join(str(c[0]) for c in commands))
-            return real_pack(self, commands)
+    def send_packed_command(self, command, check_health=True):  # type: ignore[no-untyped-def]
+        if isinstance(command, bytes) or (isinstance(command, list) and len(command) == 1):
+            head = command if isinstance(command, bytes) else command[0]
+            sent.append("redis: " + bytes(head)[:60].decode(errors="replace").split("\r\n")[2])
+        return real_send(self, command, check_health)
 
-        def send_packed_command(self, command, check_health=True):  # type: ignore[no-untyped-def]
-            if isinstance(command, list) and len(command) == 1 or isinstance(command, bytes):
-                head = command if isinstance(command, bytes) else command[0]
-                sent.append("redis: " + bytes(head)[:60].decode(errors="replace").split("\r\n")[2])
-            return real_send(self, command, check_health)
-
-        Connection.send_packed_command = send_packed_command  # type: ignore[method-assign]
-        Connection.pack_commands = pack_commands  # type: ignore[method-assign]
-        try:
+    Connection.send_packed_command = send_packed_command  # type: ignore[method-assign]
+    Connection.pack_commands = pack_commands  # type: ignore[method-assign]
+    try:
+        for name in names:
+            sent.clear()
             with connection.execute_wrapper(wrapper):
                 call(name)
-        finally:
-            Connection.send_packed_command = real_send  # type: ignore[method-assign]
-            Connection.pack_commands = real_pack  # type: ignore[method-assign]
-        print(f"{name}: {len(sent)} statements and commands")
-        for line in sent:
-            print("   ", line)
+            print(f"{name}: {len(sent)} statements and commands")
+            for line in sent:
+                print("   ", line)
+    finally:
+        Connection.send_packed_command = real_send  # type: ignore[method-assign]
+        Connection.pack_commands = real_pack  # type: ignore[method-assign]
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--requests", type=int, default=300)
@@ -182,8 +184,8 @@ def main() -> int:
         return worker(args)
     print(
         f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average "
-        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; {args.rounds} rounds × "
-        f"{args.requests} requests per route, ratio = plain CPU ÷ route CPU",
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; {args.rounds} rounds x "
+        f"{args.requests} requests per route, ratio = plain CPU / route CPU",
         flush=True,
     )
     prefix = f"idem-bench-{os.getpid()}"

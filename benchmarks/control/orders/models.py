@@ -8,3 +8,6 @@ class Order(models.Model):
     currency = models.CharField(max_length=3)
     description = models.CharField(max_length=200, blank=True)
     created = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"order {self.pk}: {self.amount} {self.currency}"
