@@ -23,6 +23,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -72,6 +73,8 @@ def worker(args: argparse.Namespace) -> int:
             raise SystemExit(f"{route}: HTTP {response.status_code} {response.content[:300]!r}")
 
     names = routes(args.strategies, not args.no_replay)
+    if args.profile or args.only:
+        names = [args.profile or args.only]
     for name in names:  # warm up: connections, caches, the replay keys
         for _ in range(20):
             call(name)
@@ -91,6 +94,8 @@ def worker(args: argparse.Namespace) -> int:
             for _ in range(args.requests):
                 call(route)
             profiler.disable()
+            if args.dump:
+                profiler.dump_stats(args.dump)
             stats = pstats.Stats(profiler).sort_stats(args.sort)
             stats.print_stats(*([args.filter] if args.filter else []), args.lines)
         else:
@@ -158,6 +163,54 @@ def print_statements(names: list[str], call: Callable[[str], None]) -> None:
         Connection.pack_commands = real_pack  # type: ignore[method-assign]
 
 
+def callgrind_total(command: list[str], env: dict[str, str]) -> int:
+    """Instructions (Ir) that ``command`` executes under ``valgrind --tool=callgrind``."""
+    with tempfile.TemporaryDirectory(prefix="idem-callgrind-") as tmp:
+        out = os.path.join(tmp, "callgrind.out")
+        subprocess.run(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *command],
+            env=env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for line in Path(out).read_text().splitlines():
+            if line.startswith("totals:") or line.startswith("summary:"):
+                return int(line.split()[1])
+    raise RuntimeError("callgrind wrote no totals")
+
+
+def instructions(args: argparse.Namespace, prefix: str) -> int:
+    """Instructions per request of each route: (run with N requests - run with 0) / N,
+    each route in a process of its own under callgrind. User-space instructions only:
+    the kernel's work for each round trip (send, poll, receive) is not in it."""
+    names = routes(args.strategies, not args.no_replay)
+    per_request: dict[str, float] = {}
+    with control_database() as url:
+        try:
+            env = control_env(url, prefix)
+            # Migrate once outside the measured processes.
+            subprocess.run(
+                [sys.executable, __file__, "--worker", "--only", "plain", "--requests", "0"],
+                env=env,
+                check=True,
+            )
+            for name in names:
+                base = [sys.executable, __file__, "--worker", "--only", name]
+                empty = callgrind_total([*base, "--requests", "0"], env)
+                full = callgrind_total([*base, "--requests", str(args.requests)], env)
+                per_request[name] = (full - empty) / args.requests
+                ratio = per_request["plain"] / per_request[name]
+                print(
+                    f"{name:<22} {per_request[name] / 1e6:8.3f} M instructions/request  "
+                    f"ratio to plain {ratio:5.2f}",
+                    flush=True,
+                )
+        finally:
+            clean_redis(prefix)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -169,8 +222,14 @@ def main() -> int:
     parser.add_argument(
         "--statements", action="store_true", help="print the SQL and Redis commands per request"
     )
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="count instructions per request under callgrind instead (load-independent)",
+    )
     parser.add_argument("--profile", default="", help="cProfile one route instead")
     parser.add_argument("--sort", default="cumulative")
+    parser.add_argument("--dump", default="", help="--profile: also write the pstats file")
     parser.add_argument("--lines", type=int, default=60)
     parser.add_argument("--filter", default="", help="only functions whose path matches")
     parser.add_argument("--only", default="", help="run one route only (for --wrap)")
@@ -189,6 +248,8 @@ def main() -> int:
         flush=True,
     )
     prefix = f"idem-bench-{os.getpid()}"
+    if args.instructions:
+        return instructions(args, prefix)
     with control_database() as url:
         try:
             command = [sys.executable, __file__, "--worker", *sys.argv[1:]]

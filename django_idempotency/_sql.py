@@ -433,6 +433,40 @@ class Statements:
             f"RETURNING {q('id')}",
         )
 
+        #: The hybrid strategy's commit guard folded into its outbox insert, on PostgreSQL:
+        #: one statement that deletes a stale ``db`` claim of the key (fencing its owner
+        #: out) and inserts the row only when IdempotencyKey has no live row for the key
+        #: and any in-progress row it had was that stale claim, deleted here. The DELETE
+        #: re-checks staleness on the row's newest version (a renewal or a takeover in
+        #: between keeps it), which the ``fenced`` test then sees. None elsewhere, where
+        #: ``outbox_add`` and ``fence_read``/``fence_delete`` run one after the other.
+        self.outbox_add_fenced: Statement | None = None
+        if connection.vendor == "postgresql":
+            key_where: list[_Part] = [
+                f" WHERE {q('scope')} = ",
+                _Param("scope"),
+                f" AND {q('key')} = ",
+                _Param("key"),
+            ]
+            self.outbox_add_fenced = statement(
+                f"WITH fenced AS (DELETE FROM {table}",
+                *key_where,
+                " AND ",
+                *stale,
+                f" RETURNING 1), key_row AS (SELECT {status} AS status, ",
+                *takeover,
+                f" AS free FROM {table}",
+                *key_where,
+                f") INSERT INTO {outbox} ({', '.join(outbox_columns)}) SELECT ",
+                *_joined([_Param(name) for name in OUTBOX_ADD_COLUMNS]),
+                " WHERE NOT EXISTS (SELECT 1 FROM key_row WHERE NOT key_row.free)",
+                f" AND (NOT EXISTS (SELECT 1 FROM key_row WHERE key_row.status = '{IN_PROGRESS}')",
+                " OR EXISTS (SELECT 1 FROM fenced))",
+                f" ON CONFLICT ({q('scope')}, {q('key')}) DO UPDATE SET {outbox_updates} "
+                f"WHERE {outbox}.{q('expires_at')} <= EXCLUDED.{q('created_at')} "
+                f"RETURNING {q('id')}",
+            )
+
         self.read_converters = _converters(IdempotencyKey, connection, READ_COLUMNS)
 
     def prep(self, name: str, value: Any, connection: BaseDatabaseWrapper) -> Any:

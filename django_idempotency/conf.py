@@ -1,15 +1,20 @@
-"""Settings, read lazily from ``settings.IDEMPOTENCY`` on every access.
+"""Settings, read lazily from ``settings.IDEMPOTENCY``.
 
-Nothing is cached and no default is ever written back into ``settings``, so
-``override_settings(IDEMPOTENCY={...})`` takes effect at once, in tests too.
+Each value is computed on first use and kept until a setting changes (Django's
+``setting_changed`` signal, which ``override_settings`` and pytest-django's
+``settings`` fixture send), so ``override_settings(IDEMPOTENCY={...})`` takes effect
+at once, in tests too, and a request reads each value as one attribute lookup. No
+default is ever written back into ``settings``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import cached_property
 from typing import Any
 
 from django.conf import settings
+from django.core.signals import setting_changed
 
 #: Every key of the ``IDEMPOTENCY`` dict, with its default.
 DEFAULTS: Mapping[str, Any] = {
@@ -110,7 +115,12 @@ DEFAULTS: Mapping[str, Any] = {
 
 
 class IdempotencySettings:
-    """Typed, lazy access to ``settings.IDEMPOTENCY``."""
+    """Typed, lazy access to ``settings.IDEMPOTENCY``; each value is cached on the
+    instance until :meth:`reload` (on any ``setting_changed``)."""
+
+    def reload(self) -> None:
+        """Forget every cached value (they are computed again on next use)."""
+        self.__dict__.clear()
 
     def _get(self, name: str) -> Any:
         user = getattr(settings, "IDEMPOTENCY", None) or {}
@@ -123,151 +133,151 @@ class IdempotencySettings:
         value = getattr(settings, "IDEMPOTENCY", None)
         return value if isinstance(value, Mapping) else {}
 
-    @property
+    @cached_property
     def STRATEGY(self) -> str:
         return str(self._get("STRATEGY"))
 
-    @property
+    @cached_property
     def DATABASE(self) -> str:
         return str(self._get("DATABASE"))
 
-    @property
+    @cached_property
     def HEADER(self) -> str:
         return str(self._get("HEADER"))
 
-    @property
+    @cached_property
     def METHODS(self) -> frozenset[str]:
         return frozenset(str(m).upper() for m in self._get("METHODS"))
 
-    @property
+    @cached_property
     def REQUIRED(self) -> bool:
         return bool(self._get("REQUIRED"))
 
-    @property
+    @cached_property
     def TTL(self) -> float:
         return float(self._get("TTL"))
 
-    @property
+    @cached_property
     def LOCK_TIMEOUT(self) -> float:
         return float(self._get("LOCK_TIMEOUT"))
 
-    @property
+    @cached_property
     def HEARTBEAT_INTERVAL(self) -> float:
         value = self._get("HEARTBEAT_INTERVAL")
         if value is None:
             return self.LOCK_TIMEOUT / 3
         return float(value)
 
-    @property
+    @cached_property
     def WAIT(self) -> float:
         return float(self._get("WAIT"))
 
-    @property
+    @cached_property
     def WAIT_MAX_WAITERS(self) -> int:
         return int(self._get("WAIT_MAX_WAITERS"))
 
-    @property
+    @cached_property
     def WAIT_POLL_INTERVAL(self) -> float:
         return float(self._get("WAIT_POLL_INTERVAL"))
 
-    @property
+    @cached_property
     def RETRY_AFTER(self) -> int | None:
         value = self._get("RETRY_AFTER")
         return None if value is None else int(value)
 
-    @property
+    @cached_property
     def ATOMIC(self) -> bool:
         return bool(self._get("ATOMIC"))
 
-    @property
+    @cached_property
     def STORE_SERVER_ERRORS(self) -> bool:
         return bool(self._get("STORE_SERVER_ERRORS"))
 
-    @property
+    @cached_property
     def STORED_HEADERS(self) -> frozenset[str]:
         return _lower_set(self._get("STORED_HEADERS"))
 
-    @property
+    @cached_property
     def NEVER_STORED_HEADERS(self) -> frozenset[str]:
         return _lower_set(self._get("NEVER_STORED_HEADERS"))
 
-    @property
+    @cached_property
     def MAX_STORED_BODY_SIZE(self) -> int:
         return int(self._get("MAX_STORED_BODY_SIZE"))
 
-    @property
+    @cached_property
     def SCOPE_FUNCTION(self) -> str | None:
         value = self._get("SCOPE_FUNCTION")
         return None if value is None else str(value)
 
-    @property
+    @cached_property
     def DOWNSTREAM_KEY_SECRET(self) -> str:
         value = self._get("DOWNSTREAM_KEY_SECRET")
         return str(settings.SECRET_KEY if value is None else value)
 
-    @property
+    @cached_property
     def ADMIN_ENABLED(self) -> bool:
         return bool(self._get("ADMIN_ENABLED"))
 
-    @property
+    @cached_property
     def METRICS(self) -> bool:
         return bool(self._get("METRICS"))
 
-    @property
+    @cached_property
     def REDIS_CACHE_ALIAS(self) -> str | None:
         value = self._get("REDIS_CACHE_ALIAS")
         return None if value is None else str(value)
 
-    @property
+    @cached_property
     def REDIS_URL(self) -> str | None:
         value = self._get("REDIS_URL")
         return None if value is None else str(value)
 
-    @property
+    @cached_property
     def REDIS_CLUSTER(self) -> bool:
         return bool(self._get("REDIS_CLUSTER"))
 
-    @property
+    @cached_property
     def REDIS_KEY_PREFIX(self) -> str:
         return str(self._get("REDIS_KEY_PREFIX"))
 
-    @property
+    @cached_property
     def REDIS_SOCKET_TIMEOUT(self) -> float:
         return float(self._get("REDIS_SOCKET_TIMEOUT"))
 
-    @property
+    @cached_property
     def REDIS_FAILURE_MODE(self) -> str:
         return str(self._get("REDIS_FAILURE_MODE"))
 
-    @property
+    @cached_property
     def HYBRID_DB_CHECK(self) -> str:
         return str(self._get("HYBRID_DB_CHECK"))
 
-    @property
+    @cached_property
     def OUTBOX_BATCH_SIZE(self) -> int:
         return int(self._get("OUTBOX_BATCH_SIZE"))
 
-    @property
+    @cached_property
     def CREDENTIAL_HEADERS(self) -> tuple[str, ...]:
         return tuple(str(h) for h in self._get("CREDENTIAL_HEADERS"))
 
-    @property
+    @cached_property
     def CREDENTIAL_COOKIES(self) -> tuple[str, ...]:
         value = self._get("CREDENTIAL_COOKIES")
         if value is None:
             return (str(settings.SESSION_COOKIE_NAME),)
         return tuple(str(c) for c in value)
 
-    @property
+    @cached_property
     def PROBLEM_BASE_URI(self) -> str:
         return str(self._get("PROBLEM_BASE_URI"))
 
-    @property
+    @cached_property
     def PROBLEM_RENDERER(self) -> str | None:
         value = self._get("PROBLEM_RENDERER")
         return None if value is None else str(value)
 
-    @property
+    @cached_property
     def MIDDLEWARE_DEFAULT(self) -> str:
         return str(self._get("MIDDLEWARE_DEFAULT"))
 
@@ -277,3 +287,11 @@ def _lower_set(values: Sequence[str]) -> frozenset[str]:
 
 
 conf = IdempotencySettings()
+
+
+def _reload(**kwargs: Any) -> None:
+    # Any setting: a few values depend on SECRET_KEY and SESSION_COOKIE_NAME too.
+    conf.reload()
+
+
+setting_changed.connect(_reload, dispatch_uid="django_idempotency.conf")

@@ -432,6 +432,8 @@ class IdempotentRequest:
         placeholders are the key and the scope, with the ``idempotency_*`` extra fields."""
         if signal is not None:
             self._send(signal)
+        if not logger.isEnabledFor(level):
+            return
         logger.log(
             level,
             message,

@@ -13,7 +13,8 @@ MAX_KEY_LENGTH = 255
 
 
 def _is_visible_ascii(value: str) -> bool:
-    return all(0x21 <= ord(ch) <= 0x7E for ch in value)
+    """Only 0x21-0x7E: ASCII, printable (0x20-0x7E) and no space."""
+    return value.isascii() and value.isprintable() and " " not in value
 
 
 def parse_key(raw: str) -> str:

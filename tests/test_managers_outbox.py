@@ -281,3 +281,94 @@ def test_fence_stale_claim(using: str) -> None:
         "running",
         "long",
     }
+
+
+# -- add_fenced (the hybrid strategy's outbox row with its commit guard) ----------------------
+
+
+def _add_fenced(using: str, key: str) -> bool:
+    return IdempotencyOutbox.objects.add_fenced(
+        "user:1", key, "f" * 64, RESPONSE, ttl=60, lock_timeout=30, method="POST", using=using
+    )
+
+
+@pytest.mark.parametrize("using", BACKENDS)
+def test_add_fenced_inserts_only_where_no_live_key_row_is(using: str) -> None:
+    manager = IdempotencyKey.objects
+    outbox = IdempotencyOutbox.objects.using(using)
+    CompletedKeyFactory(_using=using, scope="user:1", key="done")
+    CompletedKeyFactory(
+        _using=using, scope="user:1", key="old", expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    IdempotencyKeyFactory(_using=using, scope="user:1", key="running")
+    IdempotencyKeyFactory(
+        _using=using, scope="user:1", key="long", expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    stale = IdempotencyKeyFactory(
+        _using=using, scope="user:1", key="dead", locked_at=timezone.now() - timedelta(minutes=5)
+    )
+    assert _add_fenced(using, "absent")
+    assert not _add_fenced(using, "done")
+    assert _add_fenced(using, "old")  # an expired completed row: the drain replaces it
+    assert not _add_fenced(using, "running")
+    assert not _add_fenced(using, "long")  # a running claim past its TTL holds by its lease
+    assert _add_fenced(using, "dead")
+    assert not manager.using(using).filter(pk=stale.pk).exists()  # deleted: its owner is fenced
+    assert set(outbox.values_list("key", flat=True)) == {"absent", "old", "dead"}
+    assert not _add_fenced(using, "absent")  # a live outbox row wins
+    assert set(manager.using(using).values_list("key", flat=True)) == {
+        "done",
+        "old",
+        "running",
+        "long",
+    }
+
+
+@pytest.mark.postgres
+def test_add_fenced_is_one_statement_on_postgres() -> None:
+    IdempotencyKeyFactory(
+        scope="user:1", key="dead", locked_at=timezone.now() - timedelta(minutes=5)
+    )
+    with CaptureQueriesContext(connections["default"]) as queries:
+        assert _add_fenced("default", "dead")
+        assert not _add_fenced("default", "dead")
+    assert len(queries) == 2
+
+
+@pytest.mark.postgres
+def test_add_fenced_keeps_a_stale_claim_renewed_while_it_waits() -> None:
+    """The claim is renewed in a transaction that commits while the fenced insert waits
+    for its row lock: the DELETE re-checks the row's newest version, finds the lease live
+    and deletes nothing, and the insert is refused, though the statement's snapshot saw
+    the lease stale."""
+    stale = IdempotencyKeyFactory(
+        scope="user:1", key="race", locked_at=timezone.now() - timedelta(minutes=5)
+    )
+    renewing = threading.Event()
+    result: list[bool] = []
+
+    def fence() -> None:
+        try:
+            renewing.wait(10)
+            with transaction.atomic():
+                result.append(_add_fenced("default", "race"))
+        finally:
+            connections.close_all()
+
+    worker = threading.Thread(target=fence)
+    worker.start()
+    with transaction.atomic():
+        IdempotencyKey.objects.filter(pk=stale.pk).update(locked_at=timezone.now())
+        renewing.set()
+        # The worker's DELETE is now waiting for this row (pg_locks shows it).
+        deadline = time.monotonic() + 10
+        with connections["default"].cursor() as cursor:
+            while time.monotonic() < deadline:
+                cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+                if cursor.fetchone()[0]:
+                    break
+                time.sleep(0.01)
+    worker.join(10)
+    assert result == [False]
+    assert IdempotencyKey.objects.filter(pk=stale.pk).exists()
+    assert not IdempotencyOutbox.objects.filter(key="race").exists()

@@ -20,7 +20,7 @@ from redis.cluster import RedisCluster
 
 from ..conf import conf
 from ..errors import LeaseLost, StoreUnavailable
-from ..models import IdempotencyKey, IdempotencyOutbox
+from ..models import IdempotencyOutbox
 from ..records import KeyRecord
 from ..redis_store import (
     REDIS_ERRORS,
@@ -44,14 +44,18 @@ _MARKER_ERRORS: tuple[type[BaseException], ...] = (*REDIS_ERRORS, ValueError, Ke
 
 
 @contextmanager
-def outbox_write(attempt: Attempt, response: StoredResponse) -> Iterator[None]:
+def outbox_write(attempt: Attempt, response: StoredResponse, *, fenced: bool) -> Iterator[None]:
     """Insert the key's outbox row, then run the block, in the view's transaction when
-    there is one. A row another transaction committed first is a lost claim
-    (``LeaseLost``); a database failure is a 503 with the view's writes rolled back."""
+    there is one; ``fenced``: only when IdempotencyKey has no live row for the key
+    (``add_fenced``). A row another transaction committed first, or a live key row, is a
+    lost claim (``LeaseLost``); a database failure is a 503 with the view's writes rolled
+    back."""
     using = attempt.database
+    add = IdempotencyOutbox.objects.add_fenced if fenced else IdempotencyOutbox.objects.add
+    extra = {"lock_timeout": attempt.lock_timeout} if fenced else {}
     try:
         with transaction.atomic(using=using, savepoint=False):
-            added = IdempotencyOutbox.objects.add(
+            added = add(
                 attempt.scope,
                 attempt.key,
                 attempt.fingerprint,
@@ -60,6 +64,7 @@ def outbox_write(attempt: Attempt, response: StoredResponse) -> Iterator[None]:
                 method=attempt.method,
                 path=attempt.path,
                 using=using,
+                **extra,
             )
             if not added:
                 raise LeaseLost()  # another transaction committed this key first
@@ -81,7 +86,8 @@ class OutboxDatabaseClaim(DatabaseClaim):
     strategy: OutboxDatabaseStrategy
 
     def _store(self, response: StoredResponse) -> None:
-        with outbox_write(self.attempt, response):
+        # The key's row is this claim's own: the completion below is fenced by its token.
+        with outbox_write(self.attempt, response, fenced=False):
             super()._store(response)
 
     def after_commit(self) -> None:
@@ -127,21 +133,13 @@ class HybridClaim(RedisClaim):
         return self.strategy.settle(self.store, self.attempt, found, token=self.token)
 
     def _store(self, response: StoredResponse) -> None:
-        """Insert the outbox row in the view's transaction (Redis follows the commit)."""
-        with outbox_write(self.attempt, response):
-            self._check_key_row()
+        """Insert the outbox row in the view's transaction (Redis follows the commit),
+        refused when IdempotencyKey already has the key: completed (drained earlier) or
+        claimed by the ``db`` strategy. A ``db`` claim whose lease went stale (on the
+        database's clock) is deleted in this transaction, which fences its owner out."""
+        with outbox_write(self.attempt, response, fenced=True):
+            pass
         self.response = response
-
-    def _check_key_row(self) -> None:
-        """Refuse to commit when IdempotencyKey already has the key: completed (drained
-        earlier) or claimed by the ``db`` strategy. A ``db`` claim whose lease went stale
-        (on the database's clock) is deleted here, in this transaction, which fences its
-        owner out."""
-        attempt = self.attempt
-        if not IdempotencyKey.objects.fence_stale_claim(
-            attempt.scope, attempt.key, attempt.lock_timeout, using=attempt.database
-        ):
-            raise LeaseLost()
 
     def after_commit(self) -> None:
         if self.response is not None:
