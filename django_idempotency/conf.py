@@ -94,7 +94,7 @@ DEFAULTS: Mapping[str, Any] = {
     # What to do when Redis fails: "db" (fall back to the db strategy) or "fail_closed" (503).
     "REDIS_FAILURE_MODE": "db",
     # hybrid: check PostgreSQL for a key that is new in Redis "always" or "after_loss".
-    "HYBRID_DB_CHECK": "always",
+    "HYBRID_DB_CHECK": "after_loss",
     # hybrid: rows drained per outbox transaction.
     "OUTBOX_BATCH_SIZE": 1000,
     # Request headers that carry credentials: a request with one whose user is still

@@ -278,6 +278,53 @@ return redis.call('DEL', KEYS[1])
 """
 
 
+# The hybrid strategy's loss marker (``HYBRID_DB_CHECK = "after_loss"``, docs/hybrid.md):
+# "<run_id> <evicted_keys> <since>", the server's run_id and eviction count when the marker
+# was written, and when (the server's clock, seconds). A marker that is missing (a flush, a
+# restart without persistence) or whose run_id or eviction count is not the server's now
+# (a restart, a failover, an eviction) is written again: a loss is suspected for ``ttl``
+# seconds after it was written. 0: no loss suspected; 1: suspected; 2: written just now.
+_EPOCH_FUNCTION = """
+local function loss_suspected(marker_key, ttl)
+  local info = redis.call('INFO', 'server') .. redis.call('INFO', 'stats')
+  local state = string.match(info, 'run_id:(%x+)') .. ' '
+    .. string.match(info, 'evicted_keys:(%d+)')
+  local now = tonumber(redis.call('TIME')[1])
+  local marker = redis.call('GET', marker_key)
+  if marker then
+    local written, since = string.match(marker, '^(%x+ %d+) (%d+)$')
+    if written == state then
+      if now < tonumber(since) + ttl then return 1 end
+      return 0
+    end
+  end
+  redis.call('SET', marker_key, state .. ' ' .. now)
+  return 2
+end
+"""
+
+# KEYS[1] loss marker; ARGV[1] TTL in seconds.
+EPOCH_LUA = (
+    "if redis.replicate_commands then redis.replicate_commands() end\n"
+    + _EPOCH_FUNCTION
+    + "return loss_suspected(KEYS[1], tonumber(ARGV[1]))\n"
+)
+
+# KEYS[1] record, KEYS[2] loss marker; ARGV[1] the in-progress record, ARGV[2] lease in ms,
+# ARGV[3] TTL in seconds. The claim (SET NX PX, GET when taken) and, when won, the loss
+# check, in one round trip: {nil, loss} when claimed, {record, 0} when not.
+CLAIM_EPOCH_LUA = (
+    "if redis.replicate_commands then redis.replicate_commands() end\n"
+    + _EPOCH_FUNCTION
+    + """
+local old = redis.call('GET', KEYS[1])
+if old then return {old, 0} end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return {false, loss_suspected(KEYS[2], tonumber(ARGV[3]))}
+"""
+)
+
+
 def token_tail(token: str) -> str:
     """How a record held by ``token`` ends."""
     return ',"t":' + _string(token) + "}"
@@ -303,6 +350,8 @@ class RedisStore:
         self._complete = client.register_script(COMPLETE_LUA)
         self._release = client.register_script(RELEASE_LUA)
         self._discard = client.register_script(DISCARD_LUA)
+        self._epoch = client.register_script(EPOCH_LUA)
+        self._claim_epoch = client.register_script(CLAIM_EPOCH_LUA)
         # SET ... NX GET needs Redis 7; None: not known yet.
         self._set_nx_get: bool | None = None
 
@@ -358,6 +407,41 @@ class RedisStore:
         except REDIS_ERRORS as exc:
             raise RedisUnavailable(str(exc)) from exc
         return False, None if old is None else decode_record(old)
+
+    def claim_checking_loss(
+        self,
+        scope: str,
+        key: str,
+        fingerprint: str,
+        token: str,
+        lease_ms: int,
+        *,
+        marker: str,
+        ttl: float,
+    ) -> tuple[bool, RedisRecord | None, int]:
+        """:meth:`claim`, and when won, :meth:`loss_suspected` of ``marker``, in one
+        script (one round trip). A single node only: the marker is not in the record's
+        Cluster slot. The third item is 0 when the key was not claimed."""
+        value = encode_record(RedisRecord(IN_PROGRESS, fingerprint, token, None))
+        try:
+            old, loss = self._claim_epoch(
+                keys=[self.record_key(scope, key), marker],
+                args=[value, _ms(lease_ms), max(int(ttl), 0)],
+            )
+        except REDIS_ERRORS as exc:
+            raise RedisUnavailable(str(exc)) from exc
+        if old is None:
+            return True, None, int(loss)
+        return False, decode_record(old), 0
+
+    def loss_suspected(self, marker: str, ttl: float) -> int:
+        """Whether the server may have lost records in the last ``ttl`` seconds, by the
+        loss marker ``marker`` (see ``_EPOCH_FUNCTION``): 0 no, 1 yes, 2 yes and the
+        marker was (re)written just now. A single node only."""
+        try:
+            return int(self._epoch(keys=[marker], args=[max(int(ttl), 0)]))
+        except REDIS_ERRORS as exc:
+            raise RedisUnavailable(str(exc)) from exc
 
     def renew(self, scope: str, key: str, token: str, lease_ms: int) -> bool:
         """Extend the lease to ``lease_ms`` from now, only while ``token`` holds it."""

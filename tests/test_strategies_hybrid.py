@@ -8,7 +8,6 @@ Side effects are counted in ``SideEffect`` rows (the test views) and ``Charge`` 
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from typing import Any
@@ -298,6 +297,16 @@ def test_redis_losing_a_claim_mid_view_cannot_commit_twice(
 # -- HYBRID_DB_CHECK = "after_loss" ----------------------------------------------------------
 
 
+def _marker(
+    client: Any, *, run_id: str | None = None, evicted: int | None = None, age: float
+) -> str:
+    """A loss marker as the server would have written it ``age`` seconds ago."""
+    info = client.info("server") | client.info("stats")
+    run_id = run_id or str(info["run_id"])
+    evicted = int(info["evicted_keys"]) if evicted is None else evicted
+    return f"{run_id} {evicted} {int(time.time() - age)}"
+
+
 def test_after_loss_detects_a_flush_and_a_restart(
     hybrid: Any, api: APIClient, running_private_redis: RedisServer
 ) -> None:
@@ -311,12 +320,14 @@ def test_after_loss_detects_a_flush_and_a_restart(
 
     assert strategy.loss_suspected(store, 60)  # no marker yet: written now
     written = client.get(marker)
-    assert written is not None and json.loads(written)["run_id"] == run_id
+    assert written is not None and written.decode().split()[0] == run_id
     assert strategy.loss_suspected(store, 60)  # within TTL of the marker
-    client.set(marker, json.dumps({"run_id": run_id, "since": time.time() - 120}))
+    client.set(marker, _marker(client, age=120))
     assert not strategy.loss_suspected(store, 60)  # quiet: no database check
-    client.set(marker, json.dumps({"run_id": "another-server", "since": time.time() - 120}))
+    client.set(marker, _marker(client, run_id="ab" * 20, age=120))
     assert strategy.loss_suspected(store, 60)  # restart / failover
+    client.set(marker, "{not a marker}")
+    assert strategy.loss_suspected(store, 60)  # unreadable: written again
 
     # A flush removes the marker: the key is looked up and replayed.
     key = uuid.uuid4().hex
@@ -327,6 +338,64 @@ def test_after_loss_detects_a_flush_and_a_restart(
     assert SideEffect.objects.count() == 1
 
 
+def test_after_loss_detects_an_eviction(hybrid: Any, api: APIClient, redis_prefix: str) -> None:
+    """Redis evicts records under memory pressure: the marker stays (``volatile-lru``
+    evicts only keys with a TTL, which the marker has not), but its eviction count is no
+    longer the server's, so new keys are looked up again and a retry of an evicted key
+    replays instead of running the view a second time."""
+    server = RedisServer(extra=("--maxmemory", "4mb", "--maxmemory-policy", "volatile-lru"))
+    server.start()
+    try:
+        hybrid(HYBRID_DB_CHECK="after_loss", REDIS_URL=server.url, TTL=600)
+        store = get_store()
+        client = get_client()
+        client.set(store.prefix + EPOCH_SUFFIX, _marker(client, age=7200))
+        key = uuid.uuid4().hex
+        first = post_json(api, key, {"amount": 5})
+        assert first.status_code == 201 and _record(key) is not None
+        # Fill the server past maxmemory: the oldest keys, the record among them, go.
+        filler = b"x" * 100_000
+        for i in range(200):
+            client.set(f"filler:{i}", filler, ex=3600)
+        assert _record(key) is None and int(client.info("stats")["evicted_keys"]) > 0
+        assert client.exists(store.prefix + EPOCH_SUFFIX)
+        with CaptureQueriesContext(connection) as queries:
+            retry = post_json(api, key, {"amount": 5})
+        # Looked up in the database (the outbox) before the view: the eviction was seen.
+        assert any("django_idempotency_idempotencyoutbox" in q["sql"] for q in queries)
+        assert retry.status_code == 201 and replayed(retry) and retry.content == first.content
+        assert SideEffect.objects.count() == 1
+    finally:
+        server.stop()
+
+
+def test_after_loss_claims_and_checks_the_marker_in_one_round_trip(
+    hybrid: Any, api: APIClient
+) -> None:
+    """A quiet server: a new key is one Redis script before the view and one after the
+    commit, and the only idempotency statement in PostgreSQL is the outbox insert."""
+    hybrid(HYBRID_DB_CHECK="after_loss", TTL=600)
+    store = get_store()
+    client = get_client()
+    client.set(store.prefix + EPOCH_SUFFIX, _marker(client, age=7200))
+    post_json(api, uuid.uuid4().hex, {"amount": 1})  # warm: connections, scripts loaded
+    before = client.info("commandstats")
+    with CaptureQueriesContext(connection) as queries:
+        response = post_json(api, uuid.uuid4().hex, {"amount": 5})
+    after = client.info("commandstats")
+    assert response.status_code == 201
+    calls = {
+        name: after[name]["calls"] - before.get(name, {"calls": 0})["calls"]
+        for name in after
+        if after[name]["calls"] != before.get(name, {"calls": 0})["calls"]
+    }
+    # The claim script and the completion script, and what the claim script calls.
+    assert calls.pop("cmdstat_evalsha") == 2
+    assert set(calls) <= {"cmdstat_get", "cmdstat_set", "cmdstat_info", "cmdstat_time"}
+    ours = [q["sql"] for q in queries.captured_queries if "django_idempotency" in q["sql"]]
+    assert len(ours) == 1 and ours[0].startswith("WITH fenced AS")
+
+
 def test_after_loss_without_a_check_still_refuses_a_second_commit(
     hybrid: Any, api: APIClient
 ) -> None:
@@ -335,9 +404,7 @@ def test_after_loss_without_a_check_still_refuses_a_second_commit(
     hybrid(HYBRID_DB_CHECK="after_loss", TTL=60)
     store = get_store()
     client = get_client()
-    run_id = client.info("server")["run_id"]
-    quiet = json.dumps({"run_id": run_id, "since": time.time() - 3600})
-    client.set(store.prefix + EPOCH_SUFFIX, quiet)
+    client.set(store.prefix + EPOCH_SUFFIX, _marker(client, age=3600))
 
     for drained in (False, True):
         key = uuid.uuid4().hex

@@ -8,7 +8,6 @@ See docs/hybrid.md.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -23,7 +22,7 @@ from ..errors import LeaseLost, StoreUnavailable
 from ..models import IdempotencyOutbox
 from ..records import KeyRecord
 from ..redis_store import (
-    REDIS_ERRORS,
+    RedisRecord,
     RedisStore,
     RedisUnavailable,
     get_store,
@@ -37,7 +36,6 @@ from .redis import RedisClaim, RedisStrategy, redis_claim
 logger = logging.getLogger("django_idempotency")
 
 EPOCH_SUFFIX = ":{hybrid}:epoch"
-_MARKER_ERRORS: tuple[type[BaseException], ...] = (*REDIS_ERRORS, ValueError, KeyError, TypeError)
 
 
 # -- the fallback: the db strategy, completing into the outbox too ---------------------------
@@ -215,11 +213,29 @@ class HybridStrategy(RedisStrategy):
     def claim(self, attempt: Attempt) -> Outcome:
         try:
             store = get_store()
+            loss: list[int] = []
+            claim = None
+            if self._marker_applies(store):
+                # The claim and the loss check in one script (one round trip).
+                marker = store.prefix + EPOCH_SUFFIX
+
+                def claim(
+                    scope: str, key: str, fingerprint: str, token: str, lease: int
+                ) -> tuple[bool, RedisRecord | None]:
+                    won, record, suspected = store.claim_checking_loss(
+                        scope, key, fingerprint, token, lease, marker=marker, ttl=attempt.ttl
+                    )
+                    loss[:] = [suspected]
+                    return won, record
+
             outcome, record = redis_claim(
-                store, attempt, lambda token: HybridClaim(self, store, attempt, token)
+                store, attempt, lambda token: HybridClaim(self, store, attempt, token), claim
             )
             if isinstance(outcome, HybridClaim):
-                outcome.check_db = self._must_check_db(store, attempt)
+                if claim is None:
+                    outcome.check_db = self._must_check_db(store, attempt)
+                else:
+                    outcome.check_db = self._loss_reported(loss[-1] if loss else 2, attempt.ttl)
             elif (
                 isinstance(outcome, Mismatch)
                 and record is not None
@@ -288,39 +304,41 @@ class HybridStrategy(RedisStrategy):
 
     # -- HYBRID_DB_CHECK ------------------------------------------------------------------
 
+    @staticmethod
+    def _marker_applies(store: RedisStore) -> bool:
+        """``"after_loss"`` on a single node (a Cluster's nodes lose data each on its own:
+        every new key is looked up there)."""
+        return conf.HYBRID_DB_CHECK == "after_loss" and not isinstance(
+            store.client, RedisCluster
+        )
+
     def _must_check_db(self, store: RedisStore, attempt: Attempt) -> bool:
-        if conf.HYBRID_DB_CHECK != "after_loss":
+        if not self._marker_applies(store):
             return True
         return self.loss_suspected(store, attempt.ttl)
 
     def loss_suspected(self, store: RedisStore, ttl: float) -> bool:
-        """Whether Redis may have lost records in the last ``ttl`` seconds (see the module
-        doc); True whenever that cannot be told."""
-        client = store.client
-        if isinstance(client, RedisCluster):
+        """Whether Redis may have lost records in the last ``ttl`` seconds (the loss
+        marker, see docs/hybrid.md); True whenever that cannot be told."""
+        if isinstance(store.client, RedisCluster):
             return True
-        marker = store.prefix + EPOCH_SUFFIX
         try:
-            pipe = client.pipeline(transaction=False)
-            pipe.get(marker)
-            pipe.info("server")
-            raw, info = pipe.execute()
-            run_id = str(info["run_id"])
-            epoch = json.loads(raw) if raw else None
-            now = time.time()
-            if not isinstance(epoch, dict) or epoch.get("run_id") != run_id:
-                client.set(marker, json.dumps({"run_id": run_id, "since": now}))
-                logger.warning(
-                    "Redis may have lost idempotency records (%s); new keys are checked "
-                    "in the database for the next %d seconds",
-                    "no marker" if epoch is None else "server restarted or failed over",
-                    int(ttl),
-                )
-                return True
-            return now < float(epoch["since"]) + ttl
-        except _MARKER_ERRORS:
+            suspected = store.loss_suspected(store.prefix + EPOCH_SUFFIX, ttl)
+        except RedisUnavailable:
             logger.debug("could not read the Redis loss marker", exc_info=True)
             return True
+        return self._loss_reported(suspected, ttl)
+
+    @staticmethod
+    def _loss_reported(suspected: int, ttl: float) -> bool:
+        if suspected == 2:
+            logger.warning(
+                "Redis may have lost idempotency records (no loss marker, or the server "
+                "restarted, failed over or evicted keys); new keys are checked in the "
+                "database for the next %d seconds",
+                int(ttl),
+            )
+        return suspected != 0
 
     # -- Redis down -----------------------------------------------------------------------
 

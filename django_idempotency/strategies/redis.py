@@ -112,15 +112,23 @@ def outcome_for(record: RedisRecord, attempt: Attempt) -> Outcome:
     return InFlight()
 
 
+#: ``(scope, key, fingerprint, token, lease_ms) -> (won, record)``, as ``RedisStore.claim``.
+ClaimCall = Callable[[str, str, str, str, int], tuple[bool, RedisRecord | None]]
+
+
 def redis_claim(
-    store: RedisStore, attempt: Attempt, make: Callable[[str], Outcome]
+    store: RedisStore,
+    attempt: Attempt,
+    make: Callable[[str], Outcome],
+    claim: ClaimCall | None = None,
 ) -> tuple[Outcome, RedisRecord | None]:
-    """One claim in Redis: ``make(token)`` when won, else the outcome of the record
-    found (and the record); raises ``RedisUnavailable``."""
+    """One claim in Redis (``store.claim``, or ``claim``): ``make(token)`` when won, else
+    the outcome of the record found (and the record); raises ``RedisUnavailable``."""
     lease = to_ms(attempt.lock_timeout)
+    call = claim or store.claim
     for _ in range(CLAIM_ATTEMPTS):
         token = new_token()
-        won, record = store.claim(attempt.scope, attempt.key, attempt.fingerprint, token, lease)
+        won, record = call(attempt.scope, attempt.key, attempt.fingerprint, token, lease)
         if won:
             return make(token), None
         if record is not None:
