@@ -117,7 +117,7 @@ def _psp_calls(calls: Path) -> int:
 
 def _status(db: str, key: str) -> str | None:
     """The key's row: its status, or None when there is none."""
-    return query_scalar(db, f"SELECT status FROM {KEYS} WHERE key = %s", (key,))  # type: ignore[no-any-return]
+    return query_scalar(db, f"SELECT status FROM {KEYS} WHERE key = %s", (key,))
 
 
 def _lease_age(db: str, key: str) -> float:
