@@ -48,13 +48,17 @@ SETTINGS = {
 
 
 def postgres_bindir() -> Path | None:
-    """The directory of ``initdb``, ``pg_ctl`` and ``postgres``, or None."""
+    """The directory of ``initdb``, ``pg_ctl`` and ``postgres`` (``TEST_POSTGRES_BINDIR``
+    when set, else where ``initdb`` is on PATH or Debian's), or None."""
     override = os.environ.get("TEST_POSTGRES_BINDIR")
-    candidates = [override] if override else []
-    found = shutil.which("initdb")
-    if found:
-        candidates.append(str(Path(found).parent))
-    candidates += DEBIAN_BINDIRS
+    candidates: list[str] = []
+    if override:
+        candidates.append(override)
+    else:
+        found = shutil.which("initdb")
+        if found:
+            candidates.append(str(Path(found).parent))
+        candidates += DEBIAN_BINDIRS
     for candidate in candidates:
         path = Path(candidate)
         if all((path / name).is_file() for name in ("initdb", "pg_ctl", "postgres")):
