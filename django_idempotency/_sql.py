@@ -92,6 +92,20 @@ def clock_in_sql(connection: BaseDatabaseWrapper) -> bool:
     return connection.vendor == "postgresql"
 
 
+#: On PostgreSQL, the one-row subquery that the claim and the takeover join, so that the
+#: transaction of their autocommit statement commits without waiting for its WAL flush
+#: (``synchronous_commit = off`` for that transaction only, ``set_config(…, true)``): no
+#: round trip of its own. The view's transaction, which commits after it, flushes the WAL up
+#: to its own commit record, the claim's included; see docs/how-it-works.md.
+ASYNC_COMMIT = " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit"
+
+
+def async_commit(connection: BaseDatabaseWrapper) -> str:
+    """:data:`ASYNC_COMMIT` on PostgreSQL, nothing elsewhere (SQLite's statements are the
+    same either way)."""
+    return ASYNC_COMMIT if connection.vendor == "postgresql" else ""
+
+
 class _Param:
     """A named parameter of a :class:`Statement`."""
 
@@ -275,15 +289,26 @@ class Statements:
                 now,
             ]
 
-        # One statement: a key settled in the outbox inserts nothing (on SQLite, INSERT …
-        # SELECT … ON CONFLICT needs the SELECT's WHERE clause, which it has).
-        self.claim = statement(
-            f"INSERT INTO {table} ({', '.join(col(name) for name in CLAIM_COLUMNS)}) SELECT ",
-            *_joined([stamped.get(name, _Param(name)) for name in CLAIM_COLUMNS]),
-            " WHERE NOT EXISTS (SELECT 1",
-            *outbox_live(_Now()),
-            f") ON CONFLICT ({q('scope')}, {q('key')}) DO NOTHING RETURNING {q('id')}",
-        )
+        fast = async_commit(connection)
+
+        def claim(commit_mode: str) -> Statement:
+            # One statement: a key settled in the outbox inserts nothing (on SQLite, INSERT
+            # … SELECT … ON CONFLICT needs the SELECT's WHERE clause, which it has).
+            return statement(
+                f"INSERT INTO {table} ({', '.join(col(name) for name in CLAIM_COLUMNS)}) SELECT ",
+                *_joined([stamped.get(name, _Param(name)) for name in CLAIM_COLUMNS]),
+                commit_mode,
+                " WHERE NOT EXISTS (SELECT 1",
+                *outbox_live(_Now()),
+                f") ON CONFLICT ({q('scope')}, {q('key')}) DO NOTHING RETURNING {q('id')}",
+            )
+
+        #: The claim in autocommit, the request path's: a transaction of its own, committed
+        #: asynchronously on PostgreSQL (:data:`ASYNC_COMMIT`).
+        self.claim = claim(fast)
+        #: The claim inside a transaction (the session nested in an outer ``atomic``): the
+        #: commit is the caller's, and keeps the caller's ``synchronous_commit``.
+        self.claim_in_transaction = claim("") if fast else self.claim
         # The outbox row read as a completed key in READ_COLUMNS order, first, else the
         # IdempotencyKey row: one statement.
         as_key = {
@@ -333,35 +358,43 @@ class Statements:
             *key_row(),
         )
         self.outbox_lookup = statement(f"SELECT 0, {from_outbox}", *outbox_live(_Now()))
-        self.take_over = statement(
-            f"UPDATE {table} SET {col('claim_token')} = ",
-            _Param("token"),
-            f", {col('fingerprint')} = ",
-            _Param("fingerprint"),
-            f", {status} = '{IN_PROGRESS}', {locked} = ",
-            _Now(),
-            f", {col('request_method')} = ",
-            _Param("method"),
-            f", {col('request_path')} = ",
-            _Param("path"),
-            f", {col('response_status')} = NULL, {col('response_headers')} = ",
-            _Param("response_headers"),
-            f", {col('response_body')} = NULL, {col('created_at')} = ",
-            _Now(),
-            f", {col('completed_at')} = NULL, {expires} = ",
-            _Now("ttl"),
-            f" WHERE {q('id')} = ",
-            _Param("pk"),
-            f" AND {col('claim_token')} = ",
-            _Param("old_token"),
-            " AND ",
-            *takeover,
-            f" AND NOT EXISTS (SELECT 1 FROM {outbox} WHERE {outbox_col('scope')} = ",
-            f"{table}.{q('scope')} AND {outbox_col('key')} = {table}.{q('key')} ",
-            f"AND {outbox_col('expires_at')} > ",
-            _Now(),
-            ")",
-        )
+
+        def take_over(commit_mode: str) -> Statement:
+            return statement(
+                f"UPDATE {table} SET {col('claim_token')} = ",
+                _Param("token"),
+                f", {col('fingerprint')} = ",
+                _Param("fingerprint"),
+                f", {status} = '{IN_PROGRESS}', {locked} = ",
+                _Now(),
+                f", {col('request_method')} = ",
+                _Param("method"),
+                f", {col('request_path')} = ",
+                _Param("path"),
+                f", {col('response_status')} = NULL, {col('response_headers')} = ",
+                _Param("response_headers"),
+                f", {col('response_body')} = NULL, {col('created_at')} = ",
+                _Now(),
+                f", {col('completed_at')} = NULL, {expires} = ",
+                _Now("ttl"),
+                commit_mode,
+                f" WHERE {q('id')} = ",
+                _Param("pk"),
+                f" AND {col('claim_token')} = ",
+                _Param("old_token"),
+                " AND ",
+                *takeover,
+                f" AND NOT EXISTS (SELECT 1 FROM {outbox} WHERE {outbox_col('scope')} = ",
+                f"{table}.{q('scope')} AND {outbox_col('key')} = {table}.{q('key')} ",
+                f"AND {outbox_col('expires_at')} > ",
+                _Now(),
+                ")",
+            )
+
+        #: The takeover of a stale or expired claim, committed on its own like the claim
+        #: (asynchronously on PostgreSQL), and its form inside a transaction.
+        self.take_over = take_over(fast)
+        self.take_over_in_transaction = take_over("") if fast else self.take_over
         owner: list[_Part] = [
             f" WHERE {q('id')} = ",
             _Param("pk"),

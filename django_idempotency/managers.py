@@ -72,10 +72,16 @@ class KeyStatements:
         staleness. An in-progress record is governed by its lease alone: its TTL
         may pass while a heartbeat keeps the lease alive. Staleness and expiry are
         judged on the database's clock (:func:`clock_in_sql`), in the SQL itself.
+
+        In autocommit (the request path) the claim is a transaction of its own, which
+        PostgreSQL commits without waiting for its WAL flush (``synchronous_commit = off``
+        in the statement itself): the view's transaction, durable, flushes it with its own
+        commit. Inside a transaction the claim commits with it, as that transaction says.
         """
         alias = database(using, self._db)
         connection = connections[alias]
         sql = statements(connection)
+        claim = sql.claim if connection.get_autocommit() else sql.claim_in_transaction
         values = {
             "scope": scope,
             "key": key,
@@ -90,7 +96,7 @@ class KeyStatements:
         for _attempt in range(5):
             token = uuid.uuid4()
             values["claim_token"] = sql.prep("claim_token", token, connection)
-            row, _count = sql.claim.execute(connection, values)
+            row, _count = claim.execute(connection, values)
             if row is not None:
                 return ClaimResult(ClaimState.CLAIMED, pk=int(row[0]), token=token)
 
@@ -169,10 +175,12 @@ class KeyStatements:
         The token alone is not enough: it does not change when the owner renews or
         completes, so an owner that was slow rather than dead could otherwise lose a
         renewed lease, or a stored response, to a claimant that read the row just before.
+        Committed like the claim (asynchronously in autocommit, on PostgreSQL).
         """
         connection = connections[database(using, self._db)]
         sql = statements(connection)
-        _row, taken = sql.take_over.execute(
+        take_over = sql.take_over if connection.get_autocommit() else sql.take_over_in_transaction
+        _row, taken = take_over.execute(
             connection,
             {
                 "pk": pk,

@@ -5,6 +5,7 @@
 * ``databases``: the PostgreSQL admin connection, scratch databases, one-value queries;
 * ``example``: the example project under ``manage.py`` and gunicorn, and racing clients;
 * ``redis_servers``: private ``redis-server`` processes and clusters, and broken Redis endpoints;
+* ``postgres_servers``: a private PostgreSQL cluster that a test may crash and restart;
 * ``redis_fixtures``: the Redis fixtures (a pytest plugin loaded by ``tests/conftest.py``);
 * ``workers``: real Celery worker processes, and removing a test's queue from the broker;
 * ``gates``: views whose timing a test controls (``@pytest.mark.urls("tests.support.gates")``);
