@@ -38,6 +38,7 @@ from control.bench import (  # noqa: E402
     clean_redis,
     control_database,
     control_env,
+    quiet_loss_marker,
     setup_django,
 )
 
@@ -52,6 +53,8 @@ def routes(strategies: list[str], replay: bool) -> list[str]:
 def worker(args: argparse.Namespace) -> int:
     """Runs in a child process with the control project's environment."""
     setup_django()
+    if not args.first_day and "hybrid" in args.strategies:
+        quiet_loss_marker()
     from django.test import Client
 
     client = Client()
@@ -219,6 +222,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--no-replay", action="store_true")
+    parser.add_argument(
+        "--first-day",
+        action="store_true",
+        help="hybrid without a loss marker (every new key looked up, as for a TTL after "
+        "a deployment or a Redis loss)",
+    )
     parser.add_argument(
         "--statements", action="store_true", help="print the SQL and Redis commands per request"
     )

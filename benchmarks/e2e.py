@@ -1,23 +1,32 @@
-"""End-to-end throughput of the example API with and without the mixin.
+"""Requests per second of an ordinary DRF view with and without the mixin, under wrk.
 
-The example payments API runs under gunicorn against a scratch PostgreSQL
-database (migrated and seeded), once per strategy, with the same server
-settings for every run. ``wrk`` drives it with a Lua script that sends a fresh
-``Idempotency-Key`` with every request:
+The control project (benchmarks/control: ``startproject`` middleware, token auth, a
+``ListCreateAPIView`` with a ``ModelSerializer`` that writes one row) runs under
+gunicorn against a scratch PostgreSQL database, one server for every route, so that
+the server settings are the same for all of them:
 
-* ``POST /api/charges/``       the view with ``IdempotencyMixin`` (key required);
-* ``POST /baseline/charges/``  the same view without the mixin
-  (``EXAMPLE_BASELINE_ROUTES=1``), sent the same headers and body.
+* ``plain``              ``/plain/orders/``, the view without the mixin;
+* ``<strategy>``         ``/<strategy>/orders/``, the same view with ``IdempotencyMixin``
+                         and ``idempotency_strategy = <strategy>``, a fresh key per request;
+* ``<strategy>-replay``  the same route, one key for every request of the run (one
+                         order, then replays).
 
-The two are interleaved (the order flips every round) and the medians of
-requests per second and of the p50/p99 latencies are reported with the ratio.
-A replay run (one key for every request: one charge, then replays) is added
-for the record. ``--statements`` prints the SQL each route sends for one
-request (in-process, through Django's test client).
+``wrk`` sends ``POST`` with a token, a JSON body and an ``Idempotency-Key`` (a Lua
+script). The routes are interleaved: every round runs each route once, in an order
+that rotates from round to round, and each round's ratio is taken against that round's
+``plain`` run. The table gives the median requests per second, the p50/p99 latencies,
+the median ratio and the spread (min-max) of the per-round ratios. Every response is
+checked (a fresh-key run must answer 201 only). Then ``cpu.py`` gives the in-process
+client CPU per request of the same routes (``--no-cpu`` skips it).
 
-    .venv/bin/python benchmarks/e2e.py [--strategies db,advisory_lock]
-        [--rounds 5] [--duration 10] [--connections 8] [--workers 2] [--threads 4]
-        [--statements] [--json results.json]
+The hybrid routes see a quiet Redis (a loss marker written two days ago, the steady
+state); ``--first-day`` leaves it out (every new key is looked up in the database).
+No Celery worker runs: the outbox rows stay in the table and the queued drains in Redis
+DB 14 (both removed afterwards).
+
+    .venv/bin/python benchmarks/e2e.py [--strategies db,advisory_lock,redis,hybrid]
+        [--rounds 5] [--duration 5] [--connections 16] [--workers 2] [--threads 4]
+        [--no-replay] [--no-cpu] [--json results.json]
 """
 
 from __future__ import annotations
@@ -36,17 +45,24 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+BENCHMARKS = Path(__file__).resolve().parent
+sys.path[:0] = [str(BENCHMARKS), str(BENCHMARKS.parent)]
 
-from tests.support.example import example_env, example_server, scratch_database  # noqa: E402
+from control.bench import (  # noqa: E402
+    BODY,
+    STRATEGIES,
+    TOKEN,
+    clean_redis,
+    control_database,
+    control_env,
+)
 
-ADMIN_URL = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
-TOKEN = "alice-token"
-BODY = '{"amount": 1000, "currency": "EUR"}'
+from tests.support.ports import free_port  # noqa: E402
+from tests.support.waiting import wait_until  # noqa: E402
 
 WRK_SCRIPT = r"""
--- A fresh Idempotency-Key per request (mode "fresh"), or one key for all ("replay").
+-- A fresh Idempotency-Key per request (mode "fresh"), one key for all ("replay"), or
+-- none ("plain").
 local threads = {}
 local count = 0
 
@@ -69,17 +85,16 @@ end
 
 function request()
   sent = sent + 1
-  local key
-  if mode == "replay" then
-    key = run .. "-replay"
-  else
-    key = run .. "-" .. tid .. "-" .. sent
-  end
-  return wrk.format("POST", nil, {
+  local headers = {
     ["Content-Type"] = "application/json",
     ["Authorization"] = "Token __TOKEN__",
-    ["Idempotency-Key"] = key,
-  }, body)
+  }
+  if mode == "replay" then
+    headers["Idempotency-Key"] = run .. "-replay"
+  elseif mode == "fresh" then
+    headers["Idempotency-Key"] = run .. "-" .. tid .. "-" .. sent
+  end
+  return wrk.format("POST", nil, headers, body)
 end
 
 function response(status, headers, body)
@@ -106,77 +121,81 @@ function done(summary, latency, requests)
   io.write(string.format(
     'WRKJSON {"requests": %d, "duration_us": %d, "created": %d, "replayed": %d, '
     .. '"other": %d, "other_status": %d, "socket_errors": %d, "p50_us": %d, '
-    .. '"p90_us": %d, "p99_us": %d, "mean_us": %.1f}\n',
+    .. '"p99_us": %d}\n',
     summary.requests, summary.duration, created, replayed, other, other_status,
     summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
-    latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.mean))
+    latency:percentile(50), latency:percentile(99)))
 end
 """.replace("__TOKEN__", TOKEN)
 
 
-# -- set-up ---------------------------------------------------------------------------------
-
-
-def bench_env(strategy: str, **extra: str) -> dict[str, str]:
-    """What the example project is given on top of ``example_env`` for ``strategy``."""
-    env = {"IDEMPOTENCY_STRATEGY": strategy, **extra}
-    if strategy in REDIS_STRATEGIES:
-        env.update(
-            REDIS_URL=BENCH_REDIS_URL,
-            IDEMPOTENCY_REDIS_PREFIX=BENCH_REDIS_PREFIX,
-            CELERY_BROKER_URL=BENCH_REDIS_URL,
-        )
-    return env
-
-
-#: Strategies that need Redis; the benchmark points them at BENCH_REDIS_URL (default DB 14 of
-#: the local server) under a prefix of its own, and removes its keys afterwards.
-REDIS_STRATEGIES = frozenset({"redis", "hybrid"})
-BENCH_REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
-BENCH_REDIS_PREFIX = f"idem-bench-{os.getpid()}"
-
-
-def clean_redis() -> None:
-    """Remove this run's keys and the drain tasks it queued (no worker runs here)."""
-    import redis
-
-    client = redis.Redis.from_url(BENCH_REDIS_URL)
-    for key in client.scan_iter(match=f"{BENCH_REDIS_PREFIX}:*", count=1000):
-        client.delete(key)
-    client.delete("celery")
-    for key in client.scan_iter(match="_kombu.binding*", count=1000):
-        client.delete(key)
+def routes(strategies: list[str], replay: bool) -> dict[str, tuple[str, str]]:
+    """Route name -> (path, wrk mode)."""
+    found = {"plain": ("/plain/orders/", "plain")}
+    for name in strategies:
+        found[name] = (f"/{name}/orders/", "fresh")
+    if replay:
+        for name in strategies:
+            found[f"{name}-replay"] = (f"/{name}/orders/", "replay")
+    return found
 
 
 @contextmanager
-def server(database_url: str, strategy: str, workers: int, threads: int) -> Iterator[str]:
-    """gunicorn with gthread workers; the same settings for every strategy and route."""
-    with example_server(
-        database_url,
-        strategy=strategy,
-        workers=workers,
-        threads=threads,
-        env=bench_env(strategy),
-        ready_timeout=60,
-    ) as running:
-        yield running.url
+def gunicorn(env: dict[str, str], workers: int, threads: int) -> Iterator[str]:
+    """The control project under gunicorn (gthread workers) on a free port."""
+    port = free_port()
+    log = tempfile.NamedTemporaryFile(prefix="idem-bench-gunicorn-", suffix=".log", delete=False)  # noqa: SIM115
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "control.wsgi",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            str(workers),
+            "--worker-class",
+            "gthread",
+            "--threads",
+            str(threads),
+        ],
+        env=env,
+        cwd=BENCHMARKS,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: _answers(url), timeout=60)
+        yield url
+    finally:
+        os.killpg(process.pid, 15)
+        process.wait(30)
+        Path(log.name).unlink(missing_ok=True)
 
 
-# -- wrk ------------------------------------------------------------------------------------
+def _answers(url: str) -> bool:
+    import urllib.error
+    import urllib.request
 
-
-def wrk_binary() -> str:
-    path = shutil.which("wrk")
-    if path is None:
-        raise SystemExit("wrk is not installed (apt-get install -y wrk, or make bench)")
-    return path
+    try:
+        urllib.request.urlopen(url + "/plain/orders/", timeout=2)
+    except urllib.error.HTTPError:
+        return True  # 401: the server answers
+    except OSError:
+        return False
+    return True
 
 
 def wrk(url: str, script: str, mode: str, duration: float, connections: int) -> dict[str, Any]:
-    run_id = uuid.uuid4().hex[:12]
+    binary = shutil.which("wrk")
+    if binary is None:
+        raise SystemExit("wrk is not installed (apt-get install -y wrk, or make bench)")
     out = subprocess.run(
         [
-            wrk_binary(),
+            binary,
             "-t1",
             f"-c{connections}",
             f"-d{int(duration)}s",
@@ -186,7 +205,7 @@ def wrk(url: str, script: str, mode: str, duration: float, connections: int) -> 
             script,
             url,
             "--",
-            run_id,
+            uuid.uuid4().hex[:12],
             mode,
             BODY,
         ],
@@ -215,161 +234,106 @@ def describe(result: dict[str, Any]) -> str:
     )
 
 
-def bench_strategy(
-    database_url: str, strategy: str, args: argparse.Namespace, script: str
-) -> dict[str, Any]:
-    routes = {"baseline": "/baseline/charges/", "mixin": "/api/charges/"}
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in routes}
-    with server(database_url, strategy, args.workers, args.threads) as url:
-        for path in routes.values():  # warm up both routes and all connections
-            wrk(url + path, script, "fresh", 2, args.connections)
-        for r in range(args.rounds):
-            order = list(routes) if r % 2 == 0 else list(reversed(routes))
-            for name in order:
-                result = wrk(url + routes[name], script, "fresh", args.duration, args.connections)
-                runs[name].append(result)
-                print(f"  round {r + 1}/{args.rounds} {name:<8} {describe(result)}", flush=True)
-        replay = wrk(url + routes["mixin"], script, "replay", args.duration, args.connections)
-        print(f"  replay (one key)   {describe(replay)}", flush=True)
-
-    def med(name: str, field: str) -> float:
-        return float(statistics.median(r[field] for r in runs[name]))
-
-    summary = {
-        "strategy": strategy,
-        "baseline_rps": med("baseline", "rps"),
-        "mixin_rps": med("mixin", "rps"),
-        "baseline_p50_ms": med("baseline", "p50_us") / 1000,
-        "baseline_p99_ms": med("baseline", "p99_us") / 1000,
-        "mixin_p50_ms": med("mixin", "p50_us") / 1000,
-        "mixin_p99_ms": med("mixin", "p99_us") / 1000,
-        "replay_rps": replay["rps"],
-        "replay_p50_ms": replay["p50_us"] / 1000,
-        "replay_p99_ms": replay["p99_us"] / 1000,
-        "ratio_of_medians": med("mixin", "rps") / med("baseline", "rps"),
-        "ratio_median_of_pairs": statistics.median(
-            m["rps"] / b["rps"] for m, b in zip(runs["mixin"], runs["baseline"], strict=True)
-        ),
-        "runs": runs,
-        "replay": replay,
-    }
-    failed = sum(r["other"] + r["socket_errors"] for rs in runs.values() for r in rs)
-    if failed:
-        print(f"  WARNING: {failed} requests did not answer 201 in the fresh-key runs")
-    summary["failed"] = failed
-    return summary
-
-
-# -- statements per request -----------------------------------------------------------------
-
-STATEMENTS_SCRIPT = r"""
-import json, uuid
-import django
-django.setup()
-from django.db import connection
-from django.test import Client
-
-client = Client()
-for name, path in (("baseline", "/baseline/charges/"), ("mixin", "/api/charges/")):
-    for attempt in ("fresh", "replay"):
-        if name == "baseline" and attempt == "replay":
-            continue
-        key = f"stmt-{name}" if attempt == "replay" else uuid.uuid4().hex
-        if attempt == "replay":
-            client.post(path, data=BODY, content_type="application/json",
-                        HTTP_AUTHORIZATION="Token TOKEN", HTTP_IDEMPOTENCY_KEY=key)
-        seen = []
-        commits = []
-        def wrapper(execute, sql, params, many, context):
-            seen.append(sql)
-            return execute(sql, params, many, context)
-        real_commit = connection.commit
-        def commit():
-            commits.append(len(seen))
-            return real_commit()
-        connection.commit = commit
-        with connection.execute_wrapper(wrapper):
-            response = client.post(path, data=BODY, content_type="application/json",
-                                   HTTP_AUTHORIZATION="Token TOKEN", HTTP_IDEMPOTENCY_KEY=key)
-        del connection.commit
-        print(f"{name} ({attempt} key): HTTP {response.status_code}, {len(seen)} statements,"
-              f" {len(commits)} explicit COMMIT (other writes commit on their own)")
-        for sql in seen:
-            print("   ", sql[:150])
-""".replace("BODY", repr(BODY)).replace("TOKEN", TOKEN)
-
-
-def print_statements(database_url: str, strategy: str) -> None:
-    print(f"\nSQL per request, strategy {strategy}:")
-    subprocess.run(
-        [sys.executable, "-c", STATEMENTS_SCRIPT],
-        env=example_env(database_url, bench_env(strategy, DJANGO_ALLOWED_HOSTS="*")),
-        cwd=ROOT,
-        check=True,
-    )
+def failed(name: str, mode: str, result: dict[str, Any]) -> int:
+    """Requests that did not answer as the route must (201; a replay after the first)."""
+    bad = result["other"] + result["socket_errors"]
+    if mode == "replay" and result["created"] > 1:
+        bad += result["created"] - 1
+    if mode != "replay" and result["replayed"]:
+        bad += result["replayed"]
+    return int(bad)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    parser.add_argument(
-        "--strategies", default="db,advisory_lock", help="comma-separated; also redis, hybrid"
-    )
+    parser.add_argument("--strategies", default=",".join(STRATEGIES))
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--duration", type=int, default=10)
-    parser.add_argument("--connections", type=int, default=8)
+    parser.add_argument("--duration", type=int, default=5)
+    parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=4)
-    parser.add_argument("--statements", action="store_true", help="print SQL per request too")
+    parser.add_argument("--no-replay", action="store_true")
+    parser.add_argument("--no-cpu", action="store_true", help="skip the in-process CPU part")
+    parser.add_argument("--first-day", action="store_true", help="hybrid without a loss marker")
     parser.add_argument("--json", default="", help="also write the results here")
     args = parser.parse_args()
-    wrk_binary()
+    strategies = [s for s in args.strategies.split(",") if s]
+    table = routes(strategies, not args.no_replay)
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
     print(
-        f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average "
-        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; gunicorn --workers {args.workers} "
-        f"--worker-class gthread --threads {args.threads}; wrk -t1 -c{args.connections} "
-        f"-d{args.duration:g}s, {args.rounds} rounds"
+        f"commit {commit or '?'}, python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
+        f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; gunicorn --workers "
+        f"{args.workers} --worker-class gthread --threads {args.threads}; wrk -t1 "
+        f"-c{args.connections} -d{args.duration}s; {args.rounds} rounds of {len(table)} routes",
+        flush=True,
     )
-    results = []
-    with (
-        tempfile.TemporaryDirectory(prefix="idem-bench-") as tmp,
-        scratch_database("postgres", admin_url=ADMIN_URL, prefix="idem_bench_") as db_url,
-    ):
-        script = os.path.join(tmp, "fresh_key.lua")
+    prefix = f"idem-bench-{os.getpid()}"
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in table}
+    bad = 0
+    with tempfile.TemporaryDirectory(prefix="idem-bench-") as tmp, control_database() as url:
+        env = control_env(url, prefix)
+        script = os.path.join(tmp, "requests.lua")
         Path(script).write_text(WRK_SCRIPT)
-        for strategy in args.strategies.split(","):
-            if args.statements:
-                print_statements(db_url, strategy)
-            print(f"\nstrategy {strategy}", flush=True)
-            try:
-                results.append(bench_strategy(db_url, strategy, args, script))
-            finally:
-                if strategy in REDIS_STRATEGIES:
-                    clean_redis()
-    print()
+        setup = "from control.bench import setup_django, quiet_loss_marker; setup_django()"
+        if "hybrid" in strategies and not args.first_day:
+            setup += "; quiet_loss_marker()"
+        subprocess.run([sys.executable, "-c", setup], env=env, cwd=BENCHMARKS, check=True)
+        try:
+            with gunicorn(env, args.workers, args.threads) as base:
+                for path, mode in table.values():  # warm up every route and connection
+                    wrk(base + path, script, mode, 1, args.connections)
+                names = list(table)
+                for r in range(args.rounds):
+                    order = names[r % len(names) :] + names[: r % len(names)]
+                    for name in order:
+                        path, mode = table[name]
+                        result = wrk(base + path, script, mode, args.duration, args.connections)
+                        runs[name].append(result)
+                        bad += failed(name, mode, result)
+                        print(f"  round {r + 1} {name:<22} {describe(result)}", flush=True)
+        finally:
+            clean_redis(prefix)
+        if not args.no_cpu:
+            print("\nIn-process client CPU per request (benchmarks/cpu.py):", flush=True)
+            cpu = [sys.executable, str(BENCHMARKS / "cpu.py"), "--strategies", ",".join(strategies)]
+            if args.no_replay:
+                cpu.append("--no-replay")
+            if args.first_day:
+                cpu.append("--first-day")
+            subprocess.run(cpu, check=True)
+
     print(
-        f"{'strategy':<14} {'route':<9} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'ratio':>6}"
-        "  (median of the per-round ratios; in brackets the ratio of the medians)"
+        f"\n{'route':<22} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'ratio':>6}  min-max "
+        "(per-round ratio to plain)"
     )
-    for s in results:
+    summary = []
+    for name, results in runs.items():
+        ratios = [m["rps"] / p["rps"] for m, p in zip(results, runs["plain"], strict=True)]
+        row = {
+            "route": name,
+            "rps": statistics.median(r["rps"] for r in results),
+            "p50_ms": statistics.median(r["p50_us"] for r in results) / 1000,
+            "p99_ms": statistics.median(r["p99_us"] for r in results) / 1000,
+            "ratio": statistics.median(ratios),
+            "ratio_min": min(ratios),
+            "ratio_max": max(ratios),
+            "runs": results,
+        }
+        summary.append(row)
         print(
-            f"{s['strategy']:<14} {'baseline':<9} {s['baseline_rps']:8.1f} "
-            f"{s['baseline_p50_ms']:7.2f} {s['baseline_p99_ms']:7.2f} {1:6.2f}"
-        )
-        print(
-            f"{'':<14} {'mixin':<9} {s['mixin_rps']:8.1f} {s['mixin_p50_ms']:7.2f} "
-            f"{s['mixin_p99_ms']:7.2f} {s['ratio_median_of_pairs']:6.2f} "
-            f"({s['ratio_of_medians']:.2f})"
-        )
-        print(
-            f"{'':<14} {'replay':<9} {s['replay_rps']:8.1f} {s['replay_p50_ms']:7.2f} "
-            f"{s['replay_p99_ms']:7.2f} {s['replay_rps'] / s['baseline_rps']:6.2f}"
+            f"{name:<22} {row['rps']:8.1f} {row['p50_ms']:7.2f} {row['p99_ms']:7.2f} "
+            f"{row['ratio']:6.2f}  {row['ratio_min']:.2f}-{row['ratio_max']:.2f}"
         )
     print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if bad:
+        print(f"WARNING: {bad} responses were not what the route must answer")
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
-    return 1 if any(s["failed"] for s in results) else 0
+        Path(args.json).write_text(json.dumps(summary, indent=2))
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

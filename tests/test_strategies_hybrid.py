@@ -320,7 +320,7 @@ def test_after_loss_detects_a_flush_and_a_restart(
 
     assert strategy.loss_suspected(store, 60)  # no marker yet: written now
     written = client.get(marker)
-    assert written is not None and written.decode().split()[0] == run_id
+    assert isinstance(written, bytes) and written.decode().split()[0] == run_id
     assert strategy.loss_suspected(store, 60)  # within TTL of the marker
     client.set(marker, _marker(client, age=120))
     assert not strategy.loss_suspected(store, 60)  # quiet: no database check

@@ -308,9 +308,7 @@ class HybridStrategy(RedisStrategy):
     def _marker_applies(store: RedisStore) -> bool:
         """``"after_loss"`` on a single node (a Cluster's nodes lose data each on its own:
         every new key is looked up there)."""
-        return conf.HYBRID_DB_CHECK == "after_loss" and not isinstance(
-            store.client, RedisCluster
-        )
+        return conf.HYBRID_DB_CHECK == "after_loss" and not isinstance(store.client, RedisCluster)
 
     def _must_check_db(self, store: RedisStore, attempt: Attempt) -> bool:
         if not self._marker_applies(store):
