@@ -3,7 +3,9 @@ duplicates of one key, sent from real threads at one moment, charge exactly once
 
 Every test counts the side effect (rows in ``payments_charge``) afterwards, for
 ``@idempotent`` on an ``async def`` view and for ``IdempotencyMiddleware`` on the async
-stack, with the ``db``, ``redis`` and ``hybrid`` strategies.
+stack, over an ``async def`` view and over a plain sync view (which Django runs in a thread
+of its own, with the middleware's session), with the ``db``, ``redis`` and ``hybrid``
+strategies.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ CLIENTS = 20
 ROUTES = [
     pytest.param("/api/async/charges/", {}, id="decorator"),
     pytest.param("/api/middleware/charges/", {"EXAMPLE_MIDDLEWARE": "1"}, id="middleware"),
+    pytest.param(
+        "/api/middleware/sync-charges/", {"EXAMPLE_MIDDLEWARE": "1"}, id="middleware-sync"
+    ),
 ]
 
 
