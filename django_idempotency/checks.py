@@ -267,14 +267,18 @@ def _check_metrics() -> list[CheckMessage]:
 
 @register(Tags.urls)
 def check_drf_function_views(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """``@idempotent`` combined with DRF's ``@api_view`` in the URLconf: inside it, every
-    response fails to be stored after the view has run (E020); outside it, the key is
-    claimed before DRF authenticates the caller (W020). ``@idempotent_api_view`` is the
-    supported form of a DRF function view."""
+    """``@idempotent`` combined with DRF's ``@api_view`` in the URLconf. Outside it, the
+    key is claimed before DRF authenticates the caller (W020). Inside it (below
+    ``@api_view``) the key is claimed after DRF's authentication and the response stored
+    as DRF renders it, but the view cannot exempt itself from ``ATOMIC_REQUESTS`` (DRF's
+    ``as_view()`` is the view Django wraps): E020 when the keys' database has it on and
+    the URL's view is not marked ``@transaction.non_atomic_requests``.
+    ``@idempotent_api_view`` is the form of a DRF function view that needs neither."""
     import importlib.util
 
     if importlib.util.find_spec("rest_framework") is None:
         return []
+    from django.db import connections
     from django.urls import URLPattern, URLResolver, get_resolver
     from rest_framework.views import APIView
 
@@ -282,6 +286,11 @@ def check_drf_function_views(app_configs: Any = None, **kwargs: Any) -> list[Che
 
     codes = _idempotent_wrapper_codes()
     messages: list[CheckMessage] = []
+    database = conf.DATABASE
+    try:
+        atomic_requests = bool(connections[database].settings_dict.get("ATOMIC_REQUESTS"))
+    except Exception:  # an unknown alias: E0xx of check_settings says so
+        atomic_requests = False
 
     def is_idempotent_wrapper(func: Any) -> bool:
         """Whether ``func``, or a function it wraps (``functools.wraps``), is one."""
@@ -321,18 +330,24 @@ def check_drf_function_views(app_configs: Any = None, **kwargs: Any) -> list[Che
                     )
                 )
                 continue
+            if not atomic_requests or database in getattr(callback, "_non_atomic_requests", ()):
+                continue
             for method in getattr(view_class, "http_method_names", ()):
                 handler = getattr(view_class, method, None)
                 cells = getattr(handler, "__closure__", None) or ()
                 if any(is_idempotent_wrapper(_cell_value(cell)) for cell in cells):
                     messages.append(
                         Error(
-                            f"{name} (URL {route!r}) has @idempotent inside DRF's @api_view: "
-                            "DRF renders the view's Response after @idempotent has tried to "
-                            "store it, so every request fails after the view has run and a "
-                            "retry runs the view again.",
+                            f"{name} (URL {route!r}) has @idempotent inside DRF's @api_view "
+                            f"while ATOMIC_REQUESTS is on for the database {database!r}: the "
+                            "request's transaction holds the claim and the stored response "
+                            "until the request ends, so duplicates cannot see the claim, its "
+                            "lease cannot be renewed, and a response can be stored for "
+                            "writes that are rolled back afterwards.",
                             hint="Replace @idempotent and @api_view(...) with "
-                            "@idempotent_api_view(...) from django_idempotency.drf.",
+                            "@idempotent_api_view(...) from django_idempotency.drf, or put "
+                            f"@transaction.non_atomic_requests(using={database!r}) above "
+                            "@api_view(...).",
                             obj=callback,
                             id=ID + "E020",
                         )

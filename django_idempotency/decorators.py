@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar, overload
@@ -66,6 +67,10 @@ def idempotent(
 
     An ``async def`` view stays async; its claim and completion run in a
     ``sync_to_async`` thread, the view itself on the event loop (docs/async.md).
+
+    Below DRF's ``@api_view`` the view is called with DRF's authenticated ``Request``;
+    its answer is then finalized as DRF's ``dispatch()`` would (:func:`as_drf_answers`)
+    before it is stored. ``@idempotent_api_view`` is the form for new DRF function views.
     """
     options = Options(
         methods=methods,
@@ -97,12 +102,12 @@ def idempotent(
 
             @functools.wraps(func)
             def sync_wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-                return handle(
-                    request,
-                    lambda: func(request, *args, **kwargs),
-                    scope=scope_func,
-                    options=options,
-                )
+                drf_view = drf_view_of(request)
+                if drf_view is None:
+                    view = functools.partial(func, request, *args, **kwargs)
+                else:
+                    view = functools.partial(as_drf_answers, drf_view, func, request, args, kwargs)
+                return handle(request, view, scope=scope_func, options=options)
 
             wrapper = sync_wrapper
         setattr(wrapper, HANDLED_ATTR, True)
@@ -111,6 +116,39 @@ def idempotent(
     if view is not None:
         return decorate(view)
     return decorate
+
+
+def drf_view_of(request: HttpRequest) -> Any:
+    """The DRF ``APIView`` handling ``request`` when it is DRF's ``Request`` (``@idempotent``
+    below DRF's ``@api_view``: the handler is called with DRF's request, authenticated,
+    permitted and throttled), else None. DRF is not imported for this: a request can only
+    be DRF's when DRF is loaded."""
+    module = sys.modules.get("rest_framework.request")
+    if module is None or not isinstance(request, module.Request):
+        return None
+    view = (getattr(request, "parser_context", None) or {}).get("view")
+    return view if hasattr(view, "finalize_response") else None
+
+
+def as_drf_answers(
+    view: Any,
+    func: Callable[..., Any],
+    request: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> HttpResponseBase:
+    """Call the view function below ``@api_view`` and return what DRF's ``dispatch()``
+    will send, so that it is what gets stored: an ``APIException`` becomes DRF's error
+    response (``handle_exception``; any other exception propagates, and the key is given
+    back), and the response gets its renderer, media type, renderer context and the
+    view's headers (``finalize_response``), so that it can be rendered now. DRF finalizes
+    it once more after the handler returns, which changes nothing."""
+    try:
+        response = func(request, *args, **kwargs)
+    except Exception as exc:
+        response = view.handle_exception(exc)
+    finalized: HttpResponseBase = view.finalize_response(request, response, *args, **kwargs)
+    return finalized
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,13 @@
 """``@idempotent_api_view`` for Django REST framework function views.
 
-DRF's ``@api_view`` turns a function into an ``APIView`` subclass. ``@idempotent`` does
-not fit on either side of it: inside, the view's ``Response`` is not rendered yet when the
-app stores it (DRF renders it after the view returns); outside, the key is claimed before
-DRF has authenticated the caller. ``@idempotent_api_view`` builds the same view as
-``@api_view`` with :class:`~django_idempotency.mixins.IdempotencyMixin` in front, so the
-key is claimed after authentication, permissions and throttling, and the response is
-stored as DRF renders it::
+DRF's ``@api_view`` turns a function into an ``APIView`` subclass. ``@idempotent``
+above it claims the key before DRF has authenticated the caller; below it, it works (it
+finalizes DRF's response before storing it) but cannot exempt the view from
+``ATOMIC_REQUESTS``, nor read the body before DRF's policy classes do.
+``@idempotent_api_view`` builds the same view as ``@api_view`` with
+:class:`~django_idempotency.mixins.IdempotencyMixin` in front, so the key is claimed after
+authentication, permissions and throttling, and the response is stored as DRF renders
+it::
 
     @idempotent_api_view(["POST"], required=True)
     @permission_classes([IsAuthenticated])

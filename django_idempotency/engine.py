@@ -459,10 +459,13 @@ class IdempotentRequest:
         )
 
 
-def transient_conflict_response(exc: DatabaseError | InterfaceError) -> HttpResponse:
-    """503 problem+json for a database error that a retry gets past: a transient conflict
-    in the view's transaction, or a lost connection (``errors.classify_database_error``);
-    other database errors propagate. By the time this runs the claim's session has rolled
+def transient_conflict_response(
+    exc: DatabaseError | InterfaceError, request: HttpRequest
+) -> HttpResponse:
+    """503 problem response for a database error that a retry gets past: a transient
+    conflict in the view's transaction, or a lost connection
+    (``errors.classify_database_error``); other database errors propagate. ``request`` is
+    handed to ``PROBLEM_RENDERER``. By the time this runs the claim's session has rolled
     the view's writes back and released the key (unless the database could not be reached
     for that: the key is then taken over once its lease is stale)."""
     retry_after = conf.RETRY_AFTER
@@ -479,7 +482,7 @@ def transient_conflict_response(exc: DatabaseError | InterfaceError) -> HttpResp
             exc,
             exc_info=exc,
         )
-    return problem_response(error)
+    return problem_response(error, request=request)
 
 
 def handle(
@@ -500,9 +503,9 @@ def handle(
                 return idem.short_circuit()
             return idem.finish(view())
     except IdempotencyError as error:
-        return problem_response(error)
+        return problem_response(error, request=request)
     except DATABASE_ERRORS as exc:
-        return transient_conflict_response(exc)
+        return transient_conflict_response(exc, request)
 
 
 # -- the async path ---------------------------------------------------------------------------

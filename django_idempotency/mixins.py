@@ -105,7 +105,7 @@ class IdempotencyMixin:
         except DATABASE_ERRORS as exc:
             # Raised by the handler and past DRF: the claim's context has rolled back.
             # A transient conflict or a lost connection is a 503; others propagate.
-            return transient_conflict_response(exc)
+            return transient_conflict_response(exc, getattr(self, "request", request))
         finally:
             self._idempotency_stack = None
         return response

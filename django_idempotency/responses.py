@@ -100,8 +100,9 @@ def problem_response(
     request: HttpRequest | None = None,
 ) -> HttpResponse:
     """The response for ``error``: ``IDEMPOTENCY["PROBLEM_RENDERER"]``'s when set (called
-    as ``renderer(error, request)``; ``request`` is None where the caller has none), else
-    :func:`problem_json`'s."""
+    as ``renderer(error, request)``), else :func:`problem_json`'s. Every entry point of the
+    app passes the request it answers (DRF's ``Request`` on DRF views, Django's
+    ``HttpRequest`` on the others); ``request`` is None only when a caller has none."""
     path = conf.PROBLEM_RENDERER
     if path:
         renderer = import_string(path)

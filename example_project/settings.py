@@ -5,6 +5,7 @@ DATABASE_URL              sqlite:///path/to/db.sqlite3 (default: db.sqlite3 here
 IDEMPOTENCY_STRATEGY      db (default), advisory_lock, redis, hybrid
 IDEMPOTENCY_LOCK_TIMEOUT  seconds before an in-progress lease counts as abandoned (default 60)
 IDEMPOTENCY_WAIT          seconds a duplicate waits for the first request's answer (default 0)
+IDEMPOTENCY_WAIT_MAX_WAITERS  duplicates that may wait at once in one process (default 16)
 PSP_DELAY_MS              how long the fake payment provider takes (default 0)
 PSP_FAIL_MARKER           a file path: while it exists, the next payment call fails once (tests)
 PSP_CALL_LOG              a file path: each payment call appends its process id (tests)
@@ -148,6 +149,9 @@ if os.environ.get("REDIS_CLUSTER_URL"):
     IDEMPOTENCY.update(REDIS_URL=os.environ["REDIS_CLUSTER_URL"], REDIS_CLUSTER=True)
 elif os.environ.get("REDIS_URL"):
     IDEMPOTENCY.update(REDIS_URL=os.environ["REDIS_URL"])
+
+if os.environ.get("IDEMPOTENCY_WAIT_MAX_WAITERS"):
+    IDEMPOTENCY["WAIT_MAX_WAITERS"] = int(os.environ["IDEMPOTENCY_WAIT_MAX_WAITERS"])
 
 if os.environ.get("IDEMPOTENCY_REDIS_PREFIX"):
     IDEMPOTENCY["REDIS_KEY_PREFIX"] = os.environ["IDEMPOTENCY_REDIS_PREFIX"]

@@ -11,6 +11,11 @@ urlpatterns = [
     path("api/refunds/", views.refund, name="refunds"),
     path("api/async/charges/", async_views.async_charge, name="async-charges"),
     path("api/middleware/charges/", async_views.middleware_charge, name="middleware-charges"),
+    path(
+        "api/middleware/sync-charges/",
+        async_views.middleware_sync_charge,
+        name="middleware-sync-charges",
+    ),
 ]
 
 if settings.EXAMPLE_BASELINE_ROUTES:

@@ -41,6 +41,7 @@ pytestmark = pytest.mark.django_db
         ('"a;b,c";p=1', "a;b,c"),
         ('"abc";a=-1;b=1.5;c=-123456789012.123;d=?0;e=?1;f="x\\"y;z"', "abc"),
         ('"abc";g=tok/en:1*;h=*;i=:aGVsbG8=:;j=:aGVsbG8:;k=::;*l-._*=1', "abc"),
+        ('"abc";i=:aG=:;j=:aGk=:;k=:aGk:', "abc"),  # padding left out, or made up in part
         ('"abc";p=123456789012345', "abc"),
     ],
 )
@@ -87,6 +88,14 @@ def test_parse_key_accepts(raw: str, expected: str) -> None:
         ('"abc";p=?', "boolean"),
         ('"abc";p=:aGVsbG8', "byte sequence"),
         ('"abc";p=:aGV$bG8=:', "byte sequence"),
+        # base64 that no strict decoder reads, padding made up or not
+        ('"abc";p=:=:', "byte sequence"),
+        ('"abc";p=:a:', "byte sequence"),
+        ('"abc";p=:aGVsb:', "byte sequence"),
+        ('"abc";p=:aGk==:', "byte sequence"),
+        ('"abc";p=:aGVs=:', "byte sequence"),
+        ('"abc";p=:a=Gk:', "byte sequence"),
+        ('"abc";p=:aG==aGk=:', "byte sequence"),
         ('"abc";p="x', "no closing quote"),
         ('"abc";p="x\\n"', "invalid escape"),
         ('"abc";p=%x', "parameter value"),

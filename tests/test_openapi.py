@@ -18,6 +18,10 @@ from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from drf_spectacular.validation import validate_schema
+from hypothesis import HealthCheck, given
+from hypothesis import example as hypothesis_example
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 from rest_framework import generics, mixins, serializers, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -27,15 +31,20 @@ from rest_framework.views import APIView
 import django_idempotency.contrib.spectacular  # noqa: F401  (registers the extension)
 from django_idempotency import errors as errors_module
 from django_idempotency.contrib.spectacular import (
+    BARE_KEY_PATTERN,
+    KEY_SCHEMA,
+    QUOTED_KEY_PATTERN,
     IdempotencyAutoSchema,
     _error_classes,
     problems_by_status,
 )
-from django_idempotency.errors import IdempotencyError
+from django_idempotency.errors import IdempotencyError, InvalidKey
+from django_idempotency.header import parse_key
 from django_idempotency.mixins import IdempotencyMixin
 from example_project.payments.views import ChargeView
 
 from . import test_header
+from .test_keys_properties import bare_keys, blanks, header_like, keys, parameters, quoted
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECTACULAR = {
@@ -228,15 +237,25 @@ def _examples(test: Any) -> list[str]:
 
 def _matches(key_schema: dict[str, Any], value: str) -> bool:
     """Validation of ``value`` by the header's schema: minLength, then exactly one of
-    the two forms (a pattern is searched for, as JSON Schema does; both are anchored)."""
+    the two forms. JSON Schema searches for a pattern, and both are anchored with ``^`` and
+    ``$``; ``re.fullmatch`` stands in for that search, because ECMA-262's ``$`` is the end
+    of the input while Python's also matches before a final newline."""
     if len(value) < key_schema["minLength"]:
         return False
     hits = [
         form
         for form in key_schema["oneOf"]
-        if re.search(form["pattern"], value) and len(value) <= form.get("maxLength", len(value))
+        if re.fullmatch(form["pattern"], value) and len(value) <= form.get("maxLength", len(value))
     ]
     return len(hits) == 1
+
+
+def _parses(value: str) -> bool:
+    try:
+        parse_key(value)
+    except InvalidKey:
+        return False
+    return True
 
 
 def test_the_key_schema_follows_parse_key(schema: dict[str, Any]) -> None:
@@ -254,6 +273,77 @@ def test_the_key_schema_follows_parse_key(schema: dict[str, Any]) -> None:
     for pattern in (form["pattern"] for form in key_schema["oneOf"]):
         assert pattern.startswith("^") and pattern.endswith("$")
         assert '\\"' not in pattern.replace("\\\\", "")  # no \" escape: invalid in ECMA u mode
+
+
+# Header values near the edges of the syntax: the characters that matter to it, in any
+# order; valid headers with one character inserted, replaced or deleted; and byte
+# sequences padded every way.
+_SIGNIFICANT = 'a"\\;=:, ?.-*019+/\t'
+_edits = st.tuples(st.integers(min_value=0), st.sampled_from(["insert", "replace", "delete"]))
+
+
+def _edit(value: str, where: int, how: str, char: str) -> str:
+    i = where % (len(value) + 1)
+    if how == "insert":
+        return value[:i] + char + value[i:]
+    if how == "replace":
+        return value[:i] + char + value[i + 1 :]
+    return value[:i] + value[i + 1 :]
+
+
+_valid = st.one_of(
+    bare_keys.filter(lambda key: not key.startswith('"')),
+    st.builds(lambda key, params: quoted(key) + params, keys, parameters),
+)
+_near_misses = st.one_of(
+    st.text(_SIGNIFICANT, max_size=16),
+    st.builds(lambda rest: '"k"' + rest, st.text(_SIGNIFICANT, max_size=16)),
+    st.builds(
+        lambda value, edit, char: _edit(value, edit[0], edit[1], char),
+        _valid,
+        _edits,
+        st.sampled_from(_SIGNIFICANT),
+    ),
+    st.builds(
+        lambda content: f'"k";b=:{content}:',
+        st.text("aA0+/=", max_size=9),
+    ),
+)
+_agreement = hypothesis_settings(
+    max_examples=600,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+@_agreement
+@given(st.one_of(_valid, _near_misses, header_like), blanks, blanks)
+@hypothesis_example('"k";b=:aGVsbG8:', "", "")  # unpadded
+@hypothesis_example('"k";b=:aGk=:', "", "")
+@hypothesis_example('"k";b=:aG=:', "", "")  # partly padded
+@hypothesis_example('"k";b=::', "", "")  # empty
+def test_the_key_schema_accepts_what_parse_key_accepts_and_nothing_else(
+    value: str, before: str, after: str
+) -> None:
+    """parse_key and the schema agree on every header value: what one accepts, the other
+    does, as the schema sees it once HTTP has removed the whitespace around it."""
+    raw = before + value + after
+    assert _parses(raw) == _matches(KEY_SCHEMA, raw.strip(" \t")), raw
+
+
+@_agreement
+@given(
+    st.one_of(
+        st.from_regex(BARE_KEY_PATTERN, fullmatch=True),
+        st.from_regex(QUOTED_KEY_PATTERN, fullmatch=True),
+    )
+)
+def test_what_the_key_patterns_accept_parses(value: str) -> None:
+    """Every string drawn from either pattern is a valid header value for the schema, and
+    parses."""
+    assert _matches(KEY_SCHEMA, value), value
+    assert _parses(value), value
 
 
 def test_a_view_without_a_docstring_gets_no_mixin_docstring(schema: dict[str, Any]) -> None:

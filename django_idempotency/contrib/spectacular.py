@@ -36,7 +36,7 @@ from drf_spectacular.settings import spectacular_settings
 from ..conf import conf
 from ..engine import Options
 from ..errors import PROBLEM_BASE, IdempotencyError
-from ..header import MAX_KEY_LENGTH
+from ..header import BYTE_SEQUENCE_PATTERN, MAX_KEY_LENGTH
 from ..mixins import IdempotencyMixin
 from ..responses import PROBLEM_CONTENT_TYPE, REPLAYED_HEADER
 
@@ -113,13 +113,12 @@ def problem_description(status: int, errors: list[type[IdempotencyError]]) -> st
 BARE_KEY_PATTERN = r"^[\x21\x23-\x2B\x2D-\x3A\x3C-\x7E][\x21-\x2B\x2D-\x3A\x3C-\x7E]{0,254}$"
 _SF_STRING_CHAR = r'(?:[\x20\x21\x23-\x5B\x5D-\x7E]|\\["\\])'
 _KEY_CHAR = r'(?:[\x21\x23-\x5B\x5D-\x7E]|\\["\\])'  # a space is not allowed in the key
-_BASE64 = r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}(?:==)?|[A-Za-z0-9+/]{3}=?)?"
 _BARE_ITEM = (
     r"(?:-?[0-9]{1,12}\.[0-9]{1,3}|-?[0-9]{1,15}"  # decimal, integer
     r'|"' + _SF_STRING_CHAR + r'*"'  # string
     r"|[A-Za-z*][A-Za-z0-9!#$%&'*+.^_`|~:/-]*"  # token
     r"|\?[01]"  # boolean
-    r"|:" + _BASE64 + r":)"  # byte sequence
+    r"|:" + BYTE_SEQUENCE_PATTERN + r":)"  # byte sequence
 )
 _PARAMETER = r";[ ]*[a-z*][a-z0-9_.*-]*(?:=" + _BARE_ITEM + r")?"
 #: The RFC 8941 sf-string form: 1-255 visible ASCII characters between quotes (``\"``

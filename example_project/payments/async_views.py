@@ -1,9 +1,11 @@
-"""Async views of the example API, served under ASGI (``example_project.asgi``).
+"""Views of the example API for ASGI (``example_project.asgi``).
 
 ``async_charge`` is an ``async def`` view under ``@idempotent``; ``middleware_charge`` is
 the same view protected by ``IdempotencyMiddleware`` instead (``EXAMPLE_MIDDLEWARE=1``,
-which also installs ``token_auth_middleware`` so that the middleware sees token users).
-Both take ``{"amount": n, "currency": "EUR"}`` and write one Charge per execution.
+which also installs ``token_auth_middleware`` so that the middleware sees token users), and
+``middleware_sync_charge`` a plain sync view protected by the middleware, which Django
+runs in a thread under ASGI. All take ``{"amount": n, "currency": "EUR"}`` and write one
+Charge per execution.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from rest_framework.authentication import TokenAuthentication
 
 from django_idempotency.decorators import idempotency_opt_in, idempotent
 
+from . import psp
 from .models import Charge
 
 AsyncView = Callable[..., Awaitable[HttpResponse]]
@@ -76,13 +79,35 @@ def async_api_user_required(view: AsyncView) -> AsyncView:
     return wrapper
 
 
-async def _charge(request: HttpRequest) -> JsonResponse:
+def _payload(request: HttpRequest) -> tuple[dict[str, Any], int, str] | None:
+    """The JSON body, its amount and its currency; None when it is not a charge."""
     try:
         payload = json.loads(request.body or b"{}")
-        amount = int(payload["amount"])
-        currency = str(payload["currency"]).upper()
+        return payload, int(payload["amount"]), str(payload["currency"]).upper()
     except (ValueError, KeyError, TypeError):
-        return JsonResponse({"detail": 'Send {"amount": <int>, "currency": "EUR"}.'}, status=400)
+        return None
+
+
+BAD_CHARGE = {"detail": 'Send {"amount": <int>, "currency": "EUR"}.'}
+
+
+def _charged(charge: Charge) -> JsonResponse:
+    return JsonResponse(
+        {
+            "id": charge.pk,
+            "amount": charge.amount,
+            "currency": charge.currency,
+            "psp_reference": charge.psp_reference,
+        },
+        status=201,
+    )
+
+
+async def _charge(request: HttpRequest) -> JsonResponse:
+    parsed = _payload(request)
+    if parsed is None:
+        return JsonResponse(BAD_CHARGE, status=400)
+    payload, amount, currency = parsed
     delay = settings.PSP_DELAY_MS / 1000
     if delay:
         await asyncio.sleep(delay)  # the payment provider, awaited
@@ -93,10 +118,7 @@ async def _charge(request: HttpRequest) -> JsonResponse:
     )
     if payload.get("fail_after_write"):  # the tests' way to fail after the write
         raise RuntimeError("the view failed after its write")
-    return JsonResponse(
-        {"id": charge.pk, "amount": amount, "currency": currency, "psp_reference": reference},
-        status=201,
-    )
+    return _charged(charge)
 
 
 @csrf_exempt
@@ -116,3 +138,28 @@ async def middleware_charge(request: HttpRequest) -> JsonResponse:
     if not request.user.is_authenticated:  # loaded by token_auth_middleware
         return JsonResponse({"detail": "Authentication credentials were not provided."}, status=401)
     return await _charge(request)
+
+
+@csrf_exempt
+@require_POST
+@idempotency_opt_in(required=True)
+def middleware_sync_charge(request: HttpRequest) -> JsonResponse:
+    """POST charges the caller; a sync view protected by IdempotencyMiddleware (when
+    installed), through the payment provider (``psp``, which takes ``PSP_DELAY_MS``)."""
+    if not request.user.is_authenticated:  # loaded by token_auth_middleware
+        return JsonResponse({"detail": "Authentication credentials were not provided."}, status=401)
+    parsed = _payload(request)
+    if parsed is None:
+        return JsonResponse(BAD_CHARGE, status=400)
+    payload, amount, currency = parsed
+    reference = psp.charge(
+        amount,
+        currency,
+        idempotency_key=request.idempotency.downstream_key("psp"),  # type: ignore[attr-defined]
+    )
+    charge = Charge.objects.create(
+        user=request.user, amount=amount, currency=currency, psp_reference=reference
+    )
+    if payload.get("fail_after_write"):  # the tests' way to fail after the write
+        raise RuntimeError("the view failed after its write")
+    return _charged(charge)
