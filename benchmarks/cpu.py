@@ -11,7 +11,8 @@ every round) and each round's ratio is taken against the plain view of that roun
 * ``<strategy>-replay``: the same view, one key already completed (a replay).
 
     .venv/bin/python benchmarks/cpu.py [--strategies db,advisory_lock,redis,hybrid]
-        [--rounds 7] [--requests 300] [--profile ROUTE] [--only ROUTE --wrap COMMAND]
+        [--rounds 7] [--requests 300] [--profile ROUTE] [--breakdown ROUTE] [--instructions]
+        [--only ROUTE --wrap COMMAND] [--statements]
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import argparse
 import gc
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -214,6 +216,77 @@ def instructions(args: argparse.Namespace, prefix: str) -> int:
     return 0
 
 
+#: Where a request's CPU goes: (label, frame names); a sample counts for the first label
+#: one of whose frames is on its stack, innermost first, so that the library's own work is
+#: split from the database round trips it sends.
+PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "claim statement / Redis script",
+        (
+            "KeyStatements.claim",
+            "RedisStore.claim",
+            "RedisStore.claim_checking_loss",
+            "AdvisoryLockStrategy.claim",
+        ),
+    ),
+    ("completion statement / script", ("TransactionalClaim.complete",)),
+    ("COMMIT and after-commit", ("Session.__exit__",)),
+    ("BEGIN, on_commit, settle", ("Session._settle_and_begin",)),
+    ("header, scope, fingerprint", ("IdempotentRequest.from_request", "preload_body")),
+    ("response capture", ("capture",)),
+    (
+        "events, lease",
+        ("IdempotentRequest._keep", "IdempotentRequest._event", "IdempotentRequest._send"),
+    ),
+    ("the view's handler (serializer, INSERT)", ("CreateModelMixin.create",)),
+    ("DRF: authentication, permissions", ("APIView.initial",)),
+    ("other library code", ("IdempotencyMixin.", "IdempotentRequest.", "Session.")),
+)
+
+
+def breakdown(args: argparse.Namespace, prefix: str) -> int:
+    """Sample the worker running one route with py-spy and print the share of each part of
+    the request (on-CPU samples only; py-spy leaves idle threads out)."""
+    route = args.breakdown
+    with control_database() as url, tempfile.TemporaryDirectory(prefix="idem-spy-") as tmp:
+        raw = os.path.join(tmp, "samples.txt")
+        spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        env = control_env(url, prefix)
+        command = [
+            spy, "record", "--rate", "500", "--format", "raw", "--output", raw, "--",
+            sys.executable, __file__, "--worker", "--only", route,
+            "--requests", str(args.requests),
+        ]  # fmt: skip
+        try:
+            subprocess.run(command, env=env, check=True, capture_output=True)
+        finally:
+            clean_redis(prefix)
+        shares: dict[str, int] = {label: 0 for label, _ in PARTS}
+        total = 0
+        for line in Path(raw).read_text().splitlines():
+            stack, _, count = line.rpartition(" ")
+            frames = [frame.split(" (", 1)[0] for frame in stack.split(";")]
+            if not any(frame.endswith(".call") for frame in frames):
+                continue  # set-up, not a request
+            total += int(count)
+            for frame in reversed(frames):
+                label = next(
+                    (label for label, names in PARTS if any(frame.endswith(n) or
+                     (n.endswith(".") and frame.startswith(n)) for n in names)),
+                    None,
+                )  # fmt: skip
+                if label is not None:
+                    shares[label] += int(count)
+                    break
+        print(f"{route}: {total} samples in requests")
+        for label, count in shares.items():
+            print(f"  {label:<42} {count / max(total, 1) * 100:5.1f} %")
+        rest = total - sum(shares.values())
+        label = "the rest (Django, middleware, test client)"
+        print(f"  {label:<42} {rest / max(total, 1) * 100:5.1f} %")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -235,6 +308,9 @@ def main() -> int:
         "--instructions",
         action="store_true",
         help="count instructions per request under callgrind instead (load-independent)",
+    )
+    parser.add_argument(
+        "--breakdown", default="", help="py-spy one route: the share of each part of a request"
     )
     parser.add_argument("--profile", default="", help="cProfile one route instead")
     parser.add_argument("--sort", default="cumulative")
@@ -259,6 +335,8 @@ def main() -> int:
     prefix = f"idem-bench-{os.getpid()}"
     if args.instructions:
         return instructions(args, prefix)
+    if args.breakdown:
+        return breakdown(args, prefix)
     with control_database() as url:
         try:
             command = [sys.executable, __file__, "--worker", *sys.argv[1:]]

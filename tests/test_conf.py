@@ -32,7 +32,7 @@ def test_defaults() -> None:
         assert conf.SCOPE_FUNCTION is None
         assert conf.DOWNSTREAM_KEY_SECRET == settings.SECRET_KEY
         assert conf.REDIS_FAILURE_MODE == "db"
-        assert conf.HYBRID_DB_CHECK == "always"
+        assert conf.HYBRID_DB_CHECK == "after_loss"
         assert conf.OUTBOX_BATCH_SIZE == 1000
 
 
