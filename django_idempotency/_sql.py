@@ -141,7 +141,7 @@ class Statement:
     from ``timezone.now()`` on SQLite, so that the same statement serves both.
     """
 
-    __slots__ = ("_slots", "_time_field", "app_clock", "sql")
+    __slots__ = ("_slots", "_time_field", "app_clock", "returns_rows", "sql")
 
     def __init__(
         self,
@@ -171,6 +171,11 @@ class Statement:
         self._slots = tuple(slots)
         self._time_field = time_field
         self.app_clock = any(is_time for _name, is_time in slots)
+        #: A SELECT, or a write with RETURNING: known here, so that ``execute`` does not
+        #: ask the cursor (psycopg builds a column description for that on every call).
+        self.returns_rows = self.sql.lstrip().upper().startswith(("SELECT", "WITH")) or (
+            " RETURNING " in self.sql.upper()
+        )
 
     @property
     def param_slots(self) -> tuple[tuple[str, bool], ...]:
@@ -199,7 +204,7 @@ class Statement:
         count."""
         with connection.cursor() as cursor:
             cursor.execute(self.sql, self.params(connection, values))
-            return cursor.fetchone() if cursor.description else None, cursor.rowcount
+            return cursor.fetchone() if self.returns_rows else None, cursor.rowcount
 
 
 def _joined(parts: list[_Part], separator: str = ", ") -> list[_Part]:
