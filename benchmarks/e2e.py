@@ -79,6 +79,7 @@ function init(args)
   sent = 0
   created = 0
   replayed = 0
+  conflicts = 0
   other = 0
   other_status = 0
 end
@@ -104,6 +105,8 @@ function response(status, headers, body)
     else
       created = created + 1
     end
+  elseif status == 409 then
+    conflicts = conflicts + 1
   else
     other = other + 1
     other_status = status
@@ -111,18 +114,19 @@ function response(status, headers, body)
 end
 
 function done(summary, latency, requests)
-  local created, replayed, other, other_status = 0, 0, 0, 0
+  local created, replayed, conflicts, other, other_status = 0, 0, 0, 0, 0
   for _, thread in ipairs(threads) do
     created = created + thread:get("created")
+    conflicts = conflicts + thread:get("conflicts")
     replayed = replayed + thread:get("replayed")
     other = other + thread:get("other")
     if thread:get("other_status") ~= 0 then other_status = thread:get("other_status") end
   end
   io.write(string.format(
     'WRKJSON {"requests": %d, "duration_us": %d, "created": %d, "replayed": %d, '
-    .. '"other": %d, "other_status": %d, "socket_errors": %d, "p50_us": %d, '
-    .. '"p99_us": %d}\n',
-    summary.requests, summary.duration, created, replayed, other, other_status,
+    .. '"conflicts": %d, "other": %d, "other_status": %d, "socket_errors": %d, '
+    .. '"p50_us": %d, "p99_us": %d}\n',
+    summary.requests, summary.duration, created, replayed, conflicts, other, other_status,
     summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
     latency:percentile(50), latency:percentile(99)))
 end
@@ -224,6 +228,8 @@ def wrk(url: str, script: str, mode: str, duration: float, connections: int) -> 
 
 def describe(result: dict[str, Any]) -> str:
     extra = f", {result['replayed']} replayed" if result["replayed"] else ""
+    if result["conflicts"]:
+        extra += f", {result['conflicts']} in progress (409)"
     if result["other"]:
         extra += f", {result['other']} other (last status {result['other_status']})"
     if result["socket_errors"]:
@@ -235,8 +241,11 @@ def describe(result: dict[str, Any]) -> str:
 
 
 def failed(name: str, mode: str, result: dict[str, Any]) -> int:
-    """Requests that did not answer as the route must (201; a replay after the first)."""
+    """Requests that did not answer as the route must: 201, and in a replay run a 201
+    replay after the first, or a 409 while the first is in progress."""
     bad = result["other"] + result["socket_errors"]
+    if mode != "replay":
+        bad += result["conflicts"]
     if mode == "replay" and result["created"] > 1:
         bad += result["created"] - 1
     if mode != "replay" and result["replayed"]:
