@@ -128,7 +128,9 @@ def _safe(url: str) -> str:
 
 
 def reset_clients() -> None:
-    """Close and forget the cached clients (tests, or after changing the settings)."""
+    """Close and forget the cached clients, and the cached settings (tests, or after
+    changing the settings without ``setting_changed``)."""
+    conf.reload()
     with _clients_lock:
         clients = list(_clients.values())
         _clients.clear()

@@ -97,3 +97,25 @@ def test_configuration_errors_are_improperly_configured(error: type[Exception]) 
     assert issubclass(error, ImproperlyConfigured)
     with pytest.raises(ImproperlyConfigured):
         raise error("misconfigured")
+
+
+def test_values_are_cached_until_a_setting_changes() -> None:
+    """A value is read once; override_settings (setting_changed) drops it, and so does
+    ``strategies.reset()`` after an assignment that sends no signal."""
+    from django_idempotency import strategies
+
+    with override_settings(IDEMPOTENCY={"TTL": 10}):
+        assert conf.TTL == 10.0
+        assert "TTL" in conf.__dict__  # cached on the instance
+        with override_settings(IDEMPOTENCY={"TTL": 20}):
+            assert conf.TTL == 20.0
+        assert conf.TTL == 10.0
+        old = settings.IDEMPOTENCY
+        try:
+            settings.IDEMPOTENCY = {"TTL": 30}  # no setting_changed
+            assert conf.TTL == 10.0
+            strategies.reset()
+            assert conf.TTL == 30.0
+        finally:
+            settings.IDEMPOTENCY = old
+            strategies.reset()

@@ -47,7 +47,9 @@ def get_strategy(name: str | None = None) -> Strategy:
 
 
 def reset() -> None:
-    """Forget loaded strategies (tests, or after changing connection settings)."""
+    """Forget loaded strategies and the cached settings (tests, or after changing the
+    settings without ``setting_changed``, e.g. by assigning ``settings.IDEMPOTENCY``)."""
+    conf.reload()
     with _lock:
         _loaded.clear()
 
