@@ -296,20 +296,17 @@ class Statements:
 
         fast = async_commit(connection)
 
-        def claim_parts(commit_mode: str) -> list[_Part]:
+        def claim(commit_mode: str) -> Statement:
             # One statement: a key settled in the outbox inserts nothing (on SQLite, INSERT
             # … SELECT … ON CONFLICT needs the SELECT's WHERE clause, which it has).
-            return [
+            return statement(
                 f"INSERT INTO {table} ({', '.join(col(name) for name in CLAIM_COLUMNS)}) SELECT ",
                 *_joined([stamped.get(name, _Param(name)) for name in CLAIM_COLUMNS]),
                 commit_mode,
                 " WHERE NOT EXISTS (SELECT 1",
                 *outbox_live(_Now()),
                 f") ON CONFLICT ({q('scope')}, {q('key')}) DO NOTHING RETURNING {q('id')}",
-            ]
-
-        def claim(commit_mode: str) -> Statement:
-            return statement(*claim_parts(commit_mode))
+            )
 
         #: The claim in autocommit, the request path's: a transaction of its own, committed
         #: asynchronously on PostgreSQL (:data:`ASYNC_COMMIT`).
@@ -366,36 +363,6 @@ class Statements:
             *key_row(),
         )
         self.outbox_lookup = statement(f"SELECT 0, {from_outbox}", *outbox_live(_Now()))
-
-        def claim_or_read(commit_mode: str) -> Statement:
-            """The claim and, when it inserted nothing, the loser's read, in one statement
-            (PostgreSQL): ``claim_read``'s row, or ``-1`` and the new row's id. The read
-            sees the statement's snapshot, so a winner that committed after it began
-            (the insert waited for it) is not seen: no row, and ``claim_read`` follows."""
-            blanks = ", ".join(["NULL"] * (len(READ_COLUMNS) - 1))
-            return statement(
-                "WITH ins AS (",
-                *claim_parts(commit_mode),
-                f") SELECT 0, {from_outbox}, FALSE",
-                *outbox_live(_Now()),
-                f" UNION ALL SELECT 1, {from_keys}, ",
-                *takeover,
-                f" FROM {table} WHERE {q('scope')} = ",
-                _Param("scope"),
-                f" AND {q('key')} = ",
-                _Param("key"),
-                # Last: its NULLs take the types of the branches above.
-                f" UNION ALL SELECT -1, ins.{q('id')}, {blanks}, FALSE FROM ins",
-                " ORDER BY 1 LIMIT 1",
-            )
-
-        #: :meth:`claim_or_read` in autocommit and in a transaction; None on SQLite (no
-        #: data-modifying CTE), where the claim and ``claim_read`` are two statements.
-        self.claim_or_read: Statement | None = None
-        self.claim_or_read_in_transaction: Statement | None = None
-        if connection.vendor == "postgresql":
-            self.claim_or_read = claim_or_read(fast)
-            self.claim_or_read_in_transaction = claim_or_read("") if fast else self.claim_or_read
 
         def take_over(commit_mode: str) -> Statement:
             return statement(

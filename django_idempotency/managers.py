@@ -64,12 +64,9 @@ class KeyStatements:
     ) -> ClaimResult:
         """Claim ``(scope, key)`` with one ``INSERT … ON CONFLICT DO NOTHING RETURNING``.
 
-        The loser learns whether the key is in progress, completed (with its stored
-        response) or used for another request from the row it conflicted with. On
-        PostgreSQL the claim's own statement reads it (a CTE); a winner that committed
-        after that statement's snapshot (the insert waited for it) is not seen there
-        under READ COMMITTED, and a second statement reads it. On SQLite the read is
-        always the second statement.
+        The loser reads the row in a second statement (a CTE would not see a
+        concurrent winner under READ COMMITTED) and learns whether the key is in
+        progress, completed (with its stored response) or used for another request.
         A lease older than ``lock_timeout`` and an expired *completed* record are
         taken over by a conditional UPDATE on the old claim token that re-checks
         staleness. An in-progress record is governed by its lease alone: its TTL
@@ -84,10 +81,7 @@ class KeyStatements:
         alias = database(using, self._db)
         connection = connections[alias]
         sql = statements(connection)
-        autocommit = connection.get_autocommit()
-        claim = sql.claim if autocommit else sql.claim_in_transaction
-        # On PostgreSQL the first try also reads the row the claim conflicted with.
-        first = sql.claim_or_read if autocommit else sql.claim_or_read_in_transaction
+        claim = sql.claim if connection.get_autocommit() else sql.claim_in_transaction
         values = {
             "scope": scope,
             "key": key,
@@ -99,22 +93,15 @@ class KeyStatements:
             "ttl": float(ttl),
             "stale": -float(lock_timeout),
         }
-        for attempt in range(5):
+        for _attempt in range(5):
             token = uuid.uuid4()
             values["claim_token"] = sql.prep("claim_token", token, connection)
-            if attempt == 0 and first is not None:
-                found, _count = first.execute(connection, values)
-                if found is not None and found[0] == -1:
-                    return ClaimResult(ClaimState.CLAIMED, pk=int(found[1]), token=token)
-            else:
-                row, _count = claim.execute(connection, values)
-                if row is not None:
-                    return ClaimResult(ClaimState.CLAIMED, pk=int(row[0]), token=token)
-                found = None
-            if found is None:
-                # Nothing inserted: the key has a row, or a live outbox row (which comes
-                # first), that the statement's snapshot did not see or that was not read.
-                found, _count = sql.claim_read.execute(connection, values)
+            row, _count = claim.execute(connection, values)
+            if row is not None:
+                return ClaimResult(ClaimState.CLAIMED, pk=int(row[0]), token=token)
+
+            # Nothing inserted: the key has a row, or a live outbox row (which comes first).
+            found, _count = sql.claim_read.execute(connection, values)
             if found is None:
                 continue  # released, purged or drained between the two statements: again
             existing = sql.key_row(connection, found)

@@ -161,9 +161,7 @@ def test_claim_replays_an_undrained_outbox_row_in_one_statement_pair(using: str)
     with CaptureQueriesContext(connections[using]) as queries:
         result = _claim(using, "k")
     assert result.state is ClaimState.COMPLETED and result.response == RESPONSE
-    # The claim's INSERT reads the row in its own statement on PostgreSQL (a CTE); on
-    # SQLite one read follows it.
-    assert len(queries) == (1 if using == "default" else 2)
+    assert len(queries) == 2, "the claim's INSERT, then one read"
     assert not IdempotencyKey.objects.using(using).filter(key="k").exists()
     mismatch = _claim(using, "k", fingerprint="0" * 64)
     assert mismatch.state is ClaimState.MISMATCH and mismatch.response is None

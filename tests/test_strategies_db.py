@@ -41,15 +41,10 @@ def test_a_project_without_hybrid_never_reads_the_outbox(fresh_strategies: None)
     """No statement of its own: the claim's INSERT checks the outbox (NOT EXISTS)."""
     outbox = IdempotencyOutbox._meta.db_table
     sql = _statements_for_new_key(UserFactory(), "k-plain")
-    # The claim: an INSERT into the key table (in a CTE that also reads it, on PostgreSQL).
-    claims = [
-        s
-        for s in sql
-        if s.startswith(("INSERT INTO", "WITH ins AS (INSERT INTO"))
-        and "idempotencykey" in s.split("INSERT INTO", 1)[1].split()[0]
+    assert any("INSERT INTO" in s and "idempotencykey" in s for s in sql)
+    assert [s for s in sql if outbox in s] == [
+        s for s in sql if s.startswith("INSERT INTO") and "idempotencykey" in s
     ]
-    assert len(claims) == 1
-    assert [s for s in sql if outbox in s] == claims
 
 
 @override_settings(IDEMPOTENCY={"STRATEGY": "db"})
@@ -59,8 +54,7 @@ def test_with_hybrid_loaded_too_the_claim_insert_is_the_only_outbox_statement(
     strategies.load_strategy("hybrid")  # a view of this project uses it
     outbox = IdempotencyOutbox._meta.db_table
     sql = _statements_for_new_key(UserFactory(), "k-mixed")
-    claim = ("INSERT INTO", "WITH ins AS (INSERT INTO")
-    assert [s for s in sql if outbox in s and not s.startswith(claim)] == []
+    assert [s for s in sql if outbox in s and not s.startswith("INSERT INTO")] == []
     assert len([s for s in sql if outbox in s]) == 1
 
 
