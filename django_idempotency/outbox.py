@@ -42,6 +42,7 @@ class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
         ttl: float,
         method: str = "",
         path: str = "",
+        fence_lock_timeout: float | None = None,
         using: str | None = None,
     ) -> bool:
         """Insert the completed response; False when a live row for (scope, key) exists.
@@ -50,68 +51,28 @@ class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
         when another transaction inserted the key and has not committed yet, this one
         waits for it, and then returns False if it committed. Run it in the view's
         transaction, so that the row commits together with the view's writes.
+
+        With ``fence_lock_timeout`` (the ``hybrid`` strategy's commit guard), also False
+        when IdempotencyKey has a live row for the key: a live claim or completed row
+        refuses the insert, and a ``db`` claim whose lease is older than
+        ``fence_lock_timeout`` (on the database's clock) is deleted, which fences its
+        owner out (its ``complete`` finds no row). One statement on PostgreSQL (the fence
+        in a ``DELETE`` CTE of an ``INSERT … SELECT``);
+        ``IdempotencyKey.objects.fence_stale_claim`` first, elsewhere.
         """
         connection = connections[database(using, self._db)]
         sql = statements(connection)
-        values = self._add_values(
-            connection, sql, scope, key, fingerprint, response, ttl=ttl, method=method, path=path
-        )
-        row, _count = sql.outbox_add.execute(connection, values)
-        return row is not None
+        statement = sql.outbox_add
+        if fence_lock_timeout is not None:
+            if sql.outbox_add_fenced is None:
+                from .models import IdempotencyKey
 
-    def add_fenced(
-        self,
-        scope: str,
-        key: str,
-        fingerprint: str,
-        response: StoredResponse,
-        *,
-        ttl: float,
-        lock_timeout: float,
-        method: str = "",
-        path: str = "",
-        using: str | None = None,
-    ) -> bool:
-        """:meth:`add`, unless IdempotencyKey has a live row for (scope, key): the
-        ``hybrid`` strategy's commit guard. A ``db`` claim of the key whose lease is
-        stale (older than ``lock_timeout`` on the database's clock) is deleted, which
-        fences its owner out (its ``complete`` finds no row); a live claim or a live
-        completed row refuses the insert. False when nothing was inserted. One statement
-        on PostgreSQL (``INSERT … SELECT … WHERE`` with the fence in a ``DELETE`` CTE),
-        ``IdempotencyKey.objects.fence_stale_claim`` then :meth:`add` elsewhere. Run it
-        in the view's transaction."""
-        connection = connections[database(using, self._db)]
-        sql = statements(connection)
-        if sql.outbox_add_fenced is None:
-            from .models import IdempotencyKey
-
-            if not IdempotencyKey.objects.fence_stale_claim(
-                scope, key, lock_timeout, using=connection.alias
-            ):
-                return False
-            return self.add(
-                scope, key, fingerprint, response, ttl=ttl, method=method, path=path, using=using
-            )
-        values = self._add_values(
-            connection, sql, scope, key, fingerprint, response, ttl=ttl, method=method, path=path
-        )
-        values["stale"] = -float(lock_timeout)
-        row, _count = sql.outbox_add_fenced.execute(connection, values)
-        return row is not None
-
-    @staticmethod
-    def _add_values(
-        connection: Any,
-        sql: Any,
-        scope: str,
-        key: str,
-        fingerprint: str,
-        response: StoredResponse,
-        *,
-        ttl: float,
-        method: str,
-        path: str,
-    ) -> dict[str, Any]:
+                if not IdempotencyKey.objects.fence_stale_claim(
+                    scope, key, fence_lock_timeout, using=connection.alias
+                ):
+                    return False
+            else:
+                statement = sql.outbox_add_fenced
         now = timezone.now()
         values: dict[str, Any] = {
             "scope": scope,
@@ -127,7 +88,10 @@ class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
         }
         for field in sql.outbox_add_fields:
             values[field.name] = field.get_db_prep_save(values[field.name], connection)
-        return values
+        if fence_lock_timeout is not None:
+            values["stale"] = -float(fence_lock_timeout)
+        row, _count = statement.execute(connection, values)
+        return row is not None
 
     def lookup(
         self, scope: str, key: str, *, using: str | None = None, outbox_only: bool = False

@@ -283,12 +283,12 @@ def test_fence_stale_claim(using: str) -> None:
     }
 
 
-# -- add_fenced (the hybrid strategy's outbox row with its commit guard) ----------------------
+# -- add(fence_lock_timeout=...): the hybrid strategy's outbox row with its commit guard -----
 
 
 def _add_fenced(using: str, key: str) -> bool:
-    return IdempotencyOutbox.objects.add_fenced(
-        "user:1", key, "f" * 64, RESPONSE, ttl=60, lock_timeout=30, method="POST", using=using
+    return IdempotencyOutbox.objects.add(
+        "user:1", key, "f" * 64, RESPONSE, ttl=60, fence_lock_timeout=30, method="POST", using=using
     )
 
 

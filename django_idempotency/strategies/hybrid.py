@@ -45,15 +45,13 @@ EPOCH_SUFFIX = ":{hybrid}:epoch"
 def outbox_write(attempt: Attempt, response: StoredResponse, *, fenced: bool) -> Iterator[None]:
     """Insert the key's outbox row, then run the block, in the view's transaction when
     there is one; ``fenced``: only when IdempotencyKey has no live row for the key
-    (``add_fenced``). A row another transaction committed first, or a live key row, is a
-    lost claim (``LeaseLost``); a database failure is a 503 with the view's writes rolled
-    back."""
+    (``add(fence_lock_timeout=...)``). A row another transaction committed first, or a
+    live key row, is a lost claim (``LeaseLost``); a database failure is a 503 with the
+    view's writes rolled back."""
     using = attempt.database
-    add = IdempotencyOutbox.objects.add_fenced if fenced else IdempotencyOutbox.objects.add
-    extra = {"lock_timeout": attempt.lock_timeout} if fenced else {}
     try:
         with transaction.atomic(using=using, savepoint=False):
-            added = add(
+            added = IdempotencyOutbox.objects.add(
                 attempt.scope,
                 attempt.key,
                 attempt.fingerprint,
@@ -61,8 +59,8 @@ def outbox_write(attempt: Attempt, response: StoredResponse, *, fenced: bool) ->
                 ttl=attempt.ttl,
                 method=attempt.method,
                 path=attempt.path,
+                fence_lock_timeout=attempt.lock_timeout if fenced else None,
                 using=using,
-                **extra,
             )
             if not added:
                 raise LeaseLost()  # another transaction committed this key first
@@ -235,7 +233,7 @@ class HybridStrategy(RedisStrategy):
                 if claim is None:
                     outcome.check_db = self._must_check_db(store, attempt)
                 else:
-                    outcome.check_db = self._loss_reported(loss[-1] if loss else 2, attempt.ttl)
+                    outcome.check_db = self._loss_reported(loss[-1], attempt.ttl)
             elif (
                 isinstance(outcome, Mismatch)
                 and record is not None
