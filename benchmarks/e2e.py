@@ -57,8 +57,7 @@ from control.bench import (  # noqa: E402
     control_env,
 )
 
-from tests.support.ports import free_port  # noqa: E402
-from tests.support.waiting import wait_until  # noqa: E402
+from tests.support.example import serve  # noqa: E402
 
 WRK_SCRIPT = r"""
 -- A fresh Idempotency-Key per request (mode "fresh"), one key for all ("replay"), or
@@ -145,52 +144,24 @@ def routes(strategies: list[str], replay: bool) -> dict[str, tuple[str, str]]:
 
 
 @contextmanager
-def gunicorn(env: dict[str, str], workers: int, threads: int) -> Iterator[str]:
+def gunicorn(database_url: str, env: dict[str, str], workers: int, threads: int) -> Iterator[str]:
     """The control project under gunicorn (gthread workers) on a free port."""
-    port = free_port()
-    log = tempfile.NamedTemporaryFile(prefix="idem-bench-gunicorn-", suffix=".log", delete=False)  # noqa: SIM115
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "control.wsgi",
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--workers",
-            str(workers),
-            "--worker-class",
-            "gthread",
-            "--threads",
-            str(threads),
-        ],
-        env=env,
-        cwd=BENCHMARKS,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: _answers(url), timeout=60)
-        yield url
-    finally:
-        os.killpg(process.pid, 15)
-        process.wait(30)
-        Path(log.name).unlink(missing_ok=True)
-
-
-def _answers(url: str) -> bool:
-    import urllib.error
-    import urllib.request
-
-    try:
-        urllib.request.urlopen(url + "/plain/orders/", timeout=2)
-    except urllib.error.HTTPError:
-        return True  # 401: the server answers
-    except OSError:
-        return False
-    return True
+    command = [
+        "gunicorn",
+        "control.wsgi",
+        "--bind",
+        "127.0.0.1:{port}",
+        "--workers",
+        str(workers),
+        "--worker-class",
+        "gthread",
+        "--threads",
+        str(threads),
+    ]
+    with serve(
+        "gunicorn", command, database_url, env, 60, ready_path="/plain/orders/", ready_token=TOKEN
+    ) as server:
+        yield server.url
 
 
 def wrk(url: str, script: str, mode: str, duration: float, connections: int) -> dict[str, Any]:
@@ -292,7 +263,7 @@ def main() -> int:
             setup += "; quiet_loss_marker()"
         subprocess.run([sys.executable, "-c", setup], env=env, cwd=BENCHMARKS, check=True)
         try:
-            with gunicorn(env, args.workers, args.threads) as base:
+            with gunicorn(url, env, args.workers, args.threads) as base:
                 for path, mode in table.values():  # warm up every route and connection
                     wrk(base + path, script, mode, 1, args.connections)
                 names = list(table)

@@ -118,10 +118,15 @@ def serve(
     database_url: str,
     settings: Mapping[str, str],
     ready_timeout: float = 30,
+    *,
+    ready_path: str = "/api/charges/",
+    ready_token: str = "alice-token",
 ) -> Iterator[ExampleServer]:
     """Run ``command`` (a server of the example project, with ``{port}`` in it for a free
     port) against ``database_url`` with the example's environment plus ``settings``; stop
-    its whole process group afterwards."""
+    its whole process group afterwards. It is ready once ``GET ready_path`` with
+    ``ready_token`` answers 200 (``settings`` may name another project, as the
+    benchmarks' control project does)."""
     port = free_port()
     server_env = example_env(database_url, settings)
     log = tempfile.NamedTemporaryFile(prefix=f"idem-{name}-", suffix=".log", delete=False)  # noqa: SIM115
@@ -135,7 +140,7 @@ def serve(
     )
     server = ExampleServer(f"http://127.0.0.1:{port}", port, process, Path(log.name), server_env)
     try:
-        _wait_ready(server, ready_timeout, name)
+        _wait_ready(server, ready_timeout, name, ready_path, ready_token)
         yield server
     finally:
         if process.poll() is None:
@@ -200,13 +205,19 @@ def example_server(
         yield server
 
 
-def _wait_ready(server: ExampleServer, seconds: float = 30, name: str = "gunicorn") -> None:
+def _wait_ready(
+    server: ExampleServer,
+    seconds: float = 30,
+    name: str = "gunicorn",
+    path: str = "/api/charges/",
+    token: str = "alice-token",
+) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
             raise RuntimeError(f"{name} exited:\n" + server.log())
         try:
-            status, _ = request(server.url + "/api/charges/", method="GET", token="alice-token")
+            status, _ = request(server.url + path, method="GET", token=token)
         except OSError:
             time.sleep(0.1)
             continue
