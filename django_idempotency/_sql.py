@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import DEFAULT_DB_ALIAS, models
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, models
 from django.utils import timezone
 
 from .records import READ_COLUMNS, KeyRow
@@ -104,6 +104,56 @@ def async_commit(connection: BaseDatabaseWrapper) -> str:
     """:data:`ASYNC_COMMIT` on PostgreSQL, nothing elsewhere (SQLite's statements are the
     same either way)."""
     return ASYNC_COMMIT if connection.vendor == "postgresql" else ""
+
+
+#: Raised (as ``invalid_text_representation``) by a statement that commits its transaction
+#: in the same round trip (:func:`and_commit`) when it stored nothing: the fenced write found
+#: no row of its own, so the transaction must not commit. The marker names the cause in the
+#: database server's log too.
+NOT_STORED_MARKER = "django_idempotency: not stored, transaction not committed"
+
+
+def and_commit(write: list[_Part], cte: list[_Part] | None = None) -> list[_Part]:
+    """``write`` (a data-modifying statement with ``RETURNING``), then ``COMMIT``, as one
+    simple-protocol query: one round trip where the store and Django's COMMIT took two.
+
+    The write runs as a CTE whose rows are counted; when it returned none, the outer
+    ``SELECT`` fails with :data:`NOT_STORED_MARKER` (the ``CASE`` evaluates the failing
+    branch only then: it depends on the count, so the planner cannot fold it), which
+    aborts the transaction and skips the ``COMMIT``. ``cte``: CTEs of ``write`` that must
+    come first (a ``WITH`` cannot nest inside a data-modifying CTE).
+    """
+    return [
+        "WITH ",
+        *(cte or []),
+        ", stored AS (" if cte else "stored AS (",
+        *write,
+        ") SELECT CASE WHEN count(*) > 0 THEN 1 ELSE "
+        f"CAST('{NOT_STORED_MARKER}' || count(*) AS integer) END FROM stored; COMMIT",
+    ]
+
+
+def commits_in_statement(connection: BaseDatabaseWrapper) -> bool:
+    """Whether ``connection`` can send a statement and ``COMMIT`` as one query: PostgreSQL
+    through psycopg 3 with client-side binding (Django's default), which sends a query
+    over the simple protocol. Server-side binding (``OPTIONS["server_side_binding"]``)
+    prepares it, and one prepared statement holds one command only; psycopg2 fetches the
+    last result (the COMMIT's), not the write's."""
+    if connection.vendor != "postgresql" or connection.connection is None:
+        return False
+    try:
+        from psycopg import ClientCursor
+    except ImportError:  # psycopg2
+        return False
+    factory = getattr(connection.connection, "cursor_factory", None)
+    return isinstance(factory, type) and issubclass(factory, ClientCursor)
+
+
+def not_stored(error: BaseException) -> bool:
+    """Whether ``error`` is the refusal of an :func:`and_commit` statement that stored
+    nothing (its transaction is aborted: roll it back)."""
+    cause = error.__cause__
+    return getattr(cause, "sqlstate", None) == "22P02" and NOT_STORED_MARKER in str(cause)
 
 
 class _Param:
@@ -205,6 +255,18 @@ class Statement:
         with connection.cursor() as cursor:
             cursor.execute(self.sql, self.params(connection, values))
             return cursor.fetchone() if self.returns_rows else None, cursor.rowcount
+
+    def store_and_commit(self, connection: BaseDatabaseWrapper, values: dict[str, Any]) -> bool:
+        """Run a statement made with :func:`and_commit`: True when it stored and committed,
+        False when it stored nothing (its transaction is then aborted, not committed)."""
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(self.sql, self.params(connection, values))
+        except DatabaseError as exc:
+            if not_stored(exc):
+                return False
+            raise
+        return True
 
 
 def _joined(parts: list[_Part], separator: str = ", ") -> list[_Part]:
@@ -407,7 +469,7 @@ class Statements:
             _Param("token"),
             f" AND {status} = '{IN_PROGRESS}'",
         ]
-        self.complete = statement(
+        complete: list[_Part] = [
             f"UPDATE {table} SET {status} = '{COMPLETED}', {col('response_status')} = ",
             _Param("response_status"),
             f", {col('response_headers')} = ",
@@ -419,7 +481,11 @@ class Statements:
             f", {locked} = NULL, {expires} = ",
             _Now("ttl"),
             *owner,
-        )
+        ]
+        self.complete = statement(*complete)
+        #: The completion and the COMMIT of the view's transaction in one round trip
+        #: (PostgreSQL, :func:`commits_in_statement`); fails when the fence matched no row.
+        self.complete_and_commit = statement(*and_commit([*complete, " RETURNING 1"]))
         self.renew = statement(f"UPDATE {table} SET {locked} = ", _Now(), *owner)
         self.release = statement(f"DELETE FROM {table}", *owner)
 
@@ -431,13 +497,16 @@ class Statements:
             "locked_at": "NULL",
         }
         updates = ", ".join(f"{col(name)} = EXCLUDED.{col(name)}" for name in STORE_COLUMNS[2:])
-        self.store = statement(
+        store: list[_Part] = [
             f"INSERT INTO {table} ({', '.join(col(name) for name in STORE_COLUMNS)}) VALUES (",
             *_joined([stored.get(name, _Param(name)) for name in STORE_COLUMNS]),
             f") ON CONFLICT ({q('scope')}, {q('key')}) DO UPDATE SET {updates} "
             # Only over an expired record: never over one another execution completed.
             f"WHERE {table}.{expires} <= EXCLUDED.{q('created_at')} RETURNING {q('id')}",
-        )
+        ]
+        self.store = statement(*store)
+        #: The same and the COMMIT (advisory_lock's completion, :func:`and_commit`).
+        self.store_and_commit = statement(*and_commit(store))
 
         #: The hybrid strategy's check of a key before its commit (fence_stale_claim).
         self.fence_read = statement(
@@ -479,6 +548,7 @@ class Statements:
         #: between keeps it), which the ``fenced`` test then sees. None elsewhere, where
         #: ``outbox_add`` and ``fence_read``/``fence_delete`` run one after the other.
         self.outbox_add_fenced: Statement | None = None
+        self.outbox_add_fenced_and_commit: Statement | None = None
         if connection.vendor == "postgresql":
             key_where: list[_Part] = [
                 f" WHERE {q('scope')} = ",
@@ -486,8 +556,8 @@ class Statements:
                 f" AND {q('key')} = ",
                 _Param("key"),
             ]
-            self.outbox_add_fenced = statement(
-                f"WITH fenced AS (DELETE FROM {table}",
+            fence: list[_Part] = [
+                f"fenced AS (DELETE FROM {table}",
                 *key_where,
                 " AND ",
                 *stale,
@@ -495,7 +565,10 @@ class Statements:
                 *takeover,
                 f" AS free FROM {table}",
                 *key_where,
-                f") INSERT INTO {outbox} ({', '.join(outbox_columns)}) SELECT ",
+                ")",
+            ]
+            add_fenced: list[_Part] = [
+                f"INSERT INTO {outbox} ({', '.join(outbox_columns)}) SELECT ",
                 *_joined([_Param(name) for name in OUTBOX_ADD_COLUMNS]),
                 " WHERE NOT EXISTS (SELECT 1 FROM key_row WHERE NOT key_row.free)",
                 f" AND (NOT EXISTS (SELECT 1 FROM key_row WHERE key_row.status = '{IN_PROGRESS}')",
@@ -503,7 +576,10 @@ class Statements:
                 f" ON CONFLICT ({q('scope')}, {q('key')}) DO UPDATE SET {outbox_updates} "
                 f"WHERE {outbox}.{q('expires_at')} <= EXCLUDED.{q('created_at')} "
                 f"RETURNING {q('id')}",
-            )
+            ]
+            self.outbox_add_fenced = statement("WITH ", *fence, " ", *add_fenced)
+            #: The same and the COMMIT of the view's transaction (:func:`and_commit`).
+            self.outbox_add_fenced_and_commit = statement(*and_commit(add_fenced, cte=fence))
 
         self.read_converters = _converters(IdempotencyKey, connection, READ_COLUMNS)
 

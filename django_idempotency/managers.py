@@ -249,14 +249,23 @@ class KeyStatements:
         response: StoredResponse,
         *,
         ttl: float,
+        commit: bool = False,
         using: str | None = None,
     ) -> bool:
-        """Store the response; False when ``token`` is no longer the claim's (fencing)."""
+        """Store the response; False when ``token`` is no longer the claim's (fencing).
+
+        ``commit``: the statement also commits the current transaction, in the same
+        round trip (PostgreSQL through psycopg 3 with client-side binding, see
+        ``_sql.commits_in_statement``; the caller checks that, and then ends its
+        ``atomic`` block at once). When it returns False nothing committed and the
+        transaction is aborted: roll it back."""
         connection, sql, values = self._owner(using, pk, token)
         values["response_status"] = response.status
         values["response_headers"] = sql.prep("response_headers", response.headers, connection)
         values["response_body"] = sql.prep("response_body", response.body, connection)
         values["ttl"] = float(ttl)
+        if commit:
+            return sql.complete_and_commit.store_and_commit(connection, values)
         _row, count = sql.complete.execute(connection, values)
         return bool(count == 1)
 
@@ -270,11 +279,13 @@ class KeyStatements:
         ttl: float,
         method: str = "",
         path: str = "",
+        commit: bool = False,
         using: str | None = None,
     ) -> bool:
         """Write the completed record of ``(scope, key)`` in one
         ``INSERT … ON CONFLICT (scope, key) DO UPDATE … WHERE expired RETURNING``;
-        False when a live record of the key exists (it is left as it is).
+        False when a live record of the key exists (it is left as it is). ``commit``: as
+        for :meth:`complete`.
 
         For a caller that already serialises ``(scope, key)`` by other means (the
         ``advisory_lock`` strategy holds a transaction-level advisory lock on it):
@@ -282,21 +293,21 @@ class KeyStatements:
         """
         connection = connections[database(using, self._db)]
         sql = statements(connection)
-        row, _count = sql.store.execute(
-            connection,
-            {
-                "scope": scope,
-                "key": key,
-                "fingerprint": fingerprint,
-                "claim_token": sql.prep("claim_token", uuid.uuid4(), connection),
-                "request_method": method,
-                "request_path": path,
-                "response_status": response.status,
-                "response_headers": sql.prep("response_headers", response.headers, connection),
-                "response_body": sql.prep("response_body", response.body, connection),
-                "ttl": float(ttl),
-            },
-        )
+        values = {
+            "scope": scope,
+            "key": key,
+            "fingerprint": fingerprint,
+            "claim_token": sql.prep("claim_token", uuid.uuid4(), connection),
+            "request_method": method,
+            "request_path": path,
+            "response_status": response.status,
+            "response_headers": sql.prep("response_headers", response.headers, connection),
+            "response_body": sql.prep("response_body", response.body, connection),
+            "ttl": float(ttl),
+        }
+        if commit:
+            return sql.store_and_commit.store_and_commit(connection, values)
+        row, _count = sql.store.execute(connection, values)
         return row is not None
 
     def release(self, pk: int, token: uuid.UUID, *, using: str | None = None) -> bool:

@@ -43,6 +43,7 @@ class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
         method: str = "",
         path: str = "",
         fence_lock_timeout: float | None = None,
+        commit: bool = False,
         using: str | None = None,
     ) -> bool:
         """Insert the completed response; False when a live row for (scope, key) exists.
@@ -59,6 +60,11 @@ class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
         owner out (its ``complete`` finds no row). One statement on PostgreSQL (the fence
         in a ``DELETE`` CTE of an ``INSERT … SELECT``);
         ``IdempotencyKey.objects.fence_stale_claim`` first, elsewhere.
+
+        ``commit`` (with ``fence_lock_timeout``, on PostgreSQL): the statement also
+        commits the current transaction in the same round trip, as
+        ``IdempotencyKey.objects.complete(commit=True)`` does; False: nothing committed,
+        the transaction is aborted.
         """
         connection = connections[database(using, self._db)]
         sql = statements(connection)
@@ -71,6 +77,9 @@ class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
                     scope, key, fence_lock_timeout, using=connection.alias
                 ):
                     return False
+            elif commit:
+                assert sql.outbox_add_fenced_and_commit is not None
+                statement = sql.outbox_add_fenced_and_commit
             else:
                 statement = sql.outbox_add_fenced
         now = timezone.now()
@@ -90,6 +99,10 @@ class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
             values[field.name] = field.get_db_prep_save(values[field.name], connection)
         if fence_lock_timeout is not None:
             values["stale"] = -float(fence_lock_timeout)
+        if statement is sql.outbox_add_fenced_and_commit:
+            return statement.store_and_commit(connection, values)
+        if commit:
+            raise ValueError("commit=True needs fence_lock_timeout and PostgreSQL")
         row, _count = statement.execute(connection, values)
         return row is not None
 

@@ -520,7 +520,10 @@ def _terminate_the_commit(done: threading.Event) -> None:
         while time.monotonic() < deadline and not done.is_set():
             row = admin.execute(
                 "SELECT pid FROM pg_stat_activity WHERE datname = %s AND state = 'active' "
-                "AND query = 'COMMIT' AND pid <> pg_backend_pid()",
+                # Django's COMMIT, or the completion that also commits (``WITH … stored AS
+                # (…) …; COMMIT``, which pg_stat_activity may show cut short)
+                "AND (query = 'COMMIT' OR query LIKE 'WITH %%stored AS (%%') "
+                "AND pid <> pg_backend_pid()",
                 [name],
             ).fetchone()
             if row is not None:

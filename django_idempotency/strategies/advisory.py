@@ -30,6 +30,7 @@ from .base import (
     Replay,
     Strategy,
     TransactionalClaim,
+    store_failed,
 )
 
 LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
@@ -46,9 +47,16 @@ class AdvisoryClaim(TransactionalClaim):
     def renew(self) -> bool:
         return True
 
+    folds_commit = True
+
     def _store(self, response: StoredResponse) -> None:
         # The advisory lock serialises this (scope, key), so no live record can exist.
-        if not self._upsert(response):
+        commit = self.commit_with_store
+        try:
+            stored = self._upsert(response, commit=commit)
+        except DatabaseError as exc:
+            raise store_failed(exc, committing=commit)  # noqa: B904 - chained there
+        if not stored:
             raise LeaseLost()
 
     def store_pending(self, response: StoredResponse) -> bool:
@@ -59,7 +67,7 @@ class AdvisoryClaim(TransactionalClaim):
             lock(dataclasses.replace(self.attempt, wait=0))  # the owner: no waiter slot
             return self._upsert(response)
 
-    def _upsert(self, response: StoredResponse) -> bool:
+    def _upsert(self, response: StoredResponse, *, commit: bool = False) -> bool:
         attempt = self.attempt
         return IdempotencyKey.objects.store_completed(
             attempt.scope,
@@ -69,6 +77,7 @@ class AdvisoryClaim(TransactionalClaim):
             ttl=attempt.ttl,
             method=attempt.method,
             path=attempt.path,
+            commit=commit,
             using=attempt.database,
         )
 

@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import abc
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections, transaction
 
-from ..errors import LeaseLost, StoreUnavailable
+from .._sql import commits_in_statement
+from ..errors import LeaseLost, StoreUnavailable, is_connection_lost, is_transient
 from ..responses import StoredResponse
 
 if TYPE_CHECKING:
@@ -52,6 +54,26 @@ class Attempt:
     #: Seconds a duplicate waits for this key's answer (``WAIT``); 0: the 409 at once.
     #: When > 0 the request that completes or releases the key also wakes its waiters.
     wait: float = 0.0
+
+
+#: The detail of a 503 for a response that could not be stored.
+NOT_STORED_DETAIL = (
+    "The response could not be stored, so this request's changes were rolled back. "
+    "Retry with the same Idempotency-Key."
+)
+
+
+def store_failed(exc: DatabaseError, *, committing: bool) -> BaseException:
+    """What a store that failed with ``exc`` raises: ``StoreUnavailable`` (a 503; the
+    view's writes are rolled back). When its statement also ran the COMMIT
+    (:attr:`TransactionalClaim.commit_with_store`), a lost connection or a transient
+    conflict is raised as it is, so that the client gets the answer a failed COMMIT gets
+    (``database-unavailable``, ``transient-conflict``)."""
+    if committing and (is_connection_lost(exc) or is_transient(exc)):
+        return exc
+    error = StoreUnavailable(NOT_STORED_DETAIL)
+    error.__cause__ = exc
+    return error
 
 
 class Outcome:
@@ -126,6 +148,10 @@ class TransactionalClaim(Claimed):
     :meth:`after_commit` and :meth:`lost`.
     """
 
+    #: Whether :meth:`_store` can also COMMIT the view's transaction, in the round trip of
+    #: its own statement, when :attr:`commit_with_store` says so.
+    folds_commit: bool = False
+
     def __init__(self, attempt: Attempt) -> None:
         self.attempt = attempt
         #: Set by the session while the view runs inside its transaction.
@@ -135,6 +161,17 @@ class TransactionalClaim(Claimed):
         self.released = False
         self.completed = False
         self.committed = False
+        #: Set by the session when the store may commit its transaction (see
+        #: :attr:`commit_with_store`): ends Django's ``atomic`` block after that COMMIT.
+        self._end_committed: Callable[[], None] | None = None
+
+    @property
+    def commit_with_store(self) -> bool:
+        """Whether :meth:`_store` is to COMMIT the view's transaction in its statement's
+        round trip (``_sql.and_commit``): the session's transaction is the outermost, on
+        PostgreSQL through psycopg 3 with client-side binding. A store that does must
+        raise when it stored nothing, with nothing committed."""
+        return self._end_committed is not None and self.in_transaction
 
     # -- what the engine calls -------------------------------------------------------------
 
@@ -147,9 +184,16 @@ class TransactionalClaim(Claimed):
         if self.in_transaction and transaction.get_rollback(using=self.attempt.database):
             self.pending = response
             return
+        folded = self.commit_with_store
         self._store(response)
         self.completed = True
-        if not self.in_transaction:
+        if folded:
+            # The store's statement committed the transaction: durable now.
+            self.committed, self.in_transaction = True, False
+            end, self._end_committed = self._end_committed, None
+            assert end is not None
+            end()
+        elif not self.in_transaction:
             self.committed = True  # no transaction: the store itself is durable
 
     def release(self) -> None:
@@ -257,12 +301,26 @@ class Session:
         self.attempt = attempt
         self.claim: TransactionalClaim | None = None
         self._atomic: Any = None
+        #: Whether ``_atomic`` is the connection's outermost block and commits at its end.
+        self._outermost = False
+        #: An on_commit hook's error, raised at the exit (see :meth:`_end_committed`).
+        self._hook_error: BaseException | None = None
         self._inner: Any = None
 
     # -- enter -----------------------------------------------------------------------------
 
     def __enter__(self) -> Outcome:
         strategy, attempt = self.strategy, self.attempt
+        if attempt.atomic or strategy.claims_in_transaction:
+            connection = connections[attempt.database]
+            if not connection.in_atomic_block and not connection.get_autocommit():
+                # No on_commit there: the session could never tell when the response is
+                # durable. Refused before anything is claimed.
+                raise transaction.TransactionManagementError(
+                    "django-idempotency cannot run a view in manual transaction management "
+                    f"(set_autocommit(False) on {attempt.database!r}): run it in autocommit "
+                    "or inside transaction.atomic()."
+                )
         if strategy.claims_in_transaction:
             self._begin()
             try:
@@ -317,6 +375,12 @@ class Session:
         elif self._atomic is not None:
             # First hook of the transaction: runs right after COMMIT, before the view's.
             transaction.on_commit(claim._mark_committed, using=self.attempt.database)
+            if (
+                self._outermost
+                and claim.folds_commit
+                and commits_in_statement(connections[self.attempt.database])
+            ):
+                claim._end_committed = self._end_committed
         return settled
 
     def _delegate(self, delegate: Delegate) -> Outcome:
@@ -325,12 +389,27 @@ class Session:
         return outcome
 
     def _begin(self) -> None:
+        connection = connections[self.attempt.database]
+        # Not in an outer block, nor in a transaction the caller manages by hand
+        # (set_autocommit(False)): then this block's end is the COMMIT.
+        outermost = not connection.in_atomic_block and connection.get_autocommit()
         try:
             atomic = transaction.atomic(using=self.attempt.database)
             atomic.__enter__()
         except DatabaseError as exc:
             raise StoreUnavailable() from exc
-        self._atomic = atomic
+        self._atomic, self._outermost = atomic, outermost
+
+    def _end_committed(self) -> None:
+        """The claim's store has committed the transaction in its own round trip: end
+        Django's block now, so that nothing runs in it after COMMIT. Its COMMIT finds
+        nothing to commit, autocommit comes back, then the view's ``on_commit`` hooks
+        run; a hook's error is raised at the session's exit, as when COMMIT is there."""
+        atomic, self._atomic = self._atomic, None
+        try:
+            atomic.__exit__(None, None, None)
+        except BaseException as exc:
+            self._hook_error = exc
 
     def _abandon(self, exc: BaseException | None) -> None:
         """End the transaction without keeping anything of it."""
@@ -364,6 +443,8 @@ class Session:
                 error = raised
             finally:
                 claim.in_transaction = False
+        elif self._hook_error is not None and error is None:
+            error, self._hook_error = self._hook_error, None
         if claim.committed:
             # Durable: nothing may delete or rewrite the record now.
             claim.after_commit()

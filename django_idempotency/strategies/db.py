@@ -32,6 +32,7 @@ from .base import (
     Replay,
     Strategy,
     TransactionalClaim,
+    store_failed,
 )
 
 logger = logging.getLogger("django_idempotency")
@@ -57,19 +58,24 @@ class DatabaseClaim(TransactionalClaim):
     def renew(self) -> bool:
         return IdempotencyKey.objects.renew(self.pk, self.token, using=self.attempt.database)
 
+    folds_commit = True
+
     def _store(self, response: StoredResponse) -> None:
+        a = self.attempt
+        commit = self.commit_with_store
         try:
+            if commit and a.wait > 0:
+                # Before the completion that commits: the waiters are woken at COMMIT
+                # (and never when the completion fails and aborts the transaction).
+                waiting.notify_database(a.database, a.scope, a.key)
             stored = IdempotencyKey.objects.complete(
-                self.pk, self.token, response, ttl=self.attempt.ttl, using=self.attempt.database
+                self.pk, self.token, response, ttl=a.ttl, commit=commit, using=a.database
             )
-            if stored and self.attempt.wait > 0:
+            if stored and a.wait > 0 and not commit:
                 # In the view's transaction: the waiters are woken at its COMMIT.
-                waiting.notify_database(self.attempt.database, self.attempt.scope, self.attempt.key)
+                waiting.notify_database(a.database, a.scope, a.key)
         except DatabaseError as exc:
-            raise StoreUnavailable(
-                "The response could not be stored, so this request's changes were rolled back. "
-                "Retry with the same Idempotency-Key."
-            ) from exc
+            raise store_failed(exc, committing=commit)  # noqa: B904 - chained there
         if not stored:
             raise LeaseLost()
 

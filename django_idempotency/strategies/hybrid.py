@@ -29,7 +29,7 @@ from ..redis_store import (
     to_ms,
 )
 from ..responses import StoredResponse
-from .base import Attempt, Delegate, InFlight, Mismatch, Outcome, Replay
+from .base import Attempt, Delegate, InFlight, Mismatch, Outcome, Replay, store_failed
 from .db import DatabaseClaim, DatabaseStrategy
 from .redis import RedisClaim, RedisStrategy, redis_claim
 
@@ -42,12 +42,15 @@ EPOCH_SUFFIX = ":{hybrid}:epoch"
 
 
 @contextmanager
-def outbox_write(attempt: Attempt, response: StoredResponse, *, fenced: bool) -> Iterator[None]:
+def outbox_write(
+    attempt: Attempt, response: StoredResponse, *, fenced: bool, commit: bool = False
+) -> Iterator[None]:
     """Insert the key's outbox row, then run the block, in the view's transaction when
     there is one; ``fenced``: only when IdempotencyKey has no live row for the key
     (``add(fence_lock_timeout=...)``). A row another transaction committed first, or a
     live key row, is a lost claim (``LeaseLost``); a database failure is a 503 with the
-    view's writes rolled back."""
+    view's writes rolled back. ``commit``: the insert also commits the transaction (see
+    ``add(commit=True)``); the block then runs after that COMMIT."""
     using = attempt.database
     try:
         with transaction.atomic(using=using, savepoint=False):
@@ -60,16 +63,14 @@ def outbox_write(attempt: Attempt, response: StoredResponse, *, fenced: bool) ->
                 method=attempt.method,
                 path=attempt.path,
                 fence_lock_timeout=attempt.lock_timeout if fenced else None,
+                commit=commit,
                 using=using,
             )
             if not added:
                 raise LeaseLost()  # another transaction committed this key first
             yield
     except DatabaseError as exc:
-        raise StoreUnavailable(
-            "The response could not be stored, so this request's changes were rolled back. "
-            "Retry with the same Idempotency-Key."
-        ) from exc
+        raise store_failed(exc, committing=commit)  # noqa: B904 - chained there
 
 
 class OutboxDatabaseClaim(DatabaseClaim):
@@ -80,6 +81,8 @@ class OutboxDatabaseClaim(DatabaseClaim):
     """
 
     strategy: OutboxDatabaseStrategy
+    #: Two statements (the outbox row, then the fenced completion): Django's COMMIT.
+    folds_commit = False
 
     def _store(self, response: StoredResponse) -> None:
         # The key's row is this claim's own: the completion below is fenced by its token.
@@ -109,6 +112,8 @@ class HybridClaim(RedisClaim):
     that ``complete()`` adds the outbox row to. Redis gets the completed record only
     after COMMIT (``after_commit``)."""
 
+    folds_commit = True  # on PostgreSQL: the fenced outbox insert and COMMIT, one query
+
     def __init__(
         self, strategy: HybridStrategy, store: RedisStore, attempt: Attempt, token: str
     ) -> None:
@@ -133,7 +138,7 @@ class HybridClaim(RedisClaim):
         refused when IdempotencyKey already has the key: completed (drained earlier) or
         claimed by the ``db`` strategy. A ``db`` claim whose lease went stale (on the
         database's clock) is deleted in this transaction, which fences its owner out."""
-        with outbox_write(self.attempt, response, fenced=True):
+        with outbox_write(self.attempt, response, fenced=True, commit=self.commit_with_store):
             pass
         self.response = response
 
