@@ -8,6 +8,7 @@ What the statements do is told in docs/how-it-works.md and docs/hybrid.md.
 
 from __future__ import annotations
 
+import functools
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -141,12 +142,23 @@ def commits_in_statement(connection: BaseDatabaseWrapper) -> bool:
     last result (the COMMIT's), not the write's."""
     if connection.vendor != "postgresql" or connection.connection is None:
         return False
+    factory = getattr(connection.connection, "cursor_factory", None)
+    client_cursor = _client_cursor()
+    return (
+        client_cursor is not None
+        and isinstance(factory, type)
+        and issubclass(factory, client_cursor)
+    )
+
+
+@functools.cache
+def _client_cursor() -> type | None:
+    """psycopg 3's ClientCursor, None without psycopg 3 (imported on first use only)."""
     try:
         from psycopg import ClientCursor
-    except ImportError:  # psycopg2
-        return False
-    factory = getattr(connection.connection, "cursor_factory", None)
-    return isinstance(factory, type) and issubclass(factory, ClientCursor)
+    except ImportError:  # psycopg2 only
+        return None
+    return ClientCursor
 
 
 def not_stored(error: BaseException) -> bool:

@@ -301,6 +301,8 @@ class Session:
         self.attempt = attempt
         self.claim: TransactionalClaim | None = None
         self._atomic: Any = None
+        #: The connection of ``attempt.database`` (this thread's), when the session uses it.
+        self._connection: Any = None
         #: Whether ``_atomic`` is the connection's outermost block and commits at its end.
         self._outermost = False
         #: An on_commit hook's error, raised at the exit (see :meth:`_end_committed`).
@@ -312,8 +314,14 @@ class Session:
     def __enter__(self) -> Outcome:
         strategy, attempt = self.strategy, self.attempt
         if attempt.atomic or strategy.claims_in_transaction:
-            connection = connections[attempt.database]
-            if not connection.in_atomic_block and not connection.get_autocommit():
+            connection = self._connection = connections[attempt.database]
+            # Manual mode needs set_autocommit(False), which connects: an unconnected
+            # connection is not in it (and its ``autocommit`` is not read yet).
+            if (
+                connection.connection is not None
+                and not connection.autocommit
+                and not connection.in_atomic_block
+            ):
                 # No on_commit there: the session could never tell when the response is
                 # durable. Refused before anything is claimed.
                 raise transaction.TransactionManagementError(
@@ -358,7 +366,7 @@ class Session:
     def _settle_and_begin(self, claim: TransactionalClaim) -> Outcome | None:
         atomic = self.attempt.atomic or self.strategy.claims_in_transaction
         in_transaction = (
-            atomic and connections[self.attempt.database].vendor == "postgresql"
+            atomic and self._connection.vendor == "postgresql"
         ) or self._atomic is not None
         settled = None
         if not in_transaction:
@@ -375,11 +383,7 @@ class Session:
         elif self._atomic is not None:
             # First hook of the transaction: runs right after COMMIT, before the view's.
             transaction.on_commit(claim._mark_committed, using=self.attempt.database)
-            if (
-                self._outermost
-                and claim.folds_commit
-                and commits_in_statement(connections[self.attempt.database])
-            ):
+            if self._outermost and claim.folds_commit and commits_in_statement(self._connection):
                 claim._end_committed = self._end_committed
         return settled
 
@@ -389,7 +393,7 @@ class Session:
         return outcome
 
     def _begin(self) -> None:
-        connection = connections[self.attempt.database]
+        connection = self._connection
         # Not in an outer block, nor in a transaction the caller manages by hand
         # (set_autocommit(False)): then this block's end is the COMMIT.
         outermost = not connection.in_atomic_block and connection.get_autocommit()
