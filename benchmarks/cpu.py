@@ -7,6 +7,8 @@ PostgreSQL's or Redis's own work. The routes are interleaved (the order rotates
 every round) and each round's ratio is taken against the plain view of that round.
 
 * ``plain``: ``ListCreateAPIView`` + ``ModelSerializer``, token auth, one ``INSERT``;
+* ``floor`` (with ``db``): the plain view plus the round trips of a ``db`` new key, no
+  library code (``RoundTripFloor``): the part of ``db``'s cost that is the round trips;
 * ``<strategy>``: the same view with ``IdempotencyMixin``, a fresh key per request;
 * ``<strategy>-replay``: the same view, one key already completed (a replay).
 
@@ -46,7 +48,7 @@ from control.bench import (  # noqa: E402
 
 
 def routes(strategies: list[str], replay: bool) -> list[str]:
-    names = ["plain", *strategies]
+    names = ["plain", *(["floor"] if "db" in strategies else []), *strategies]
     if replay:
         names += [f"{s}-replay" for s in strategies]
     return names
@@ -67,7 +69,7 @@ def worker(args: argparse.Namespace) -> int:
     def call(route: str) -> None:
         strategy, _, mode = route.partition("-")
         path = f"/{strategy}/orders/"
-        if strategy == "plain":
+        if strategy in ("plain", "floor"):
             response = client.post(path, BODY, content_type="application/json", **headers)
         else:
             key = f"{run}-{strategy}-replay" if mode else f"{run}-{next(counter)}"
@@ -236,8 +238,9 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "AdvisoryLockStrategy.claim",
         ),
     ),
-    ("completion statement / script", ("TransactionalClaim.complete",)),
-    ("COMMIT and after-commit", ("Session.__exit__",)),
+    # The store, and on PostgreSQL the COMMIT it carries with Django's block ended after it.
+    ("completion statement / script (+ COMMIT)", ("TransactionalClaim.complete",)),
+    ("Django's COMMIT, after-commit", ("Session.__exit__",)),
     ("BEGIN, on_commit, settle", ("Session._settle_and_begin",)),
     ("header, scope, fingerprint", ("IdempotentRequest.from_request", "preload_body")),
     ("response capture", ("capture",)),

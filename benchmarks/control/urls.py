@@ -1,11 +1,12 @@
 from django.urls import path
 
-from control.orders.views import IdempotentOrderList, OrderList
+from control.orders.views import IdempotentOrderList, OrderList, RoundTripFloor
 
 STRATEGIES = ("db", "advisory_lock", "redis", "hybrid")
 
 urlpatterns = [
     path("plain/orders/", OrderList.as_view()),
+    path("floor/orders/", RoundTripFloor.as_view()),
     *(
         path(f"{name}/orders/", IdempotentOrderList.as_view(idempotency_strategy=name))
         for name in STRATEGIES

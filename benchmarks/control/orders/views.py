@@ -1,3 +1,4 @@
+from django.db import connection, transaction
 from rest_framework import generics, serializers
 
 from django_idempotency.mixins import IdempotencyMixin
@@ -23,3 +24,19 @@ class OrderList(generics.ListCreateAPIView):
 
 class IdempotentOrderList(IdempotencyMixin, OrderList):
     idempotency_required = True
+
+
+class RoundTripFloor(OrderList):
+    """The plain view plus the round trips of a new key under the ``db`` strategy, with no
+    library code: one autocommit statement before the view (the claim's), the view in a
+    transaction, and a last statement that also commits it (the completion's). What is
+    left between this route and ``db`` is the library's own work."""
+
+    def create(self, request, *args, **kwargs):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        with transaction.atomic():
+            response = super().create(request, *args, **kwargs)
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1; COMMIT")
+        return response
