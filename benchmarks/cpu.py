@@ -9,6 +9,8 @@ every round) and each round's ratio is taken against the plain view of that roun
 * ``plain``: ``ListCreateAPIView`` + ``ModelSerializer``, token auth, one ``INSERT``;
 * ``floor`` (with ``db``): the plain view plus the round trips of a ``db`` new key, no
   library code (``RoundTripFloor``): the part of ``db``'s cost that is the round trips;
+  ``floorcommit``, the same with Django's COMMIT on its own (one round trip more): what
+  the completion carrying the COMMIT saves;
 * ``<strategy>``: the same view with ``IdempotencyMixin``, a fresh key per request;
 * ``<strategy>-replay``: the same view, one key already completed (a replay).
 
@@ -48,7 +50,7 @@ from control.bench import (  # noqa: E402
 
 
 def routes(strategies: list[str], replay: bool) -> list[str]:
-    names = ["plain", *(["floor"] if "db" in strategies else []), *strategies]
+    names = ["plain", *(["floor", "floorcommit"] if "db" in strategies else []), *strategies]
     if replay:
         names += [f"{s}-replay" for s in strategies]
     return names
@@ -69,7 +71,7 @@ def worker(args: argparse.Namespace) -> int:
     def call(route: str) -> None:
         strategy, _, mode = route.partition("-")
         path = f"/{strategy}/orders/"
-        if strategy in ("plain", "floor"):
+        if strategy in ("plain", "floor", "floorcommit"):
             response = client.post(path, BODY, content_type="application/json", **headers)
         else:
             key = f"{run}-{strategy}-replay" if mode else f"{run}-{next(counter)}"

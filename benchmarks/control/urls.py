@@ -1,12 +1,18 @@
 from django.urls import path
 
-from control.orders.views import IdempotentOrderList, OrderList, RoundTripFloor
+from control.orders.views import (
+    IdempotentOrderList,
+    OrderList,
+    RoundTripFloor,
+    RoundTripFloorSeparateCommit,
+)
 
 STRATEGIES = ("db", "advisory_lock", "redis", "hybrid")
 
 urlpatterns = [
     path("plain/orders/", OrderList.as_view()),
     path("floor/orders/", RoundTripFloor.as_view()),
+    path("floorcommit/orders/", RoundTripFloorSeparateCommit.as_view()),
     *(
         path(f"{name}/orders/", IdempotentOrderList.as_view(idempotency_strategy=name))
         for name in STRATEGIES

@@ -40,3 +40,17 @@ class RoundTripFloor(OrderList):
             with connection.cursor() as cursor:
                 cursor.execute("SELECT 1; COMMIT")
         return response
+
+
+class RoundTripFloorSeparateCommit(OrderList):
+    """:class:`RoundTripFloor` with Django's COMMIT sent on its own after the last statement
+    (one round trip more): what carrying the COMMIT in the completion saves."""
+
+    def create(self, request, *args, **kwargs):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        with transaction.atomic():
+            response = super().create(request, *args, **kwargs)
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+        return response
