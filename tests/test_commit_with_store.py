@@ -19,7 +19,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from django.db import connections, transaction
+from django.db import DataError, connections, transaction
 from django.http import HttpRequest, HttpResponse
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
@@ -193,12 +193,11 @@ def test_inside_an_outer_transaction_the_commit_stays_the_callers(
     """A session nested in an ``atomic`` block commits nothing itself: the caller's
     COMMIT, after the block, makes the view's row and the completion durable."""
     key = uuid.uuid4().hex
-    with queries_sent() as sent:
-        with transaction.atomic():
-            response = _post(api, key, "/hook-fn/")
-            assert response.status_code == 201
-            assert seen == []  # the hook waits for the outer COMMIT
-            committed_early = [query for query in sent if "COMMIT" in query]
+    with queries_sent() as sent, transaction.atomic():
+        response = _post(api, key, "/hook-fn/")
+        assert response.status_code == 201
+        assert seen == []  # the hook waits for the outer COMMIT
+        committed_early = [query for query in sent if "COMMIT" in query]
     assert committed_early == []
     assert sent[-1] == "COMMIT"
     assert len(seen) == 1 and seen[0]["effects"] == 1
@@ -213,8 +212,11 @@ def test_a_transaction_managed_by_hand_is_refused_before_the_claim(
     key = uuid.uuid4().hex
     transaction.set_autocommit(False)
     try:
-        with queries_sent() as sent, pytest.raises(
-            transaction.TransactionManagementError, match="manual transaction management"
+        with (
+            queries_sent() as sent,
+            pytest.raises(
+                transaction.TransactionManagementError, match="manual transaction management"
+            ),
         ):
             _post(api, key, "/hook-fn/")
         assert not any("idempotency" in query for query in sent), sent
@@ -334,8 +336,8 @@ def test_a_receiver_that_raises_after_the_commit_leaves_the_key_completed(
 def test_only_the_marker_counts_as_not_stored() -> None:
     """Another error of the same class is not read as a refusal of the store."""
     connection = connections["default"]
-    with pytest.raises(Exception) as marked, connection.cursor() as cursor:
+    with pytest.raises(DataError) as marked, connection.cursor() as cursor:
         cursor.execute("SELECT CAST(%s AS integer)", [NOT_STORED_MARKER + "0"])
-    with pytest.raises(Exception) as other, connection.cursor() as cursor:
+    with pytest.raises(DataError) as other, connection.cursor() as cursor:
         cursor.execute("SELECT CAST(%s AS integer)", ["not a number"])
     assert not_stored(marked.value) and not not_stored(other.value)
