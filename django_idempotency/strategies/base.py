@@ -394,10 +394,10 @@ class Session:
 
     def _begin(self) -> None:
         connection = self._connection
-        # Not in an outer block, nor in a transaction the caller manages by hand
-        # (set_autocommit(False)): then this block's end is the COMMIT.
-        outermost = not connection.in_atomic_block and connection.get_autocommit()
         try:
+            # Not in an outer block, nor in a transaction the caller manages by hand
+            # (set_autocommit(False)): then this block's end is the COMMIT.
+            outermost = not connection.in_atomic_block and connection.get_autocommit()
             atomic = transaction.atomic(using=self.attempt.database)
             atomic.__enter__()
         except DatabaseError as exc:
