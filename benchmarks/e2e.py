@@ -57,7 +57,7 @@ from control.bench import (  # noqa: E402
     control_env,
 )
 
-from tests.support.example import serve  # noqa: E402
+from tests.support.example import gunicorn_command, serve  # noqa: E402
 
 WRK_SCRIPT = r"""
 -- A fresh Idempotency-Key per request (mode "fresh"), one key for all ("replay"), or
@@ -146,18 +146,7 @@ def routes(strategies: list[str], replay: bool) -> dict[str, tuple[str, str]]:
 @contextmanager
 def gunicorn(database_url: str, env: dict[str, str], workers: int, threads: int) -> Iterator[str]:
     """The control project under gunicorn (gthread workers) on a free port."""
-    command = [
-        "gunicorn",
-        "control.wsgi",
-        "--bind",
-        "127.0.0.1:{port}",
-        "--workers",
-        str(workers),
-        "--worker-class",
-        "gthread",
-        "--threads",
-        str(threads),
-    ]
+    command = gunicorn_command("control.wsgi", workers, threads)
     with serve(
         "gunicorn", command, database_url, env, 60, ready_path="/plain/orders/", ready_token=TOKEN
     ) as server:

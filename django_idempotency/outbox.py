@@ -69,7 +69,11 @@ class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
         connection = connections[database(using, self._db)]
         sql = statements(connection)
         statement = sql.outbox_add
-        if fence_lock_timeout is not None:
+        if commit:
+            if fence_lock_timeout is None or sql.outbox_add_fenced_and_commit is None:
+                raise ValueError("commit=True needs fence_lock_timeout and PostgreSQL")
+            statement = sql.outbox_add_fenced_and_commit
+        elif fence_lock_timeout is not None:
             if sql.outbox_add_fenced is None:
                 from .models import IdempotencyKey
 
@@ -77,9 +81,6 @@ class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
                     scope, key, fence_lock_timeout, using=connection.alias
                 ):
                     return False
-            elif commit:
-                assert sql.outbox_add_fenced_and_commit is not None
-                statement = sql.outbox_add_fenced_and_commit
             else:
                 statement = sql.outbox_add_fenced
         now = timezone.now()
@@ -99,10 +100,8 @@ class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
             values[field.name] = field.get_db_prep_save(values[field.name], connection)
         if fence_lock_timeout is not None:
             values["stale"] = -float(fence_lock_timeout)
-        if statement is sql.outbox_add_fenced_and_commit:
-            return statement.store_and_commit(connection, values)
         if commit:
-            raise ValueError("commit=True needs fence_lock_timeout and PostgreSQL")
+            return statement.store_and_commit(connection, values)
         row, _count = statement.execute(connection, values)
         return row is not None
 

@@ -43,11 +43,10 @@ def lock_name(scope: str, key: str) -> str:
 
 class AdvisoryClaim(TransactionalClaim):
     renewable = False  # the transaction itself is the lock
+    folds_commit = True  # on PostgreSQL: the upsert and COMMIT, one query
 
     def renew(self) -> bool:
         return True
-
-    folds_commit = True
 
     def _store(self, response: StoredResponse) -> None:
         # The advisory lock serialises this (scope, key), so no live record can exist.

@@ -41,6 +41,8 @@ logger = logging.getLogger("django_idempotency")
 class DatabaseClaim(TransactionalClaim):
     """A row of IdempotencyKey in progress under ``token``; its claim has committed."""
 
+    folds_commit = True  # on PostgreSQL: the fenced completion and COMMIT, one query
+
     def __init__(
         self,
         strategy: DatabaseStrategy,
@@ -57,8 +59,6 @@ class DatabaseClaim(TransactionalClaim):
 
     def renew(self) -> bool:
         return IdempotencyKey.objects.renew(self.pk, self.token, using=self.attempt.database)
-
-    folds_commit = True
 
     def _store(self, response: StoredResponse) -> None:
         a = self.attempt

@@ -24,6 +24,7 @@ from ..redis_store import (
 )
 from ..responses import StoredResponse
 from .base import (
+    NOT_STORED_DETAIL,
     Attempt,
     Delegate,
     InFlight,
@@ -58,10 +59,7 @@ class RedisClaim(TransactionalClaim):
         try:
             stored = self.store.complete(a.scope, a.key, self.token, response, to_ms(a.ttl))
         except RedisUnavailable as exc:
-            raise StoreUnavailable(
-                "The response could not be stored, so this request's changes were rolled back. "
-                "Retry with the same Idempotency-Key."
-            ) from exc
+            raise StoreUnavailable(NOT_STORED_DETAIL) from exc
         if not stored:
             raise LeaseLost()
 

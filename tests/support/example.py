@@ -166,6 +166,23 @@ def server_settings(
     }
 
 
+def gunicorn_command(wsgi: str, workers: int, threads: int) -> list[str]:
+    """gunicorn serving ``wsgi`` with gthread workers, on the ``{port}`` that ``serve``
+    fills in."""
+    return [
+        "gunicorn",
+        wsgi,
+        "--bind",
+        "127.0.0.1:{port}",
+        "--workers",
+        str(workers),
+        "--worker-class",
+        "gthread",
+        "--threads",
+        str(threads),
+    ]
+
+
 @contextmanager
 def example_server(
     database_url: str,
@@ -184,16 +201,7 @@ def example_server(
     ``timeout`` is gunicorn's worker timeout; ``ready_timeout`` how long to wait for the
     first answer."""
     command = [
-        "gunicorn",
-        "example_project.wsgi",
-        "--bind",
-        "127.0.0.1:{port}",
-        "--workers",
-        str(workers),
-        "--worker-class",
-        "gthread",
-        "--threads",
-        str(threads),
+        *gunicorn_command("example_project.wsgi", workers, threads),
         "--timeout",
         str(int(timeout)),
         "--graceful-timeout",

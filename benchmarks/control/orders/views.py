@@ -32,25 +32,22 @@ class RoundTripFloor(OrderList):
     transaction, and a last statement that also commits it (the completion's). What is
     left between this route and ``db`` is the library's own work."""
 
+    #: The transaction's last query; with ``COMMIT`` in it, Django's own COMMIT has nothing
+    #: left to do.
+    last_statement = "SELECT 1; COMMIT"
+
     def create(self, request, *args, **kwargs):
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
         with transaction.atomic():
             response = super().create(request, *args, **kwargs)
             with connection.cursor() as cursor:
-                cursor.execute("SELECT 1; COMMIT")
+                cursor.execute(self.last_statement)
         return response
 
 
-class RoundTripFloorSeparateCommit(OrderList):
+class RoundTripFloorSeparateCommit(RoundTripFloor):
     """:class:`RoundTripFloor` with Django's COMMIT sent on its own after the last statement
     (one round trip more): what carrying the COMMIT in the completion saves."""
 
-    def create(self, request, *args, **kwargs):
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-        with transaction.atomic():
-            response = super().create(request, *args, **kwargs)
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT 1")
-        return response
+    last_statement = "SELECT 1"
