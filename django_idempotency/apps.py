@@ -1,4 +1,7 @@
+from __future__ import annotations
+
 import importlib.util
+import sys
 
 from django.apps import AppConfig
 from django.utils.translation import gettext_lazy as _
@@ -16,6 +19,12 @@ class IdempotencyConfig(AppConfig):
         )
         from .conf import conf
 
+        # A setting the checks call an error stops every process here (gunicorn, uvicorn,
+        # Celery and manage.py all call django.setup()), with the checks' messages; only
+        # `manage.py check` goes on, to list them in Django's format and exit non-zero.
+        if not running_check_command():
+            conf.ensure_valid()
+
         # Prometheus metrics only when asked for and installed (check W004 says when
         # they are asked for but prometheus_client is missing).
         if conf.METRICS and importlib.util.find_spec("prometheus_client") is not None:
@@ -26,3 +35,19 @@ class IdempotencyConfig(AppConfig):
         # OpenAPI documentation of the protocol, when drf-spectacular is in use.
         if self.apps is not None and self.apps.is_installed("drf_spectacular"):
             from .contrib import spectacular  # noqa: F401  (registers the view extension)
+
+
+def running_check_command() -> bool:
+    """Whether this ``django.setup()`` is the one of ``manage.py check`` (or
+    ``django-admin check``): Django's ``ManagementUtility.execute()`` is on the stack with
+    the subcommand ``check``. That command runs the system checks itself, which report
+    every error and exit non-zero, and runs nothing else."""
+    from django.core.management import ManagementUtility
+
+    code = ManagementUtility.execute.__code__
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is code:
+            return frame.f_locals.get("subcommand") == "check"
+        frame = frame.f_back  # type: ignore[assignment]
+    return False

@@ -2,21 +2,46 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.utils.module_loading import import_string
 
 from .conf import DEFAULTS, conf
-from .errors import ImproperlyConfiguredStrategy
+from .errors import STRATEGY_HINT, ImproperlyConfiguredStrategy, InvalidConfiguration
 
 ID = "django_idempotency."
 SQL_VENDORS = {"postgresql", "sqlite"}
+#: The methods ``METHODS`` (and a view's ``methods``) may name.
+HTTP_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE", "GET"})
+#: An HTTP field name (RFC 9110 section 5.1: a token).
+TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+#: Settings that are True or False (E015).
+BOOLEAN_SETTINGS = (
+    "REQUIRED",
+    "ATOMIC",
+    "STORE_SERVER_ERRORS",
+    "ADMIN_ENABLED",
+    "METRICS",
+    "REDIS_CLUSTER",
+)
+#: Settings that are lists of header or cookie names (E017).
+NAME_LIST_SETTINGS = (
+    "STORED_HEADERS",
+    "NEVER_STORED_HEADERS",
+    "CREDENTIAL_HEADERS",
+    "CREDENTIAL_COOKIES",
+)
 
 
-@register(Tags.compatibility)
-def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+def validate_settings() -> list[CheckMessage]:
+    """Every message of :data:`SETTINGS_VALIDATORS` for the current settings (E001 alone
+    when ``IDEMPOTENCY`` is not a dict). Pure: reads ``settings`` and ``conf``, never
+    connects; the system check lists these, :func:`enforce_settings` raises the errors."""
     user = getattr(settings, "IDEMPOTENCY", None)
     if user is not None and not isinstance(user, Mapping):
         return [
@@ -27,41 +52,101 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             )
         ]
     messages: list[CheckMessage] = []
-    for name in sorted(set(user or {}) - set(DEFAULTS)):
-        messages.append(
-            Warning(
-                f"IDEMPOTENCY[{name!r}] is not a known setting and is ignored.",
-                hint="Known settings: " + ", ".join(sorted(DEFAULTS)) + ".",
-                id=ID + "W001",
-            )
-        )
-    messages.extend(_check_numbers())
-    messages.extend(_check_database_and_strategy())
-    messages.extend(_check_headers())
-    messages.extend(_check_choices())
-    messages.extend(_check_redis())
-    messages.extend(_check_metrics())
-    messages.extend(_check_wait())
+    for validator in SETTINGS_VALIDATORS:
+        messages.extend(validator())
     return messages
 
 
-def _check_wait() -> list[CheckMessage]:
-    """E013: WAIT at least 0, WAIT_POLL_INTERVAL positive, WAIT_MAX_WAITERS a whole number
-    of at least 1."""
-    configured = getattr(settings, "IDEMPOTENCY", None)
-    raw = configured if isinstance(configured, dict) else {}
-    problems: list[str] = []
-    for name, least, inclusive in (("WAIT", 0, True), ("WAIT_POLL_INTERVAL", 0, False)):
-        value = raw.get(name, DEFAULTS[name])
-        number = isinstance(value, int | float) and not isinstance(value, bool)
-        if not number or value < least or (value == least and not inclusive):
-            problems.append(name)
-    waiters = raw.get("WAIT_MAX_WAITERS", DEFAULTS["WAIT_MAX_WAITERS"])
-    if isinstance(waiters, bool) or not isinstance(waiters, int) or waiters < 1:
-        problems.append("WAIT_MAX_WAITERS")
+@register(Tags.compatibility)
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    return validate_settings()
+
+
+def error_text(message: CheckMessage) -> str:
+    """``"<id>: <message> HINT: <hint>"``: a check message as ``InvalidConfiguration`` says it."""
+    text = f"{message.id}: {message.msg}"
+    return f"{text} HINT: {message.hint}" if message.hint else text
+
+
+def raise_errors(messages: Iterable[CheckMessage]) -> None:
+    """Raise ``InvalidConfiguration`` naming every error (not warning) in ``messages``."""
+    errors = [error_text(m) for m in messages if m.is_serious()]
+    if errors:
+        raise InvalidConfiguration("\n".join(errors))
+
+
+def enforce_settings() -> None:
+    """Raise ``InvalidConfiguration`` when the settings have an error (start-up, first use)."""
+    raise_errors(validate_settings())
+
+
+def _check_unknown_keys() -> list[CheckMessage]:
+    """W001: a key that is not a setting (a typo would be ignored)."""
+    return [
+        Warning(
+            f"IDEMPOTENCY[{name!r}] is not a known setting and is ignored.",
+            hint="Known settings: " + ", ".join(sorted(DEFAULTS)) + ".",
+            id=ID + "W001",
+        )
+        for name in sorted(set(conf.user_settings) - set(DEFAULTS))
+    ]
+
+
+def _raw(name: str) -> Any:
+    """The value of setting ``name`` as given (not converted), or its default."""
+    return conf.user_settings.get(name, DEFAULTS[name])
+
+
+def _number(value: Any) -> float | None:
+    """``value`` as a finite float (a number, or a string of one, as ``conf`` reads it),
+    else None: ``nan`` and ``inf`` break every comparison or overflow a date."""
+    if isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def positive_errors(label: str, value: Any, default: Any) -> list[CheckMessage]:
+    """E002 for ``label`` (a setting, or a view's option) unless ``value`` is a positive number."""
+    number = _number(value)
+    if number is not None and number > 0:
+        return []
     return [
         Error(
-            f"IDEMPOTENCY[{name!r}] is not valid.",
+            f"{label} must be a positive number.",
+            hint=f"The default is {default!r}.",
+            id=ID + "E002",
+        )
+    ]
+
+
+def methods_errors(label: str, value: Any) -> list[CheckMessage]:
+    """E004 unless ``value`` is a list of HTTP methods (not a string, which is letters)."""
+    names = None
+    if not isinstance(value, str | bytes) and isinstance(value, Iterable):
+        names = {str(m).upper() for m in value}
+    if names and names <= HTTP_METHODS:
+        return []
+    return [
+        Error(
+            f"{label} must list HTTP methods such as POST and PATCH.",
+            hint="The default is ('POST', 'PATCH').",
+            id=ID + "E004",
+        )
+    ]
+
+
+def wait_errors(label: str, value: Any) -> list[CheckMessage]:
+    """E013 unless ``value`` is a number of seconds of at least 0."""
+    number = _number(value)
+    if number is not None and number >= 0:
+        return []
+    return [
+        Error(
+            f"{label} is not valid.",
             hint=(
                 "WAIT is seconds (0 turns waiting off), WAIT_POLL_INTERVAL a positive number "
                 "of seconds, WAIT_MAX_WAITERS a whole number of at least 1; the defaults are "
@@ -70,32 +155,45 @@ def _check_wait() -> list[CheckMessage]:
             ),
             id=ID + "E013",
         )
-        for name in problems
     ]
 
 
+def boolean_errors(label: str, value: Any) -> list[CheckMessage]:
+    """E015 unless ``value`` is True or False: ``"False"`` would be true."""
+    if isinstance(value, bool):
+        return []
+    return [
+        Error(
+            f"{label} must be True or False, not {value!r}.",
+            hint="A string such as 'False' counts as true; use the Python constants.",
+            id=ID + "E015",
+        )
+    ]
+
+
+def _check_wait() -> list[CheckMessage]:
+    """E013: WAIT at least 0, WAIT_POLL_INTERVAL positive, WAIT_MAX_WAITERS a whole number
+    of at least 1 (all finite)."""
+    messages = wait_errors("IDEMPOTENCY['WAIT']", _raw("WAIT"))
+    poll = _number(_raw("WAIT_POLL_INTERVAL"))
+    if poll is None or poll <= 0:
+        messages += wait_errors("IDEMPOTENCY['WAIT_POLL_INTERVAL']", -1)
+    waiters = _raw("WAIT_MAX_WAITERS")
+    if isinstance(waiters, bool) or not isinstance(waiters, int) or waiters < 1:
+        messages += wait_errors("IDEMPOTENCY['WAIT_MAX_WAITERS']", -1)
+    return messages
+
+
 def _check_numbers() -> list[CheckMessage]:
+    """E002: durations and sizes positive; E003: the heartbeat within the lease; W002."""
     messages: list[CheckMessage] = []
-    for name in ("TTL", "LOCK_TIMEOUT", "MAX_STORED_BODY_SIZE"):
-        try:
-            value = float(getattr(conf, name))
-        except (TypeError, ValueError):
-            value = -1
-        if value <= 0:
-            messages.append(
-                Error(
-                    f"IDEMPOTENCY[{name!r}] must be a positive number.",
-                    hint=f"The default is {DEFAULTS[name]!r}.",
-                    id=ID + "E002",
-                )
-            )
+    for name in ("TTL", "LOCK_TIMEOUT", "MAX_STORED_BODY_SIZE", "REDIS_SOCKET_TIMEOUT"):
+        messages += positive_errors(f"IDEMPOTENCY[{name!r}]", _raw(name), DEFAULTS[name])
     if messages:
         return messages
-    try:
-        heartbeat = conf.HEARTBEAT_INTERVAL
-    except (TypeError, ValueError):
-        heartbeat = -1
-    if not 0 < heartbeat < conf.LOCK_TIMEOUT:
+    heartbeat = _raw("HEARTBEAT_INTERVAL")
+    beat = conf.LOCK_TIMEOUT / 3 if heartbeat is None else _number(heartbeat)
+    if beat is None or not 0 < beat < conf.LOCK_TIMEOUT:
         messages.append(
             Error(
                 "IDEMPOTENCY['HEARTBEAT_INTERVAL'] must be positive and shorter than LOCK_TIMEOUT.",
@@ -111,22 +209,115 @@ def _check_numbers() -> list[CheckMessage]:
                 id=ID + "W002",
             )
         )
-    try:
-        methods = conf.METHODS
-    except TypeError:  # not a list of names, e.g. None
-        methods = frozenset()
-    if not methods or not methods <= {"POST", "PUT", "PATCH", "DELETE", "GET"}:
+    return messages
+
+
+def _check_methods() -> list[CheckMessage]:
+    return methods_errors("IDEMPOTENCY['METHODS']", _raw("METHODS"))
+
+
+def _check_header() -> list[CheckMessage]:
+    """E014: HEADER must be a header name (an RFC 9110 token): any other never matches a
+    request header, and every key would be ignored."""
+    header = _raw("HEADER")
+    if isinstance(header, str) and TOKEN.fullmatch(header):
+        return []
+    return [
+        Error(
+            f"IDEMPOTENCY['HEADER'] is {header!r}, which is not an HTTP header name.",
+            hint="Use a name of letters, digits and dashes; the default is 'Idempotency-Key'.",
+            id=ID + "E014",
+        )
+    ]
+
+
+def _check_booleans() -> list[CheckMessage]:
+    return [
+        message
+        for name in BOOLEAN_SETTINGS
+        for message in boolean_errors(f"IDEMPOTENCY[{name!r}]", _raw(name))
+    ]
+
+
+def _check_retry_after() -> list[CheckMessage]:
+    """E016: RETRY_AFTER is None or whole seconds: any other fails every 409 (a 500)."""
+    value = _raw("RETRY_AFTER")
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        return []
+    return [
+        Error(
+            f"IDEMPOTENCY['RETRY_AFTER'] is {value!r}.",
+            hint="Use None (the strategy chooses) or a whole number of seconds, such as 1.",
+            id=ID + "E016",
+        )
+    ]
+
+
+def _check_name_lists() -> list[CheckMessage]:
+    """E017: the header and cookie lists are lists of names. A string would be read as
+    its letters: NEVER_STORED_HEADERS = 'Set-Cookie' would store and replay cookies, and
+    CREDENTIAL_HEADERS = 'Authorization' would let an unauthenticated token share the
+    scope 'anonymous'."""
+    messages: list[CheckMessage] = []
+    for name in NAME_LIST_SETTINGS:
+        value = _raw(name)
+        if value is None and name == "CREDENTIAL_COOKIES":
+            continue
+        if isinstance(value, list | tuple | set | frozenset) and all(
+            isinstance(v, str) and v for v in value
+        ):
+            continue
         messages.append(
             Error(
-                "IDEMPOTENCY['METHODS'] must list HTTP methods such as POST and PATCH.",
-                hint="The default is ('POST', 'PATCH').",
-                id=ID + "E004",
+                f"IDEMPOTENCY[{name!r}] must be a list of names, not {value!r}.",
+                hint=f"For example {list(DEFAULTS[name] or ['sessionid'])[:2]!r}.",
+                id=ID + "E017",
             )
         )
     return messages
 
 
+def _check_callables() -> list[CheckMessage]:
+    """E018: SCOPE_FUNCTION and PROBLEM_RENDERER name callables that can be imported; one
+    that cannot would fail every request that needs it."""
+    messages: list[CheckMessage] = []
+    for name in ("SCOPE_FUNCTION", "PROBLEM_RENDERER"):
+        path = _raw(name)
+        if path is None:
+            continue
+        try:
+            found = callable(import_string(path)) if isinstance(path, str) else False
+        except ImportError:
+            found = False
+        if not found:
+            messages.append(
+                Error(
+                    f"IDEMPOTENCY[{name!r}] is {path!r}, which is not the dotted path of a "
+                    "callable that can be imported.",
+                    hint="Name a function as 'package.module.function', or set None.",
+                    id=ID + "E018",
+                )
+            )
+    return messages
+
+
+def _check_outbox() -> list[CheckMessage]:
+    """E019: OUTBOX_BATCH_SIZE is a whole number of at least 1 (0 would never drain)."""
+    size = _raw("OUTBOX_BATCH_SIZE")
+    if isinstance(size, int) and not isinstance(size, bool) and size >= 1:
+        return []
+    return [
+        Error(
+            f"IDEMPOTENCY['OUTBOX_BATCH_SIZE'] is {size!r}.",
+            hint="Use a whole number of at least 1; the default is "
+            f"{DEFAULTS['OUTBOX_BATCH_SIZE']!r}.",
+            id=ID + "E019",
+        )
+    ]
+
+
 def _check_database_and_strategy() -> list[CheckMessage]:
+    """E005: DATABASE is an alias; then the strategy's own checks (:func:`strategy_errors`)."""
     alias = conf.DATABASE
     if alias not in settings.DATABASES:
         return [
@@ -136,24 +327,23 @@ def _check_database_and_strategy() -> list[CheckMessage]:
                 id=ID + "E005",
             )
         ]
+    return strategy_errors(conf.STRATEGY)
+
+
+def strategy_errors(strategy: str) -> list[CheckMessage]:
+    """E006: ``strategy`` (the setting's, or a view's) cannot be loaded; E007/E008: it
+    does not run on the keys' database; E011/E012: it needs a Redis that is not
+    configured. Reads ``connections[alias].vendor``, which does not connect."""
     from django.db import connections
 
-    vendor = connections[alias].vendor
-    strategy = conf.STRATEGY
     from .strategies import load_strategy
 
     try:
         load_strategy(strategy)
     except ImproperlyConfiguredStrategy as exc:
-        return [
-            Error(
-                str(exc),
-                hint="Use 'db', 'advisory_lock', 'redis', 'hybrid' or the dotted path "
-                "of a Strategy subclass (the redis and hybrid strategies need "
-                "`pip install django-idempotency[redis]`).",
-                id=ID + "E006",
-            )
-        ]
+        return [Error(exc.reason, hint=STRATEGY_HINT, id=ID + "E006")]
+    alias = conf.DATABASE
+    vendor = connections[alias].vendor
     if strategy == "advisory_lock" and vendor != "postgresql":
         return [
             Error(
@@ -171,10 +361,12 @@ def _check_database_and_strategy() -> list[CheckMessage]:
                 id=ID + "E008",
             )
         ]
-    return []
+    return _redis_errors(strategy)
 
 
 def _check_headers() -> list[CheckMessage]:
+    if _check_name_lists():
+        return []  # not lists of names: E017 says so
     both = conf.STORED_HEADERS & conf.NEVER_STORED_HEADERS
     if both:
         return [
@@ -215,17 +407,17 @@ REDIS_STRATEGIES = {"redis", "hybrid"}
 DJANGO_REDIS_CACHE = "django.core.cache.backends.redis.RedisCache"
 
 
-def _check_redis() -> list[CheckMessage]:
+def _redis_errors(strategy: str) -> list[CheckMessage]:
     """The redis and hybrid strategies need a Redis to talk to (E011), and a cache
     alias must name a Redis cache, django-redis or Django's own (E012). Nothing here
     connects to Redis."""
-    if conf.STRATEGY not in REDIS_STRATEGIES:
+    if strategy not in REDIS_STRATEGIES:
         return []
     alias = conf.REDIS_CACHE_ALIAS
     if not alias and not conf.REDIS_URL:
         return [
             Error(
-                f"The {conf.STRATEGY} strategy needs IDEMPOTENCY['REDIS_URL'] or "
+                f"The {strategy} strategy needs IDEMPOTENCY['REDIS_URL'] or "
                 "IDEMPOTENCY['REDIS_CACHE_ALIAS'].",
                 hint="Set REDIS_URL (e.g. 'redis://127.0.0.1:6379/0', with REDIS_CLUSTER "
                 "for a Redis Cluster) or name a Redis cache (django-redis or "
@@ -265,10 +457,113 @@ def _check_metrics() -> list[CheckMessage]:
     return []
 
 
+def _check_advisory_wait() -> list[CheckMessage]:
+    """W014: advisory_lock bounds a duplicate's lock wait by LOCK_TIMEOUT too, so a WAIT
+    above it is cut to LOCK_TIMEOUT."""
+    wait, lock = _number(_raw("WAIT")), _number(_raw("LOCK_TIMEOUT"))
+    if conf.STRATEGY != "advisory_lock" or wait is None or lock is None or wait <= lock:
+        return []
+    return [
+        Warning(
+            f"IDEMPOTENCY['WAIT'] is {wait:g} s, but the advisory_lock strategy waits at most "
+            f"LOCK_TIMEOUT ({lock:g} s) for a key in progress.",
+            hint="Keep WAIT at or below LOCK_TIMEOUT with advisory_lock.",
+            id=ID + "W014",
+        )
+    ]
+
+
+def _check_middleware_settings() -> list[CheckMessage]:
+    """E101, E103, E104: IdempotencyMiddleware's settings (see the middleware module)."""
+    from .middleware import validate_middleware_settings
+
+    return validate_middleware_settings()
+
+
+#: The settings' validators, one per concern, in the order their messages are listed:
+#: each takes no argument, reads ``settings`` and ``conf`` (never connecting, never
+#: resolving URLs) and returns its messages. ``check_settings`` lists them and
+#: ``enforce_settings`` raises their errors, so a new setting's check goes here once.
+SETTINGS_VALIDATORS: list[Callable[[], list[CheckMessage]]] = [
+    _check_unknown_keys,
+    _check_numbers,
+    _check_methods,
+    _check_database_and_strategy,
+    _check_headers,
+    _check_choices,
+    _check_metrics,
+    _check_wait,
+    _check_header,
+    _check_booleans,
+    _check_retry_after,
+    _check_name_lists,
+    _check_callables,
+    _check_outbox,
+    _check_advisory_wait,
+    _check_middleware_settings,
+]
+
+
+# -- a view's own options -----------------------------------------------------------------------
+
+
+def view_option_errors(
+    where: str,
+    *,
+    methods: Any = None,
+    required: Any = None,
+    ttl: Any = None,
+    lock_timeout: Any = None,
+    strategy: Any = None,
+    wait: Any = None,
+) -> list[CheckMessage]:
+    """The checks of the settings, applied to the options a view declares (``None``: the
+    setting's, checked with the settings). ``where`` names the view in the messages."""
+    messages: list[CheckMessage] = []
+    if methods is not None:
+        messages += methods_errors(f"{where}: methods", methods)
+    if required is not None:
+        messages += boolean_errors(f"{where}: required", required)
+    for name, value in (("ttl", ttl), ("lock_timeout", lock_timeout)):
+        if value is not None:
+            messages += positive_errors(f"{where}: {name}={value!r}", value, DEFAULTS[name.upper()])
+    if wait is not None:
+        messages += wait_errors(f"{where}: wait={wait!r}", wait)
+    if strategy is not None:
+        messages += _view_strategy_errors(strategy)
+    return messages
+
+
+def _view_strategy_errors(strategy: Any) -> list[CheckMessage]:
+    """:func:`strategy_errors` for a view's ``strategy``; only once the app registry is
+    ready (a strategy's module may import models): the request loads it otherwise, and
+    raises the same E006."""
+    from django.apps import apps
+
+    if not isinstance(strategy, str):
+        return [Error(f"{strategy!r} is not a strategy name.", hint=STRATEGY_HINT, id=ID + "E006")]
+    if not apps.ready or conf.DATABASE not in settings.DATABASES:
+        return []
+    return strategy_errors(strategy)
+
+
+def validate_view_options(where: str, **options: Any) -> None:
+    """Raise ``InvalidConfiguration`` where a view declares an option the checks call an
+    error (decoration, class creation, ``as_view()``)."""
+    raise_errors(view_option_errors(where, **options))
+
+
+def view_name(view: Any) -> str:
+    """``module.qualname`` of a view function or class, for messages."""
+    module = getattr(view, "__module__", None) or "?"
+    return f"{module}.{getattr(view, '__qualname__', None) or getattr(view, '__name__', view)}"
+
+
 @register(Tags.urls)
 def check_drf_function_views(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """``@idempotent`` combined with DRF's ``@api_view`` in the URLconf. Outside it, the
-    key is claimed before DRF authenticates the caller (W020). Inside it (below
+    key is claimed before DRF authenticates the caller, so every request with DRF
+    credentials is refused: a construct that can never work (E021). Inside it (below
     ``@api_view``) the key is claimed after DRF's authentication and the response stored
     as DRF renders it, but the view cannot exempt itself from ``ATOMIC_REQUESTS`` (DRF's
     ``as_view()`` is the view Django wraps): E020 when the keys' database has it on and
@@ -315,18 +610,25 @@ def check_drf_function_views(app_configs: Any = None, **kwargs: Any) -> list[Che
             if issubclass(view_class, IdempotencyMixin):
                 continue
             route = prefix + str(pattern.pattern)
-            name = f"{view_class.__module__}.{view_class.__qualname__}"
+            # @api_view names its class after the function, but not its __qualname__.
+            qualname = view_class.__qualname__
+            if qualname.endswith("WrappedAPIView"):
+                qualname = view_class.__name__
+            name = f"{view_class.__module__}.{qualname}"
             if is_idempotent_wrapper(callback):
                 messages.append(
-                    Warning(
+                    Error(
                         f"{name} (URL {route!r}) has @idempotent outside DRF's @api_view: "
-                        "the key is claimed before DRF authenticates the caller, so a "
-                        "request with credentials is refused (credentials-not-authenticated) "
-                        "and a rejected request's 401, 403 or 429 is stored for its key.",
+                        "the key is claimed before DRF authenticates the caller, so every "
+                        "request with DRF credentials is refused (400 "
+                        "credentials-not-authenticated) and a rejected request's 401, 403 "
+                        "or 429 is stored for its key.",
                         hint="Replace @idempotent and @api_view(...) with "
-                        "@idempotent_api_view(...) from django_idempotency.drf.",
+                        "@idempotent_api_view(...) from django_idempotency.drf (the same "
+                        "arguments: @api_view's methods first, then @idempotent's options), "
+                        "or move @idempotent below @api_view(...).",
                         obj=callback,
-                        id=ID + "W020",
+                        id=ID + "E021",
                     )
                 )
                 continue

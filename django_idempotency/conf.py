@@ -119,8 +119,24 @@ class IdempotencySettings:
     instance until :meth:`reload` (on any ``setting_changed``)."""
 
     def reload(self) -> None:
-        """Forget every cached value (they are computed again on next use)."""
+        """Forget every cached value (they are computed again on next use), and whether
+        the settings were validated."""
         self.__dict__.clear()
+
+    def ensure_valid(self) -> None:
+        """Raise ``InvalidConfiguration`` (an ``ImproperlyConfigured``, with the system
+        checks' messages) when the current settings have an error; once per settings.
+
+        ``AppConfig.ready()`` validates at start-up, in every process; the request path
+        and the tasks call this on first use, so a setting changed later
+        (``override_settings``, ``setting_changed``) is validated before it is used too.
+        Valid settings cost one dictionary lookup here."""
+        if "_valid" in self.__dict__:
+            return
+        from .checks import enforce_settings
+
+        enforce_settings()
+        self.__dict__["_valid"] = True
 
     def _get(self, name: str) -> Any:
         user = getattr(settings, "IDEMPOTENCY", None) or {}

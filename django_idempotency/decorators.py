@@ -14,6 +14,7 @@ from django.db import transaction
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 
+from .checks import validate_view_options, view_name
 from .conf import conf
 from .engine import Options, ahandle, default_scope, handle
 
@@ -81,8 +82,18 @@ def idempotent(
         wait=wait,
     )
     scope_func = scope or default_scope
+    declared = {
+        "methods": methods,
+        "required": required,
+        "ttl": ttl,
+        "lock_timeout": lock_timeout,
+        "strategy": strategy,
+        "wait": wait,
+    }
 
     def decorate(func: ViewFunc) -> ViewFunc:
+        # An option the checks call an error stops the import of the view's module.
+        validate_view_options(view_name(func), **declared)
         wrapper: Callable[..., Any]
         if iscoroutinefunction(func):
 
@@ -204,6 +215,15 @@ def idempotency_opt_in(
     )
 
     def decorate(func: ViewFunc) -> ViewFunc:
+        validate_view_options(
+            view_name(func),
+            methods=methods,
+            required=required,
+            ttl=ttl,
+            lock_timeout=lock_timeout,
+            strategy=strategy,
+            wait=wait,
+        )
         setattr(func, OPT_IN_ATTR, opt_in)
         return func
 

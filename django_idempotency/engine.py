@@ -181,7 +181,9 @@ class IdempotentRequest:
     def from_request(
         cls, request: HttpRequest, scope: Callable[[HttpRequest], str], options: Options
     ) -> IdempotentRequest | None:
-        """None when the request does not take part (method, or no key and not required)."""
+        """None when the request does not take part (method, or no key and not required).
+        Raises ``InvalidConfiguration`` first when the settings have an error."""
+        conf.ensure_valid()
         if not options.applies_to(request.method):
             return None
         key = cls.header_key(request, options)
@@ -515,6 +517,7 @@ def takes_part(request: HttpRequest, options: Options) -> bool:
     """Whether ``handle`` would do more than call the view: the method honours the header,
     and the header is there or required. Reads the request line and headers only (no
     database, no ``request.user``), so it is safe on the event loop."""
+    conf.ensure_valid()
     if not options.applies_to(request.method):
         return False
     required = options.required if options.required is not None else conf.REQUIRED

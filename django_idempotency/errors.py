@@ -205,8 +205,28 @@ class DatabaseUnavailable(IdempotencyError):
 # these too ----------------------------------------------------------------------------------
 
 
-class ImproperlyConfiguredStrategy(ImproperlyConfigured):
-    """The configured strategy cannot be loaded (reported by the system checks too)."""
+class InvalidConfiguration(ImproperlyConfigured):
+    """A setting, or a view's option, that the system checks call an error: raised at
+    start-up (``AppConfig.ready()``, in every process that calls ``django.setup()``), on
+    first use after a setting changed, and where a view declares its options, so that no
+    request is ever served under it. The message is the checks' own:
+    ``"<check id>: <message> HINT: <hint>"``, one line per error."""
+
+
+#: The hint of check E006 (a strategy that cannot be loaded).
+STRATEGY_HINT = (
+    "Use 'db', 'advisory_lock', 'redis', 'hybrid' or the dotted path of a Strategy subclass "
+    "(the redis and hybrid strategies need `pip install django-idempotency[redis]`)."
+)
+
+
+class ImproperlyConfiguredStrategy(InvalidConfiguration):
+    """The configured strategy cannot be loaded: check E006, with the check's message."""
+
+    def __init__(self, reason: str) -> None:
+        #: What the check says (its message; the hint is :data:`STRATEGY_HINT`).
+        self.reason = reason
+        super().__init__(f"django_idempotency.E006: {reason} HINT: {STRATEGY_HINT}")
 
 
 class MisplacedIdempotencyMixin(ImproperlyConfigured):

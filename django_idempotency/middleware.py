@@ -67,6 +67,7 @@ def uses_mixin(cls: type) -> bool:
 def protection(view_func: Callable[..., Any]) -> OptIn | None:
     """What the middleware does for ``view_func``: an :class:`OptIn` (protect it with
     these options and scope) or None (leave it alone)."""
+    conf.ensure_valid()
     if getattr(view_func, EXEMPT_ATTR, False) or getattr(view_func, HANDLED_ATTR, False):
         return None
     if drf_view_class(view_func) is not None:
@@ -172,9 +173,9 @@ def _patterns(resolver: URLResolver, prefix: str = "") -> Iterator[tuple[str, Ca
             yield prefix + str(pattern.pattern), pattern.callback
 
 
-@checks.register(checks.Tags.compatibility)
-def check_middleware(**kwargs: Any) -> list[checks.CheckMessage]:
-    """E101: MIDDLEWARE_DEFAULT; E102/W101: DRF views; E103/E104: the middleware's place."""
+def validate_middleware_settings() -> list[checks.CheckMessage]:
+    """E101: MIDDLEWARE_DEFAULT; E103/E104: the middleware's place in MIDDLEWARE. Settings
+    only (the checks of ``settings.IDEMPOTENCY`` list these, and start-up enforces them)."""
     middleware = list(getattr(settings, "MIDDLEWARE", None) or [])
     if PATH not in middleware:
         return []
@@ -214,6 +215,18 @@ def check_middleware(**kwargs: Any) -> list[checks.CheckMessage]:
                     id="django_idempotency.E103",
                 )
             )
+    return messages
+
+
+@checks.register(checks.Tags.urls)
+def check_middleware(**kwargs: Any) -> list[checks.CheckMessage]:
+    """E102/W101: DRF views in the URLconf (:func:`validate_middleware_settings` has the
+    settings' checks)."""
+    middleware = list(getattr(settings, "MIDDLEWARE", None) or [])
+    if PATH not in middleware:
+        return []
+    messages: list[checks.CheckMessage] = []
+    default = conf.MIDDLEWARE_DEFAULT
     try:
         patterns = list(_patterns(get_resolver()))
     except Exception:  # a broken URLconf is reported by Django's own checks

@@ -13,6 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from .checks import validate_view_options, view_name
 from .conf import conf
 from .engine import IdempotentRequest, Options, default_scope, transient_conflict_response
 from .errors import DATABASE_ERRORS, IdempotencyError, MisplacedIdempotencyMixin
@@ -56,9 +57,12 @@ class IdempotencyMixin:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         check_mixin_order(cls)
+        validate_view_options(view_name(cls), **_declared_options(cls, {}))
 
     @classmethod
     def as_view(cls, *args: Any, **kwargs: Any) -> Any:
+        # as_view(idempotency_lock_timeout=...) overrides the class's options.
+        validate_view_options(view_name(cls), **_declared_options(cls, kwargs))
         view = super().as_view(*args, **kwargs)  # type: ignore[misc]
         # The app runs the handler in its own transaction (which also stores the response).
         return transaction.non_atomic_requests(using=conf.DATABASE)(view)
@@ -150,6 +154,25 @@ class IdempotencyMixin:
         if isinstance(exc, _ShortCircuit):
             return exc.response  # type: ignore[return-value]
         return super().handle_exception(exc)  # type: ignore[misc,no-any-return]
+
+
+#: The view options of the mixin, by the name of their ``Options`` field.
+OPTION_ATTRIBUTES = {
+    "methods": "idempotency_methods",
+    "required": "idempotency_required",
+    "ttl": "idempotency_ttl",
+    "lock_timeout": "idempotency_lock_timeout",
+    "strategy": "idempotency_strategy",
+    "wait": "idempotency_wait",
+}
+
+
+def _declared_options(cls: type[Any], initkwargs: dict[str, Any]) -> dict[str, Any]:
+    """The options ``cls`` declares as class attributes, or ``as_view()`` keywords."""
+    return {
+        field: initkwargs.get(attribute, getattr(cls, attribute, None))
+        for field, attribute in OPTION_ATTRIBUTES.items()
+    }
 
 
 def check_mixin_order(cls: type[Any]) -> None:

@@ -96,6 +96,7 @@ def drain_outbox(
     """
     from .models import IdempotencyOutbox
 
+    conf.ensure_valid()
     size = int(batch_size or conf.OUTBOX_BATCH_SIZE)
     budget = DRAIN_TIME_BUDGET if time_budget is None else float(time_budget)
     alias = using or conf.DATABASE
@@ -148,6 +149,7 @@ def purge_expired_keys(
     """Delete expired IdempotencyKey rows in batches; returns how many."""
     from .models import IdempotencyKey
 
+    conf.ensure_valid()
     deleted = IdempotencyKey.objects.delete_expired(
         batch_size=int(batch_size),
         older_than=timedelta(seconds=float(older_than)) if older_than else None,

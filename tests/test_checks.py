@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import AnonymousUser
 from django.core.checks import CheckMessage, Error, Warning, run_checks
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
@@ -12,8 +13,18 @@ from django.core.management.base import SystemCheckError
 from django.db import connections
 from django.test import override_settings
 
-from django_idempotency.checks import check_settings
-from django_idempotency.errors import ImproperlyConfiguredStrategy, RedisNotConfigured
+from django_idempotency.checks import (
+    BOOLEAN_SETTINGS,
+    NAME_LIST_SETTINGS,
+    check_settings,
+    error_text,
+)
+from django_idempotency.conf import conf
+from django_idempotency.errors import (
+    ImproperlyConfiguredStrategy,
+    InvalidConfiguration,
+    RedisNotConfigured,
+)
 from django_idempotency.strategies import load_strategy
 
 
@@ -94,6 +105,10 @@ def test_w001_unknown_setting() -> None:
         {"LOCK_TIMEOUT": None},
         {"MAX_STORED_BODY_SIZE": 0},
         {"MAX_STORED_BODY_SIZE": "big"},
+        {"LOCK_TIMEOUT": float("nan")},
+        {"TTL": float("inf")},
+        {"REDIS_SOCKET_TIMEOUT": 0},
+        {"REDIS_SOCKET_TIMEOUT": -0.25},
     ],
 )
 def test_e002_numbers_must_be_positive(idempotency: dict[str, Any]) -> None:
@@ -111,6 +126,8 @@ def test_e002_numbers_must_be_positive(idempotency: dict[str, Any]) -> None:
         {"WAIT_POLL_INTERVAL": 0},
         {"WAIT_MAX_WAITERS": 0},
         {"WAIT_MAX_WAITERS": 2.5},
+        {"WAIT": float("nan")},
+        {"WAIT_POLL_INTERVAL": float("inf")},
     ],
 )
 def test_e013_the_wait_settings(idempotency: dict[str, Any]) -> None:
@@ -245,9 +262,11 @@ def test_every_check_id_is_tested_here() -> None:
     from pathlib import Path
 
     import django_idempotency.checks as checks
+    import django_idempotency.errors as errors
 
-    source = Path(checks.__file__).read_text()
+    source = Path(checks.__file__).read_text() + Path(errors.__file__).read_text()
     declared = set(re.findall(r'id=ID \+ "([EW]\d{3})"', source))
+    declared |= set(re.findall(r"django_idempotency\.(E\d{3}): ", source))
     tested = set(re.findall(r"def test_([ew]\d{3})_", Path(__file__).read_text()))
     assert declared, "no check ids found in checks.py"
     assert declared == {t.upper() for t in tested}
@@ -297,15 +316,260 @@ def test_e020_idempotent_inside_api_view_under_atomic_requests(
         assert "django_idempotency.E020" not in ids(url_messages("tests.test_drf_function_views"))
 
 
-def test_w020_idempotent_outside_api_view() -> None:
-    message = only(url_messages("tests.test_drf_function_views"), "W020")
-    assert isinstance(message, Warning)
+def test_e021_idempotent_outside_api_view() -> None:
+    """A construct that can never work with DRF's authentication is an error, with the fix."""
+    message = only(url_messages("tests.test_drf_function_views"), "E021")
+    assert isinstance(message, Error)
     assert "outside" in message.msg and "'outside/'" in message.msg
-    assert "idempotent_api_view" in (message.hint or "")
+    assert "credentials-not-authenticated" in message.msg
+    assert "@idempotent_api_view(...)" in (message.hint or "")
+    with (
+        override_settings(ROOT_URLCONF="tests.test_drf_function_views"),
+        pytest.raises(SystemCheckError, match="E021"),
+    ):
+        call_command("check")
 
 
 def test_the_supported_drf_function_views_pass_the_url_check() -> None:
     # The test URLconf has @idempotent_api_view views, mixin views and plain views.
     assert url_messages("tests.testapp.urls") == []
     # and the test module's URLconf names its wrong order only
-    assert ids(url_messages("tests.test_drf_function_views")) == ["django_idempotency.W020"]
+    assert ids(url_messages("tests.test_drf_function_views")) == ["django_idempotency.E021"]
+
+
+@pytest.mark.parametrize("header", ["", "Idempotency Key", "Idem:Key", None, 5, "Clé"])
+def test_e014_header_must_be_a_header_name(header: Any) -> None:
+    message = only(run({"HEADER": header}), "E014")
+    assert isinstance(message, Error)
+    assert repr(header) in message.msg
+
+
+def test_e014_accepts_header_names() -> None:
+    assert run({"HEADER": "X-Request-Key"}) == []
+
+
+@pytest.mark.parametrize("name", BOOLEAN_SETTINGS)
+@pytest.mark.parametrize("value", ["False", 0, None, "yes"])
+def test_e015_booleans_must_be_true_or_false(name: str, value: Any) -> None:
+    message = only(run({name: value}), "E015")
+    assert name in message.msg and repr(value) in message.msg
+
+
+@pytest.mark.parametrize("value", [-1, "soon", 1.5, float("nan"), True])
+def test_e016_retry_after(value: Any) -> None:
+    assert isinstance(only(run({"RETRY_AFTER": value}), "E016"), Error)
+
+
+def test_e016_accepts_none_and_whole_seconds() -> None:
+    assert run({"RETRY_AFTER": None}) == run({"RETRY_AFTER": 0}) == run({"RETRY_AFTER": 3}) == []
+
+
+@pytest.mark.parametrize("name", NAME_LIST_SETTINGS)
+@pytest.mark.parametrize("value", ["Set-Cookie", 5, [""], [None]])
+def test_e017_header_and_cookie_lists(name: str, value: Any) -> None:
+    """A string would be read as its letters: NEVER_STORED_HEADERS = "Set-Cookie" would
+    store and replay cookies."""
+    message = only(run({name: value}), "E017")
+    assert name in message.msg
+
+
+@pytest.mark.parametrize("name", ["SCOPE_FUNCTION", "PROBLEM_RENDERER"])
+@pytest.mark.parametrize("path", ["no.such.function", "tests.test_checks.NOT_THERE", 5, "x"])
+def test_e018_dotted_paths_of_callables(name: str, path: Any) -> None:
+    message = only(run({name: path}), "E018")
+    assert name in message.msg
+
+
+def test_e018_accepts_an_importable_callable() -> None:
+    assert run({"SCOPE_FUNCTION": "tests.test_checks.ids"}) == []
+
+
+@pytest.mark.parametrize("size", [0, -1, 2.5, "many", None])
+def test_e019_outbox_batch_size(size: Any) -> None:
+    assert isinstance(only(run({"OUTBOX_BATCH_SIZE": size}), "E019"), Error)
+
+
+@pytest.mark.postgres
+def test_w014_advisory_lock_waits_at_most_lock_timeout() -> None:
+    message = only(run({"STRATEGY": "advisory_lock", "WAIT": 30, "LOCK_TIMEOUT": 10}), "W014")
+    assert isinstance(message, Warning)
+    assert run({"STRATEGY": "advisory_lock", "WAIT": 10, "LOCK_TIMEOUT": 10}) == []
+    assert run({"STRATEGY": "db", "WAIT": 30, "LOCK_TIMEOUT": 10}) == []
+
+
+# -- enforcement: the checks' errors are raised at start-up and on first use ------------------
+
+#: One value of every setting the checks call an error.
+INVALID_SETTINGS: list[Any] = [
+    ["STRATEGY", "db"],
+    {"LOCK_TIMEOUT": -5},
+    {"LOCK_TIMEOUT": 0},
+    {"TTL": 0},
+    {"MAX_STORED_BODY_SIZE": -1},
+    {"LOCK_TIMEOUT": float("nan")},
+    {"REDIS_SOCKET_TIMEOUT": 0},
+    {"LOCK_TIMEOUT": 10, "HEARTBEAT_INTERVAL": 10},
+    {"HEARTBEAT_INTERVAL": -1},
+    {"METHODS": "POST"},
+    {"DATABASE": "nowhere"},
+    {"STRATEGY": "no_such_strategy"},
+    {"STRATEGY": "advisory_lock", "DATABASE": "sqlite"},
+    {"STRATEGY": "redis"},
+    {"STRATEGY": "hybrid", "REDIS_CACHE_ALIAS": "default"},
+    {"REDIS_FAILURE_MODE": "ignore"},
+    {"HYBRID_DB_CHECK": "never"},
+    {"WAIT": -1},
+    {"WAIT_POLL_INTERVAL": 0},
+    {"WAIT_MAX_WAITERS": 0},
+    {"HEADER": ""},
+    {"ATOMIC": "False"},
+    {"RETRY_AFTER": "soon"},
+    {"NEVER_STORED_HEADERS": "Set-Cookie"},
+    {"CREDENTIAL_HEADERS": "Authorization"},
+    {"SCOPE_FUNCTION": "no.such.function"},
+    {"OUTBOX_BATCH_SIZE": 0},
+]
+
+
+@pytest.mark.parametrize("idempotency", INVALID_SETTINGS, ids=repr)
+def test_every_error_is_raised_on_first_use_with_the_checks_message(idempotency: Any) -> None:
+    with override_settings(IDEMPOTENCY=idempotency):
+        errors = [m for m in check_settings() if m.is_serious()]
+        assert errors, "not an error for the checks"
+        with pytest.raises(InvalidConfiguration) as info:
+            conf.ensure_valid()
+        assert str(info.value) == "\n".join(error_text(m) for m in errors)
+        assert str(info.value).startswith(f"{errors[0].id}: {errors[0].msg} HINT: ")
+        assert isinstance(info.value, ImproperlyConfigured)
+        with pytest.raises(InvalidConfiguration):  # every time, not just once
+            conf.ensure_valid()
+    conf.ensure_valid()  # the test settings again
+
+
+def test_a_middleware_setting_is_enforced_where_the_middleware_is_used() -> None:
+    from django.conf import settings
+
+    with_middleware = [*settings.MIDDLEWARE, "django_idempotency.middleware.IdempotencyMiddleware"]
+    with (
+        override_settings(MIDDLEWARE=with_middleware, IDEMPOTENCY={"MIDDLEWARE_DEFAULT": "All"}),
+        pytest.raises(InvalidConfiguration, match=r"^django_idempotency\.E101: "),
+    ):
+        conf.ensure_valid()
+    with override_settings(IDEMPOTENCY={"MIDDLEWARE_DEFAULT": "All"}):
+        conf.ensure_valid()  # not in MIDDLEWARE: not used
+
+
+def test_warnings_are_not_enforced() -> None:
+    with override_settings(IDEMPOTENCY={"TTL": 10, "LOCK_TIMEOUT": 60, "LOCK_TIMEOUTS": 1}):
+        assert set(ids(check_settings())) == {"django_idempotency.W001", "django_idempotency.W002"}
+        conf.ensure_valid()
+
+
+@pytest.mark.django_db
+def test_no_request_runs_the_view_under_an_error() -> None:
+    """The issue's case: with LOCK_TIMEOUT = -5 every duplicate would find the live lease
+    stale and take it over. The request path refuses before any claim."""
+    from django.test import RequestFactory
+
+    from django_idempotency.engine import handle
+    from django_idempotency.models import IdempotencyKey
+
+    from .testapp.models import SideEffect
+
+    def view() -> Any:
+        SideEffect.objects.create(label="charged")
+        raise AssertionError("the view ran")
+
+    request = RequestFactory().post("/pay/", HTTP_IDEMPOTENCY_KEY="k-invalid")
+    request.user = AnonymousUser()
+    with (
+        override_settings(IDEMPOTENCY={"LOCK_TIMEOUT": -5}),
+        pytest.raises(InvalidConfiguration, match=r"^django_idempotency\.E002: "),
+    ):
+        handle(request, view)
+    assert not SideEffect.objects.exists()
+    assert not IdempotencyKey.objects.exists()
+
+
+def test_the_strategy_loaders_error_is_the_checks_message() -> None:
+    with override_settings(IDEMPOTENCY={"STRATEGY": "no_such_strategy"}):
+        (message,) = [m for m in check_settings() if m.id == "django_idempotency.E006"]
+    with pytest.raises(ImproperlyConfiguredStrategy) as info:
+        load_strategy("no_such_strategy")
+    assert str(info.value) == error_text(message)
+
+
+# -- a view's own options are validated where it declares them --------------------------------
+
+#: Per-view options the checks would call an error as settings, with the id they get.
+INVALID_OPTIONS: list[tuple[dict[str, Any], str]] = [
+    ({"lock_timeout": -5}, "E002"),
+    ({"lock_timeout": 0}, "E002"),
+    ({"ttl": float("inf")}, "E002"),
+    ({"wait": -1}, "E013"),
+    ({"methods": "POST"}, "E004"),
+    ({"methods": ["FETCH"]}, "E004"),
+    ({"required": "yes"}, "E015"),
+    ({"strategy": "no_such_strategy"}, "E006"),
+    ({"strategy": "advisory_lock"}, "E007"),  # the test database here is SQLite or PostgreSQL
+    ({"strategy": "redis"}, "E011"),
+]
+
+
+def _expected(options: dict[str, Any], check_id: str) -> str:
+    from django_idempotency.checks import view_option_errors
+
+    (message,) = view_option_errors("x", **options)
+    assert message.id == f"django_idempotency.{check_id}"
+    return check_id
+
+
+def _declare_decorator(kind: str, options: dict[str, Any]) -> None:
+    from django_idempotency.decorators import idempotency_opt_in, idempotent
+
+    def pay(request: Any) -> Any:
+        raise AssertionError
+
+    decorator = {"idempotent": idempotent, "opt_in": idempotency_opt_in}[kind]
+    decorator(**options)(pay)
+
+
+def _declare_mixin(kind: str, options: dict[str, Any]) -> None:
+    from rest_framework.views import APIView
+
+    from django_idempotency.drf import idempotent_api_view
+    from django_idempotency.mixins import IdempotencyMixin
+
+    attrs = {f"idempotency_{name}": value for name, value in options.items()}
+    if kind == "mixin":
+        type("Pay", (IdempotencyMixin, APIView), attrs)
+    elif kind == "as_view":
+        view_class: Any = type("Pay", (IdempotencyMixin, APIView), {})
+        view_class.as_view(**attrs)
+    else:
+        idempotent_api_view(["POST"], **options)(lambda request: None)
+
+
+@pytest.mark.parametrize("kind", ["idempotent", "opt_in", "mixin", "as_view", "api_view"])
+@pytest.mark.parametrize(("options", "check_id"), INVALID_OPTIONS, ids=repr)
+def test_a_views_invalid_option_is_refused_where_it_is_declared(
+    kind: str, options: dict[str, Any], check_id: str
+) -> None:
+    if options.get("strategy") == "advisory_lock" and connections["default"].vendor != "sqlite":
+        options, check_id = {"strategy": "redis"}, "E011"
+    _expected(options, check_id)
+    declare = _declare_decorator if kind in {"idempotent", "opt_in"} else _declare_mixin
+    with pytest.raises(InvalidConfiguration) as info:
+        declare(kind, options)
+    text = str(info.value)
+    assert text.startswith(f"django_idempotency.{check_id}: ")
+    assert " HINT: " in text
+    if kind in {"idempotent", "opt_in"}:
+        assert "pay" in text or check_id in {"E006", "E007", "E011"}
+
+
+@pytest.mark.parametrize("kind", ["idempotent", "opt_in", "mixin", "as_view", "api_view"])
+def test_valid_view_options_are_accepted(kind: str) -> None:
+    options = {"lock_timeout": 5, "ttl": 60, "wait": 0, "methods": ["post"], "required": True}
+    declare = _declare_decorator if kind in {"idempotent", "opt_in"} else _declare_mixin
+    declare(kind, {**options, "strategy": "db"})

@@ -132,7 +132,7 @@ def test_a_string_of_methods_is_refused() -> None:
         idempotent_api_view("POST")
 
 
-# -- @idempotent outside @api_view: claimed before DRF authenticates ---------------------------
+# -- @idempotent outside @api_view: claimed before DRF authenticates (check E021) --------------
 
 
 @csrf_exempt
@@ -194,6 +194,20 @@ def test_outside_api_view_refuses_credentials_it_has_not_authenticated(
         assert "Authorization" in payload["detail"]
     assert not SideEffect.objects.exists()  # the view never ran
     assert not IdempotencyKey.objects.exists()
+
+
+def test_outside_api_view_is_a_check_error() -> None:
+    """Every request with DRF credentials is refused above: an error, not a warning, whose
+    hint is the fix."""
+    from django.test import override_settings
+
+    from django_idempotency.checks import check_drf_function_views
+
+    with override_settings(ROOT_URLCONF=__name__):
+        (message,) = check_drf_function_views()
+    assert message.is_serious() and message.id == "django_idempotency.E021"
+    assert "tests.test_drf_function_views.outside" in message.msg
+    assert "@idempotent_api_view(...)" in (message.hint or "")
 
 
 @pytest.mark.urls(__name__)

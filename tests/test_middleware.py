@@ -17,7 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from django_idempotency.decorators import idempotency_exempt, idempotency_opt_in
-from django_idempotency.middleware import PATH, check_middleware
+from django_idempotency.middleware import PATH, check_middleware, validate_middleware_settings
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.responses import REPLAYED_HEADER
 from example_project.payments.models import Charge
@@ -155,7 +155,8 @@ urlpatterns = [
 
 def ids(**settings_: Any) -> list[str]:
     with override_settings(**settings_):
-        return [m.id or "" for m in check_middleware()]
+        messages = [*validate_middleware_settings(), *check_middleware()]
+        return [m.id or "" for m in messages]
 
 
 def test_no_checks_without_the_middleware() -> None:

@@ -81,14 +81,19 @@ def test_a_different_fingerprint_is_422_without_waiting(events: list[str]) -> No
     assert "wait_started" not in events
 
 
-@override_settings(IDEMPOTENCY={"WAIT": 5, "WAIT_MAX_WAITERS": 0})
+@override_settings(IDEMPOTENCY={"WAIT": 5, "WAIT_MAX_WAITERS": 1})
 def test_a_waiter_past_the_bound_gets_the_409_at_once(events: list[str]) -> None:
     held("k-bound")
-    started = time.monotonic()
-    response = handle(request("k-bound"), ok())
-    assert response.status_code == 409
-    assert time.monotonic() - started < 1
-    assert events == ["request_conflict"]
+    assert waiting.slots.acquire()  # the one slot is taken by another waiter
+    try:
+        started = time.monotonic()
+        response = handle(request("k-bound"), ok())
+        assert response.status_code == 409
+        assert time.monotonic() - started < 1
+        assert events == ["request_conflict"]
+        assert waiting.slots.taken == 1
+    finally:
+        waiting.slots.release()
     assert waiting.slots.taken == 0
 
 

@@ -33,11 +33,13 @@ def load_strategy(name: str) -> Strategy:
             try:
                 cls = import_string(path)
             except ImportError as exc:
+                # The message is check E006's: the same at start-up, in `manage.py check`
+                # and for a view's strategy= at its first request.
                 raise ImproperlyConfiguredStrategy(
                     f"cannot load idempotency strategy {name!r}: {exc}"
                 ) from exc
             if not (isinstance(cls, type) and issubclass(cls, Strategy)):
-                raise ImproperlyConfiguredStrategy(f"{path} is not a Strategy subclass")
+                raise ImproperlyConfiguredStrategy(f"{path} is not a Strategy subclass.")
             strategy = _loaded[name] = cls()
     return strategy
 

@@ -154,6 +154,57 @@ def serve(
         os.unlink(log.name)
 
 
+@dataclass
+class Refusal:
+    """What a server that must refuse to start did: its exit code (None: still running at
+    the deadline, then killed), its log, and every HTTP status it answered meanwhile."""
+
+    returncode: int | None
+    log: str
+    answers: list[int]
+
+
+def refused_start(
+    name: str,
+    command: list[str],
+    database_url: str,
+    settings: Mapping[str, str],
+    timeout: float = 60,
+) -> Refusal:
+    """Run ``command`` as ``serve`` does, and send it requests (a GET and a POST with an
+    Idempotency-Key, in turn) until it exits or ``timeout`` passes; then stop it."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/api/charges/"
+    with tempfile.NamedTemporaryFile(prefix=f"idem-{name}-", suffix=".log") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", *(part.format(port=port) for part in command)],
+            env=example_env(database_url, settings),
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        answers: list[int] = []
+        deadline = time.monotonic() + timeout
+        try:
+            while process.poll() is None and time.monotonic() < deadline:
+                method, key = ("POST", "refused-key") if len(answers) % 2 else ("GET", None)
+                try:
+                    status, _ = request(url, method=method, key=key, body={}, timeout=2)
+                except (OSError, http.client.HTTPException):
+                    time.sleep(0.05)
+                    continue
+                answers.append(status)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(10)
+                returncode = None
+            else:
+                returncode = process.returncode
+        return Refusal(returncode, Path(log.name).read_text(errors="replace"), answers)
+
+
 def server_settings(
     strategy: str, psp_delay_ms: int, lock_timeout: float, env: Mapping[str, str] | None
 ) -> dict[str, str]:
