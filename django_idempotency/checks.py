@@ -588,13 +588,7 @@ def check_drf_function_views(app_configs: Any = None, **kwargs: Any) -> list[Che
         atomic_requests = False
 
     def is_idempotent_wrapper(func: Any) -> bool:
-        """Whether ``func``, or a function it wraps (``functools.wraps``), is one."""
-        seen = 0
-        while func is not None and seen < 50:
-            if getattr(func, "__code__", None) in codes:
-                return True
-            func, seen = getattr(func, "__wrapped__", None), seen + 1
-        return False
+        return _wraps_one_of(func, codes)
 
     def visit(patterns: Any, prefix: str) -> None:
         for pattern in patterns:
@@ -610,27 +604,9 @@ def check_drf_function_views(app_configs: Any = None, **kwargs: Any) -> list[Che
             if issubclass(view_class, IdempotencyMixin):
                 continue
             route = prefix + str(pattern.pattern)
-            # @api_view names its class after the function, but not its __qualname__.
-            qualname = view_class.__qualname__
-            if qualname.endswith("WrappedAPIView"):
-                qualname = view_class.__name__
-            name = f"{view_class.__module__}.{qualname}"
+            name = _view_class_name(view_class)
             if is_idempotent_wrapper(callback):
-                messages.append(
-                    Error(
-                        f"{name} (URL {route!r}) has @idempotent outside DRF's @api_view: "
-                        "the key is claimed before DRF authenticates the caller, so every "
-                        "request with DRF credentials is refused (400 "
-                        "credentials-not-authenticated) and a rejected request's 401, 403 "
-                        "or 429 is stored for its key.",
-                        hint="Replace @idempotent and @api_view(...) with "
-                        "@idempotent_api_view(...) from django_idempotency.drf (the same "
-                        "arguments: @api_view's methods first, then @idempotent's options), "
-                        "or move @idempotent below @api_view(...).",
-                        obj=callback,
-                        id=ID + "E021",
-                    )
-                )
+                messages.append(_outside_api_view_error(name, route, callback))
                 continue
             if not atomic_requests or database in getattr(callback, "_non_atomic_requests", ()):
                 continue
@@ -638,22 +614,7 @@ def check_drf_function_views(app_configs: Any = None, **kwargs: Any) -> list[Che
                 handler = getattr(view_class, method, None)
                 cells = getattr(handler, "__closure__", None) or ()
                 if any(is_idempotent_wrapper(_cell_value(cell)) for cell in cells):
-                    messages.append(
-                        Error(
-                            f"{name} (URL {route!r}) has @idempotent inside DRF's @api_view "
-                            f"while ATOMIC_REQUESTS is on for the database {database!r}: the "
-                            "request's transaction holds the claim and the stored response "
-                            "until the request ends, so duplicates cannot see the claim, its "
-                            "lease cannot be renewed, and a response can be stored for "
-                            "writes that are rolled back afterwards.",
-                            hint="Replace @idempotent and @api_view(...) with "
-                            "@idempotent_api_view(...) from django_idempotency.drf, or put "
-                            f"@transaction.non_atomic_requests(using={database!r}) above "
-                            "@api_view(...).",
-                            obj=callback,
-                            id=ID + "E020",
-                        )
-                    )
+                    messages.append(_atomic_requests_error(name, route, callback, database))
                     break
 
     try:
@@ -663,6 +624,61 @@ def check_drf_function_views(app_configs: Any = None, **kwargs: Any) -> list[Che
         return []
     visit(patterns, "")
     return messages
+
+
+def _wraps_one_of(func: Any, codes: set[Any]) -> bool:
+    """Whether ``func``, or a function it wraps (``functools.wraps``), has one of ``codes``."""
+    seen = 0
+    while func is not None and seen < 50:
+        if getattr(func, "__code__", None) in codes:
+            return True
+        func, seen = getattr(func, "__wrapped__", None), seen + 1
+    return False
+
+
+def _view_class_name(view_class: type) -> str:
+    """``module.name``; ``@api_view`` names its class after the function, but not its
+    ``__qualname__``."""
+    qualname = view_class.__qualname__
+    if qualname.endswith("WrappedAPIView"):
+        qualname = view_class.__name__
+    return f"{view_class.__module__}.{qualname}"
+
+
+def _outside_api_view_error(name: str, route: str, callback: Any) -> Error:
+    """E021: ``@idempotent`` above ``@api_view``, which can never work with DRF's
+    authentication."""
+    return Error(
+        f"{name} (URL {route!r}) has @idempotent outside DRF's @api_view: "
+        "the key is claimed before DRF authenticates the caller, so every "
+        "request with DRF credentials is refused (400 "
+        "credentials-not-authenticated) and a rejected request's 401, 403 "
+        "or 429 is stored for its key.",
+        hint="Replace @idempotent and @api_view(...) with "
+        "@idempotent_api_view(...) from django_idempotency.drf (the same "
+        "arguments: @api_view's methods first, then @idempotent's options), "
+        "or move @idempotent below @api_view(...).",
+        obj=callback,
+        id=ID + "E021",
+    )
+
+
+def _atomic_requests_error(name: str, route: str, callback: Any, database: str) -> Error:
+    """E020: ``@idempotent`` below ``@api_view`` inside the request's transaction."""
+    return Error(
+        f"{name} (URL {route!r}) has @idempotent inside DRF's @api_view "
+        f"while ATOMIC_REQUESTS is on for the database {database!r}: the "
+        "request's transaction holds the claim and the stored response "
+        "until the request ends, so duplicates cannot see the claim, its "
+        "lease cannot be renewed, and a response can be stored for "
+        "writes that are rolled back afterwards.",
+        hint="Replace @idempotent and @api_view(...) with "
+        "@idempotent_api_view(...) from django_idempotency.drf, or put "
+        f"@transaction.non_atomic_requests(using={database!r}) above "
+        "@api_view(...).",
+        obj=callback,
+        id=ID + "E020",
+    )
 
 
 def _idempotent_wrapper_codes() -> set[Any]:

@@ -82,18 +82,10 @@ def idempotent(
         wait=wait,
     )
     scope_func = scope or default_scope
-    declared = {
-        "methods": methods,
-        "required": required,
-        "ttl": ttl,
-        "lock_timeout": lock_timeout,
-        "strategy": strategy,
-        "wait": wait,
-    }
 
     def decorate(func: ViewFunc) -> ViewFunc:
         # An option the checks call an error stops the import of the view's module.
-        validate_view_options(view_name(func), **declared)
+        validate_view_options(view_name(func), **option_fields(options))
         wrapper: Callable[..., Any]
         if iscoroutinefunction(func):
 
@@ -127,6 +119,19 @@ def idempotent(
     if view is not None:
         return decorate(view)
     return decorate
+
+
+def option_fields(options: Options) -> dict[str, Any]:
+    """The fields of ``options``, as :func:`~django_idempotency.checks.view_option_errors`
+    takes them."""
+    return {
+        "methods": options.methods,
+        "required": options.required,
+        "ttl": options.ttl,
+        "lock_timeout": options.lock_timeout,
+        "strategy": options.strategy,
+        "wait": options.wait,
+    }
 
 
 def drf_view_of(request: HttpRequest) -> Any:
@@ -215,15 +220,7 @@ def idempotency_opt_in(
     )
 
     def decorate(func: ViewFunc) -> ViewFunc:
-        validate_view_options(
-            view_name(func),
-            methods=methods,
-            required=required,
-            ttl=ttl,
-            lock_timeout=lock_timeout,
-            strategy=strategy,
-            wait=wait,
-        )
+        validate_view_options(view_name(func), **option_fields(opt_in.options))
         setattr(func, OPT_IN_ATTR, opt_in)
         return func
 
