@@ -134,7 +134,6 @@ def check_database_routing(app_configs: Any = None, **kwargs: Any) -> list[Check
     keys' one, not declared in UNPROTECTED_DATABASES (a protected view's writes there are
     refused at run time); W030: it sends this app's own models elsewhere; W031:
     ATOMIC_REQUESTS on a declared one. Nothing here connects to a database."""
-    from django.db import connections
 
     keys = conf.DATABASE
     databases = settings.DATABASES
@@ -169,20 +168,7 @@ def check_database_routing(app_configs: Any = None, **kwargs: Any) -> list[Check
                 id=ID + "W030",
             )
         )
-    for alias in sorted(unprotected):
-        if connections[alias].settings_dict.get("ATOMIC_REQUESTS"):
-            messages.append(
-                Warning(
-                    f"ATOMIC_REQUESTS is on for {alias!r}, which is listed in "
-                    "IDEMPOTENCY['UNPROTECTED_DATABASES']: a protected view's writes there "
-                    "commit after its key's response is stored, so a COMMIT that fails "
-                    f"there (a deferred constraint) leaves a stored response that every "
-                    "retry replays, for writes that do not exist.",
-                    hint=f"Turn ATOMIC_REQUESTS off for {alias!r}, or route the models the "
-                    f"views write to {keys!r}.",
-                    id=ID + "W031",
-                )
-            )
+    messages.extend(_atomic_unprotected(sorted(unprotected), keys))
     return messages
 
 
@@ -404,6 +390,28 @@ def _check_metrics() -> list[CheckMessage]:
             )
         ]
     return []
+
+
+def _atomic_unprotected(aliases: list[str], keys: str) -> list[CheckMessage]:
+    """W031: ATOMIC_REQUESTS on an alias of UNPROTECTED_DATABASES."""
+    from django.db import connections
+
+    messages: list[CheckMessage] = []
+    for alias in aliases:
+        if connections[alias].settings_dict.get("ATOMIC_REQUESTS"):
+            messages.append(
+                Warning(
+                    f"ATOMIC_REQUESTS is on for {alias!r}, which is listed in "
+                    "IDEMPOTENCY['UNPROTECTED_DATABASES']: a protected view's writes there "
+                    "commit after its key's response is stored, so a COMMIT that fails "
+                    f"there (a deferred constraint) leaves a stored response that every "
+                    "retry replays, for writes that do not exist.",
+                    hint=f"Turn ATOMIC_REQUESTS off for {alias!r}, or route the models the "
+                    f"views write to {keys!r}.",
+                    id=ID + "W031",
+                )
+            )
+    return messages
 
 
 @register(Tags.urls)
