@@ -24,12 +24,13 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.core.checks import Error, Warning
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.db import connections, router, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.test import Client, override_settings
+from django.test import AsyncClient, Client, override_settings
 from django.urls import path
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
@@ -314,6 +315,28 @@ def test_a_write_on_another_database_is_refused_and_the_key_released(
     assert again.status_code == 201 and replayed(again)
     assert committed(layout.keys) == 1
     assert committed(layout.other) == 0
+
+
+@pytest.mark.usefixtures("with_middleware")
+@pytest.mark.parametrize("url", ["/async/", "/mw/"])
+def test_on_an_async_stack_the_write_is_refused_too(
+    layout: Layout, settings: Any, url: str
+) -> None:
+    """Django's ASGI handler: the middleware's async ``process_view`` and the async view,
+    whose ORM calls run through ``sync_to_async`` on the session's thread."""
+    client = AsyncClient()
+    headers = {"Idempotency-Key": "pay-1"}
+
+    def send() -> Any:
+        return async_to_sync(client.post)(url, "{}", "application/json", headers=headers)
+
+    assert_problem(send(), 503, SLUG)
+    assert committed(layout.other) == 0
+    assert not stored(layout, "pay-1")
+    fix(layout, settings)
+    assert send().status_code == 201
+    assert replayed(send())
+    assert committed(layout.keys) == 1
 
 
 def test_a_view_that_swallows_the_refusal_is_not_stored(layout: Layout) -> None:
