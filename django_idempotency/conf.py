@@ -23,6 +23,9 @@ DEFAULTS: Mapping[str, Any] = {
     "STRATEGY": "db",
     # The database alias that holds IdempotencyKey (and the view's writes).
     "DATABASE": "default",
+    # Other aliases a protected view may write to outside the protection (writes there
+    # commit on their own); a write to any other alias is refused (503).
+    "UNPROTECTED_DATABASES": (),
     # The request header that carries the key.
     "HEADER": "Idempotency-Key",
     # HTTP methods that honour the header, unless a view says otherwise.
@@ -156,6 +159,13 @@ class IdempotencySettings:
     @cached_property
     def DATABASE(self) -> str:
         return str(self._get("DATABASE"))
+
+    @cached_property
+    def UNPROTECTED_DATABASES(self) -> frozenset[str]:
+        value = self._get("UNPROTECTED_DATABASES")
+        if isinstance(value, str):  # check E031; one alias, not its letters
+            return frozenset({value})
+        return frozenset(str(alias) for alias in value or ())
 
     @cached_property
     def HEADER(self) -> str:

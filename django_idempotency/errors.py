@@ -201,6 +201,26 @@ class DatabaseUnavailable(IdempotencyError):
     )
 
 
+class DatabaseMisconfigured(IdempotencyError):
+    """The view tried to write to a database other than the one that holds the keys
+    (``IDEMPOTENCY["DATABASE"]``) and not declared in ``UNPROTECTED_DATABASES``: a write
+    there would commit outside the transaction that stores the key's response, so a
+    failed request would leave it behind for the retry to repeat, or a response would be
+    stored for a write that never commits. The write was refused before it ran, the
+    view's transaction rolled back and the key released; nothing was stored. The server's
+    configuration needs fixing (its log names the database and the statement): the
+    client retries later with the same key, which then runs the request once."""
+
+    status = 503
+    slug = "database-misconfigured"
+    title = "Server database configuration error"
+    default_detail = (
+        "This server's database configuration does not let the request's changes be made "
+        "safely under its Idempotency-Key, so the request was refused: nothing was changed "
+        "or stored. Retry later with the same Idempotency-Key."
+    )
+
+
 # -- configuration errors: Django's ImproperlyConfigured, so code that catches that catches
 # these too ----------------------------------------------------------------------------------
 

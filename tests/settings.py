@@ -1,7 +1,9 @@
 """Test settings: PostgreSQL when it answers (required when CI is set), else SQLite.
 
 A second alias, ``sqlite``, is always present so that the SQL that must work on
-both backends is tested on both in one run.
+both backends is tested on both in one run. A third, ``keys``, is a second database of the
+same server (PostgreSQL, or SQLite without it) for the tests of keys kept apart from the
+views' data (tests/test_several_databases.py).
 """
 
 from __future__ import annotations
@@ -72,11 +74,15 @@ _pg = postgres_url()
 DATABASES = {
     "default": database_from_url(_pg) if _pg else _sqlite("default"),
     "sqlite": _sqlite("other"),
+    "keys": database_from_url(_pg) if _pg else _sqlite("keys"),
 }
 if _pg:
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     # One test database per run, so that parallel runs on one server do not collide.
     DATABASES["default"]["TEST"] = {"NAME": f"test_idempotency_{os.getpid()}"}
+    # Another database on the same server, not a second name for the first one.
+    DATABASES["keys"]["CONN_MAX_AGE"] = 0
+    DATABASES["keys"]["TEST"] = {"NAME": f"test_idempotency_keys_{os.getpid()}"}
     # A subprocess of a test run (a Celery worker) connects to the run's test database.
     if os.environ.get("TEST_DATABASE_NAME"):
         DATABASES["default"]["NAME"] = os.environ["TEST_DATABASE_NAME"]

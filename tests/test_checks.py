@@ -573,3 +573,53 @@ def test_valid_view_options_are_accepted(kind: str) -> None:
     options = {"lock_timeout": 5, "ttl": 60, "wait": 0, "methods": ["post"], "required": True}
     declare = _declare_decorator if kind in {"idempotent", "opt_in"} else _declare_mixin
     declare(kind, {**options, "strategy": "db"})
+
+
+# -- several databases (the run-time refusal: tests/test_several_databases.py) ---------------
+
+ROUTERS = "tests.support.routers."
+
+
+def routing(idempotency: Any, routers: list[str]) -> list[CheckMessage]:
+    from django_idempotency.checks import check_database_routing
+
+    with override_settings(IDEMPOTENCY=idempotency, DATABASE_ROUTERS=routers):
+        return check_database_routing()
+
+
+def test_e030_writes_routed_away_from_the_keys() -> None:
+    message = only(routing({"DATABASE": "keys"}, [ROUTERS + "KeysApart"]), "E030")
+    assert isinstance(message, Error)
+    assert "'default'" in message.msg and "'keys'" in message.msg
+    assert "UNPROTECTED_DATABASES" in (message.hint or "")
+    declared = {"DATABASE": "keys", "UNPROTECTED_DATABASES": ["default"]}
+    assert routing(declared, [ROUTERS + "KeysApart"]) == []
+    assert routing({}, []) == []  # one database for everything
+
+
+def test_w030_the_librarys_models_routed_elsewhere() -> None:
+    message = only(routing({}, [ROUTERS + "KeysApart"]), "W030")
+    assert isinstance(message, Warning)
+    assert "IdempotencyKey" in message.msg
+
+
+def test_w031_atomic_requests_on_an_unprotected_database(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    declared = {"UNPROTECTED_DATABASES": ["sqlite"]}
+    assert routing(declared, [ROUTERS + "TestAppOnSqlite"]) == []
+    monkeypatch.setitem(connections["sqlite"].settings_dict, "ATOMIC_REQUESTS", True)
+    message = only(routing(declared, [ROUTERS + "TestAppOnSqlite"]), "W031")
+    assert isinstance(message, Warning)
+
+
+@pytest.mark.parametrize("value", [["nowhere"], "sqlite", [None], 3])
+def test_e031_unprotected_databases_not_a_list_of_aliases(value: Any) -> None:
+    message = only(run({"UNPROTECTED_DATABASES": value}), "E031")
+    assert isinstance(message, Error)
+    assert run({"UNPROTECTED_DATABASES": ["sqlite"]}) == []
+
+
+def test_e032_the_keys_database_listed_as_unprotected() -> None:
+    message = only(run({"DATABASE": "sqlite", "UNPROTECTED_DATABASES": ["sqlite"]}), "E032")
+    assert isinstance(message, Error)

@@ -28,12 +28,20 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections, transaction
 
+from .. import writeguard
 from .._sql import commits_in_statement
-from ..errors import LeaseLost, StoreUnavailable, is_connection_lost, is_transient
+from ..errors import (
+    DatabaseMisconfigured,
+    LeaseLost,
+    StoreUnavailable,
+    is_connection_lost,
+    is_transient,
+)
 from ..responses import StoredResponse
 
 if TYPE_CHECKING:
     from ..waiting import Listener
+    from ..writeguard import WriteGuard
 
 logger = logging.getLogger("django_idempotency")
 
@@ -151,6 +159,9 @@ class TransactionalClaim(Claimed):
     #: Whether :meth:`_store` can also COMMIT the view's transaction, in the round trip of
     #: its own statement, when :attr:`commit_with_store` says so.
     folds_commit: bool = False
+    #: Set by the session while the view runs: the refusal of its writes to the other
+    #: databases (``django_idempotency.writeguard``); None with one database.
+    guard: WriteGuard | None = None
 
     def __init__(self, attempt: Attempt) -> None:
         self.attempt = attempt
@@ -180,7 +191,10 @@ class TransactionalClaim(Claimed):
         transaction for rollback (DRF does after an ``APIException`` with
         ``ATOMIC_REQUESTS``), its writes are undone and the response is kept as
         ``pending``: the session stores it after the rollback, unless another
-        execution completed the key in the meantime."""
+        execution completed the key in the meantime. ``DatabaseMisconfigured`` when a
+        write of the view to another database was refused: nothing is stored."""
+        if self.guard is not None:
+            self.guard.check()
         if self.in_transaction and transaction.get_rollback(using=self.attempt.database):
             self.pending = response
             return
@@ -198,10 +212,13 @@ class TransactionalClaim(Claimed):
 
     def release(self) -> None:
         """Roll the view's writes back (inside the transaction); the session gives the
-        key back once the transaction has ended."""
+        key back once the transaction has ended. ``DatabaseMisconfigured`` (after that)
+        when a write of the view to another database was refused."""
         self.released = True
         if self.in_transaction:
             transaction.set_rollback(True, using=self.attempt.database)
+        if self.guard is not None:
+            self.guard.check()
 
     # -- what a subclass implements --------------------------------------------------------
 
@@ -308,6 +325,8 @@ class Session:
         #: An on_commit hook's error, raised at the exit (see :meth:`_end_committed`).
         self._hook_error: BaseException | None = None
         self._inner: Any = None
+        #: While the view runs: the refusal of its writes to the other databases.
+        self._guard: WriteGuard | None = None
 
     # -- enter -----------------------------------------------------------------------------
 
@@ -355,6 +374,8 @@ class Session:
             raise
         if settled is None:
             outcome.in_transaction = self._atomic is not None
+            # Last: nothing can fail between it and the ``with`` block that closes it.
+            self._guard = outcome.guard = writeguard.guard(attempt)
             return outcome
         # The key was known elsewhere: this request does not run the view.
         self.claim = None
@@ -438,6 +459,10 @@ class Session:
         claim, self.claim = self.claim, None
         if claim is None:
             return None
+        given = exc
+        refused = self._close_guard(claim, exc)
+        if refused is not None:
+            exc_type, exc, tb = type(refused), refused, refused.__traceback__
         error = exc
         atomic, self._atomic = self._atomic, None
         if atomic is not None:
@@ -465,9 +490,27 @@ class Session:
             transaction.on_commit(claim.after_commit, using=self.attempt.database)
         else:
             claim.delete()  # neither completed nor released: nothing is kept
-        if error is not None and error is not exc:
+        if error is not None and error is not given:
             raise error
         return None
+
+    def _close_guard(
+        self, claim: TransactionalClaim, exc: BaseException | None
+    ) -> DatabaseMisconfigured | None:
+        """Take the write guard off the other databases' connections (the hooks that run
+        after COMMIT are not the view). When it refused a write and the view went on (it
+        caught the refusal, or raised something else), the refusal is what ends the
+        session: the transaction rolls back and the key is given back."""
+        guard, self._guard = self._guard, None
+        claim.guard = None
+        if guard is None:
+            return None
+        guard.close()
+        if guard.refused is None or isinstance(exc, DatabaseMisconfigured) or claim.committed:
+            return None
+        refused = DatabaseMisconfigured()
+        refused.__cause__ = exc if exc is not None else guard.refused
+        return refused
 
     def _store_pending(self, claim: TransactionalClaim, response: StoredResponse) -> None:
         try:
