@@ -47,6 +47,26 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    def user_url(self, name: str, password: str) -> str:
+        """The URL that logs in as the ACL user ``name``."""
+        return f"redis://{name}:{password}@127.0.0.1:{self.port}/0"
+
+    def set_user(self, name: str, password: str, *rules: str) -> str:
+        """``ACL SETUSER name reset on >password *rules`` (as the default user); the URL."""
+        client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
+        try:
+            client.execute_command("ACL", "SETUSER", name, "reset", "on", f">{password}", *rules)
+        finally:
+            client.close()
+        return self.user_url(name, password)
+
+    def delete_user(self, name: str) -> None:
+        client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
+        try:
+            client.execute_command("ACL", "DELUSER", name)
+        finally:
+            client.close()
+
     def start(self, timeout: float = 10) -> RedisServer:
         if self.directory is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="idem-redis-")
