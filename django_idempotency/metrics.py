@@ -17,7 +17,7 @@ The app config installs them at start-up; nothing else imports this module, so
     fallback, or 503 with ``REDIS_FAILURE_MODE = "fail_closed"``).
 ``django_idempotency_redis_fallback_active``
     1 while a fallback episode is on in a process, 0 once a request reached Redis again
-    (see ``redis_health``; the largest value over the processes under multiprocess mode).
+    (see ``redis_health``; the largest value over the live processes in multiprocess mode).
 
 Under gunicorn with several worker processes, set ``PROMETHEUS_MULTIPROC_DIR``
 as ``prometheus_client`` documents; the metrics here need nothing else for it.
@@ -109,7 +109,7 @@ class Metrics:
             "django_idempotency_redis_fallback_active",
             "1 while requests are handled without Redis (a fallback episode), else 0.",
             registry=self.registry,
-            multiprocess_mode="max",
+            multiprocess_mode="livemax",
         )
 
     def connect(self) -> None:

@@ -354,13 +354,14 @@ return {false, loss_verdict(KEYS[2], tonumber(ARGV[3]), state, now, marker)}
 
 
 def permission_denied(exc: BaseException) -> bool:
-    """Whether ``exc`` is Redis refusing a command to this user (its ACL): ``NOPERM``, or,
-    inside a script on Redis 7.0, "The user executing the script can't run this command"."""
+    """Whether ``exc`` is Redis refusing a command, key or channel to this user (its ACL):
+    ``NOPERM``, or inside a script on Redis 7.0 "The user executing the script can't run
+    this command" / "can't access at least one of the keys"."""
     if isinstance(exc, NoPermissionError):
         return True
     text = str(exc)
     return isinstance(exc, ResponseError) and (
-        text.startswith("NOPERM") or "NOPERM" in text or "can't run this command" in text
+        "NOPERM" in text or "The user executing the script can't" in text
     )
 
 

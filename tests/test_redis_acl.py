@@ -36,7 +36,7 @@ from tests.testapp.models import SideEffect
 
 from .factories import UserFactory
 from .support.api import api_client, post_json, replayed
-from .support.redis_servers import RedisServer
+from .support.redis_servers import RedisClusterNodes, RedisServer
 from .support.threads import run_at_once
 
 pytestmark = [
@@ -277,3 +277,37 @@ def test_hybrid_without_info_checks_the_database_and_says_so_once(
     finally:
         redis_store.reset_clients()
         acl_server.delete_user("app")
+
+
+@pytest.mark.parametrize("strategy", ["redis", "hybrid"])
+@pytest.mark.parametrize("user", ["hardened", "minimal"])
+def test_on_a_cluster_as_the_user(
+    settings: Any, redis_cluster: RedisClusterNodes, redis_prefix: str, strategy: str, user: str
+) -> None:
+    """The same users on a private 3-primary cluster (the minimal ACL plus CLUSTER SLOTS and
+    COMMAND, as documented): claim, replay, mismatch and a race, all in Redis."""
+    template = HARDENED if user == "hardened" else MINIMAL[strategy] + " +cluster|slots +command"
+    url = redis_cluster.set_user("app", "secret", *_rules(template, redis_prefix))
+    settings.IDEMPOTENCY = {
+        "STRATEGY": strategy,
+        "REDIS_URL": url,
+        "REDIS_CLUSTER": True,
+        "REDIS_KEY_PREFIX": redis_prefix,
+        "REDIS_SOCKET_TIMEOUT": 1.0,
+    }
+    try:
+        user_row = UserFactory()
+        client = api_client(user_row)
+        key = uuid.uuid4().hex
+        assert post_json(client, key, {"amount": 5}).status_code == 201
+        assert replayed(post_json(client, key, {"amount": 5}))
+        assert post_json(client, key, {"amount": 6}).status_code == 422
+        racing = uuid.uuid4().hex
+        clients = [api_client(user_row) for _ in range(6)]
+        statuses = run_at_once(6, lambda i: post_json(clients[i], racing, {"sleep": 0.3}))
+        assert sorted({r.status_code for r in statuses}) <= [201, 409]
+        assert SideEffect.objects.count() == 2
+        assert IdempotencyKey.objects.count() == 0
+    finally:
+        redis_store.reset_clients()
+        redis_cluster.delete_user("app")

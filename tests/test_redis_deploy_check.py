@@ -150,6 +150,19 @@ def test_a_missing_permission_is_e043_naming_the_step(
         server.delete_user("app")
 
 
+def test_a_key_pattern_that_misses_the_prefix_is_e043(
+    server: RedisServer, configure: Callable[..., None]
+) -> None:
+    """The user's keys (``~other:*``) do not cover REDIS_KEY_PREFIX: refused keys are E043."""
+    configure(server.set_user("app", "secret", "~other:*", "&*", "+@all"))
+    try:
+        messages = run_checks(include_deployment_checks=True, tags=["redis"])
+        assert [m.id for m in messages] == ["django_idempotency.E043"]
+        assert "claiming a key" in messages[0].msg
+    finally:
+        server.delete_user("app")
+
+
 def test_a_cluster_node_without_redis_cluster_is_e044(
     redis_cluster: RedisClusterNodes, configure: Callable[..., None]
 ) -> None:
@@ -162,16 +175,8 @@ def test_a_cluster_node_without_redis_cluster_is_e044(
 @pytest.fixture
 def cluster_user(redis_cluster: RedisClusterNodes) -> Iterator[Callable[..., str]]:
     """``cluster_user(*rules)``: the ACL user ``app`` on every node (ACLs are per node)."""
-    nodes = list(redis_cluster.nodes)
-
-    def apply(*rules: str) -> str:
-        for node in nodes:
-            node.set_user("app", "secret", *rules)
-        return nodes[0].user_url("app", "secret")
-
-    yield apply
-    for node in nodes:
-        node.delete_user("app")
+    yield lambda *rules: redis_cluster.set_user("app", "secret", *rules)
+    redis_cluster.delete_user("app")
 
 
 def test_a_cluster_user_needs_cluster_slots_and_command(
@@ -243,6 +248,30 @@ def test_tls_without_the_ca_is_e042(tmp_path: Path, configure: Callable[..., Non
         assert deploy_ids() == ["E040"]
     finally:
         tls.cleanup()
+
+
+def test_a_cache_alias_is_checked_with_the_cache_s_client(
+    server: RedisServer, configure: Callable[..., None], settings: Any
+) -> None:
+    """REDIS_CACHE_ALIAS: the probe runs on the cache's own client, and names the cache."""
+    server.set_user("app", "secret", "~*", "&*", "+@all")
+    try:
+        settings.CACHES = {
+            **settings.CACHES,
+            "idem": {
+                "BACKEND": "django.core.cache.backends.redis.RedisCache",
+                "LOCATION": server.user_url("app", "wrong"),
+            },
+        }
+        configure("", REDIS_CACHE_ALIAS="idem")
+        messages = run_checks(include_deployment_checks=True, tags=["redis"])
+        assert [m.id for m in messages] == ["django_idempotency.E041"]
+        assert "the cache 'idem'" in messages[0].msg
+        settings.CACHES["idem"]["LOCATION"] = server.user_url("app", "secret")
+        settings.CACHES = dict(settings.CACHES)
+        assert deploy_ids() == []
+    finally:
+        server.delete_user("app")
 
 
 def test_the_probe_keys_are_its_own(server: RedisServer, configure: Callable[..., None]) -> None:

@@ -227,6 +227,16 @@ class RedisClusterNodes:
             client.close()
         raise RuntimeError(f"no replica of 127.0.0.1:{port} caught up within {timeout} s")
 
+    def set_user(self, name: str, password: str, *rules: str) -> str:
+        """The ACL user on every node (a cluster does not share ACLs); a startup URL."""
+        for node in self.nodes:
+            node.set_user(name, password, *rules)
+        return self.nodes[0].user_url(name, password)
+
+    def delete_user(self, name: str) -> None:
+        for node in self.nodes:
+            node.delete_user(name)
+
     def primaries(self) -> list[int]:
         """The ports of the primaries that own slots."""
         out = _cli(self.nodes[0].port, "CLUSTER", "NODES")
