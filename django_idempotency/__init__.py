@@ -1,3 +1,18 @@
 """django-idempotency: Idempotency-Key handling that runs a side effect once."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .redis_health import Health
+
 __version__ = "0.1.0.dev0"
+
+
+def health() -> Health:
+    """This process's Redis fallback state, for a health endpoint (no connection is made);
+    see docs/observability.md."""
+    from .redis_health import health as _health
+
+    return _health()

@@ -16,6 +16,7 @@ class IdempotencyConfig(AppConfig):
         from . import (
             checks,  # noqa: F401  (registers the system checks)
             middleware,  # noqa: F401  (registers the middleware's checks)
+            redis_check,  # noqa: F401  (registers the deploy-time Redis check)
         )
         from .conf import conf
 

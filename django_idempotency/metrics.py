@@ -12,6 +12,13 @@ The app config installs them at start-up; nothing else imports this module, so
     lock, and for a duplicate that waits (``WAIT``) its wait), by outcome: ``claimed``,
     ``taken_over``, ``in_flight``, ``replay``, ``mismatch`` or ``error``.
 
+``django_idempotency_redis_fallback_requests_total{strategy}``
+    requests the ``redis`` or ``hybrid`` strategy handled without Redis (the ``db``
+    fallback, or 503 with ``REDIS_FAILURE_MODE = "fail_closed"``).
+``django_idempotency_redis_fallback_active``
+    1 while a fallback episode is on in a process, 0 once a request reached Redis again
+    (see ``redis_health``; the largest value over the live processes in multiprocess mode).
+
 Under gunicorn with several worker processes, set ``PROMETHEUS_MULTIPROC_DIR``
 as ``prometheus_client`` documents; the metrics here need nothing else for it.
 """
@@ -25,9 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.dispatch import Signal
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
-from . import engine, signals
+from . import engine, redis_health, signals
 
 logger = logging.getLogger("django_idempotency")
 
@@ -74,6 +81,8 @@ class Metrics:
     registry: CollectorRegistry
     events: Any = field(init=False)
     claim_seconds: Any = field(init=False)
+    fallbacks: Any = field(init=False)
+    fallback_active: Any = field(init=False)
     _receivers: dict[str, Any] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -90,6 +99,18 @@ class Metrics:
             buckets=CLAIM_BUCKETS,
             registry=self.registry,
         )
+        self.fallbacks = Counter(
+            "django_idempotency_redis_fallback_requests",
+            "Requests the redis or hybrid strategy handled without Redis.",
+            ["strategy"],
+            registry=self.registry,
+        )
+        self.fallback_active = Gauge(
+            "django_idempotency_redis_fallback_active",
+            "1 while requests are handled without Redis (a fallback episode), else 0.",
+            registry=self.registry,
+            multiprocess_mode="livemax",
+        )
 
     def connect(self) -> None:
         for event, signal in EVENTS.items():
@@ -97,6 +118,7 @@ class Metrics:
             self._receivers[event] = receiver
             signal.connect(receiver, weak=False, dispatch_uid=_uid(event))
         engine.claim_timer = self.observe_claim
+        redis_health.monitor.observer = self.observe_fallback
 
     def disconnect(self) -> None:
         for event, signal in EVENTS.items():
@@ -104,7 +126,9 @@ class Metrics:
         self._receivers.clear()
         if engine.claim_timer == self.observe_claim:
             engine.claim_timer = None
-        for collector in (self.events, self.claim_seconds):
+        if redis_health.monitor.observer == self.observe_fallback:
+            redis_health.monitor.observer = None
+        for collector in (self.events, self.claim_seconds, self.fallbacks, self.fallback_active):
             with contextlib.suppress(KeyError):  # already unregistered
                 self.registry.unregister(collector)
 
@@ -115,6 +139,14 @@ class Metrics:
             )
         except Exception:  # a metric must never fail a request
             logger.exception("could not record the claim duration")
+
+    def observe_fallback(self, event: str, strategy: str) -> None:
+        """``redis_health``'s observer: a request without Redis, or the episode's end."""
+        if event == "fallback":
+            self.fallbacks.labels(strategy=strategy or "unknown").inc()
+            self.fallback_active.set(1)
+        else:
+            self.fallback_active.set(0)
 
     def _receiver(self, event: str) -> Any:
         counter = self.events

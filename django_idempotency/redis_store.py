@@ -24,7 +24,12 @@ import redis
 from django.core.signals import setting_changed
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
-from redis.exceptions import RedisClusterException, RedisError, ResponseError
+from redis.exceptions import (
+    NoPermissionError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
 from redis.retry import Retry
 
 from .conf import conf
@@ -61,18 +66,7 @@ def get_client() -> RedisClient:
     cluster cannot be reached to read its topology, and ``RedisNotConfigured``
     (an ``ImproperlyConfigured``) when neither setting is given.
     """
-    alias = conf.REDIS_CACHE_ALIAS
-    url = conf.REDIS_URL
-    cluster = conf.REDIS_CLUSTER
-    if alias:
-        ident = ("alias", alias, False)
-    elif url:
-        ident = ("url", url, cluster)
-    else:
-        raise RedisNotConfigured(
-            "The redis and hybrid idempotency strategies need IDEMPOTENCY['REDIS_URL'] "
-            "or IDEMPOTENCY['REDIS_CACHE_ALIAS']."
-        )
+    ident = _ident()
     client = _clients.get(ident)
     if client is not None:
         return client
@@ -81,6 +75,26 @@ def get_client() -> RedisClient:
         if client is None:
             client = _clients[ident] = _connect(ident, conf.REDIS_SOCKET_TIMEOUT)
     return client
+
+
+def _ident() -> tuple[str, str, bool]:
+    alias = conf.REDIS_CACHE_ALIAS
+    url = conf.REDIS_URL
+    if alias:
+        return ("alias", alias, False)
+    if url:
+        return ("url", url, conf.REDIS_CLUSTER)
+    raise RedisNotConfigured(
+        "The redis and hybrid idempotency strategies need IDEMPOTENCY['REDIS_URL'] "
+        "or IDEMPOTENCY['REDIS_CACHE_ALIAS']."
+    )
+
+
+def new_client() -> tuple[RedisClient, bool]:
+    """A client for the settings that no request shares (the deploy check), and whether
+    the caller closes it (not the client of a cache, which belongs to the cache)."""
+    ident = _ident()
+    return _connect(ident, conf.REDIS_SOCKET_TIMEOUT), ident[0] == "url"
 
 
 def _connect(ident: tuple[str, str, bool], timeout: float) -> RedisClient:
@@ -286,13 +300,19 @@ return redis.call('DEL', KEYS[1])
 # restart without persistence) or whose run_id or eviction count is not the server's now
 # (a restart, a failover, an eviction) is written again: a loss is suspected for ``ttl``
 # seconds after it was written. 0: no loss suspected; 1: suspected; 2: written just now.
+#
+# Every script reads (and runs every command that a user's ACL may refuse, such as INFO)
+# before its first write: Redis does not undo the writes of a script that fails halfway, so
+# a refused command must fail the script while it has changed nothing. ``loss_state`` is
+# the reading half, ``loss_verdict`` the writing half.
 _EPOCH_FUNCTION = """
-local function loss_suspected(marker_key, ttl)
+local function loss_state(marker_key)
   local info = redis.call('INFO', 'server') .. redis.call('INFO', 'stats')
   local state = string.match(info, 'run_id:(%x+)') .. ' '
     .. string.match(info, 'evicted_keys:(%d+)')
-  local now = tonumber(redis.call('TIME')[1])
-  local marker = redis.call('GET', marker_key)
+  return state, tonumber(redis.call('TIME')[1]), redis.call('GET', marker_key)
+end
+local function loss_verdict(marker_key, ttl, state, now, marker)
   if marker then
     local written, since = string.match(marker, '^(%x+ %d+) (%d+)$')
     if written == state then
@@ -309,22 +329,52 @@ end
 EPOCH_LUA = (
     "if redis.replicate_commands then redis.replicate_commands() end\n"
     + _EPOCH_FUNCTION
-    + "return loss_suspected(KEYS[1], tonumber(ARGV[1]))\n"
+    + """
+local state, now, marker = loss_state(KEYS[1])
+return loss_verdict(KEYS[1], tonumber(ARGV[1]), state, now, marker)
+"""
 )
 
 # KEYS[1] record, KEYS[2] loss marker; ARGV[1] the in-progress record, ARGV[2] lease in ms,
 # ARGV[3] TTL in seconds. The claim (SET NX PX, GET when taken) and, when won, the loss
-# check, in one round trip: {nil, loss} when claimed, {record, 0} when not.
+# check, in one round trip: {nil, loss} when claimed, {record, 0} when not. The loss check
+# reads (INFO, TIME, GET) before the record is written, so that a refused INFO leaves
+# no claim behind.
 CLAIM_EPOCH_LUA = (
     "if redis.replicate_commands then redis.replicate_commands() end\n"
     + _EPOCH_FUNCTION
     + """
 local old = redis.call('GET', KEYS[1])
 if old then return {old, 0} end
+local state, now, marker = loss_state(KEYS[2])
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return {false, loss_suspected(KEYS[2], tonumber(ARGV[3]))}
+return {false, loss_verdict(KEYS[2], tonumber(ARGV[3]), state, now, marker)}
 """
 )
+
+
+def permission_denied(exc: BaseException) -> bool:
+    """Whether ``exc`` is Redis refusing a command, key or channel to this user (its ACL):
+    ``NOPERM``, or inside a script on Redis 7.0 "The user executing the script can't run
+    this command" / "can't access at least one of the keys"."""
+    if isinstance(exc, NoPermissionError):
+        return True
+    text = str(exc)
+    return isinstance(exc, ResponseError) and (
+        "NOPERM" in text or "The user executing the script can't" in text
+    )
+
+
+class LossCheckDenied(RedisUnavailable):
+    """The user's ACL refuses a command of the loss check (``INFO``, ``TIME``); the script
+    failed before it wrote anything (see docs/redis.md for the ACL it needs)."""
+
+
+def _unavailable(exc: BaseException) -> RedisUnavailable:
+    """The error a loss-check script raises: ``LossCheckDenied`` for a refused command."""
+    if permission_denied(exc):
+        return LossCheckDenied(str(exc))
+    return RedisUnavailable(str(exc))
 
 
 def token_tail(token: str) -> str:
@@ -356,6 +406,9 @@ class RedisStore:
         self._claim_epoch = client.register_script(CLAIM_EPOCH_LUA)
         # SET ... NX GET needs Redis 7; None: not known yet.
         self._set_nx_get: bool | None = None
+        #: When (``time.monotonic()``) the user's ACL last refused the loss check; None:
+        #: never. The hybrid strategy looks every new key up in the database meanwhile.
+        self.loss_check_refused_at: float | None = None
 
     # keys
 
@@ -431,7 +484,7 @@ class RedisStore:
                 args=[value, _ms(lease_ms), max(int(ttl), 0)],
             )
         except REDIS_ERRORS as exc:
-            raise RedisUnavailable(str(exc)) from exc
+            raise _unavailable(exc) from exc
         if old is None:
             return True, None, int(loss)
         return False, decode_record(old), 0
@@ -443,7 +496,7 @@ class RedisStore:
         try:
             return int(self._epoch(keys=[marker], args=[max(int(ttl), 0)]))
         except REDIS_ERRORS as exc:
-            raise RedisUnavailable(str(exc)) from exc
+            raise _unavailable(exc) from exc
 
     def renew(self, scope: str, key: str, token: str, lease_ms: int) -> bool:
         """Extend the lease to ``lease_ms`` from now, only while ``token`` holds it."""

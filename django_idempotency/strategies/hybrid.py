@@ -22,6 +22,7 @@ from ..errors import LeaseLost, StoreUnavailable
 from ..models import IdempotencyOutbox
 from ..records import KeyRecord
 from ..redis_store import (
+    LossCheckDenied,
     RedisRecord,
     RedisStore,
     RedisUnavailable,
@@ -36,6 +37,10 @@ from .redis import RedisClaim, RedisStrategy, redis_claim
 logger = logging.getLogger("django_idempotency")
 
 EPOCH_SUFFIX = ":{hybrid}:epoch"
+
+#: Seconds after the user's ACL refused the loss check (``INFO``) before it is tried again;
+#: meanwhile every new key is looked up in the database, as with ``"always"``.
+LOSS_CHECK_RETRY = 60.0
 
 
 # -- the fallback: the db strategy, completing into the outbox too ---------------------------
@@ -216,30 +221,13 @@ class HybridStrategy(RedisStrategy):
     def claim(self, attempt: Attempt) -> Outcome:
         try:
             store = get_store()
-            loss: list[int] = []
-            claim = None
-            if self._marker_applies(store):
-                # The claim and the loss check in one script (one round trip).
-                marker = store.prefix + EPOCH_SUFFIX
-
-                def claim(
-                    scope: str, key: str, fingerprint: str, token: str, lease: int
-                ) -> tuple[bool, RedisRecord | None]:
-                    won, record, suspected = store.claim_checking_loss(
-                        scope, key, fingerprint, token, lease, marker=marker, ttl=attempt.ttl
-                    )
-                    loss[:] = [suspected]
-                    return won, record
-
-            outcome, record = redis_claim(
-                store, attempt, lambda token: HybridClaim(self, store, attempt, token), claim
-            )
-            if isinstance(outcome, HybridClaim):
-                if claim is None:
-                    outcome.check_db = self._must_check_db(store, attempt)
-                else:
-                    outcome.check_db = self._loss_reported(loss[-1], attempt.ttl)
-            elif (
+            try:
+                outcome, record = self._claim(store, attempt, self._marker_applies(store))
+            except LossCheckDenied as exc:
+                # The script failed before it wrote anything: claim again without it.
+                self._loss_check_refused(store, exc)
+                outcome, record = self._claim(store, attempt, False)
+            if (
                 isinstance(outcome, Mismatch)
                 and record is not None
                 and not record.completed
@@ -250,7 +238,36 @@ class HybridStrategy(RedisStrategy):
                 return self._beneath_foreign_claim(attempt)
         except RedisUnavailable as exc:
             return self.unavailable(attempt, exc)
+        self.reached_redis()
         return outcome
+
+    def _claim(
+        self, store: RedisStore, attempt: Attempt, with_marker: bool
+    ) -> tuple[Outcome, RedisRecord | None]:
+        """The Redis claim; ``with_marker``: and the loss check, in one script."""
+        loss: list[int] = []
+        claim = None
+        if with_marker:
+            marker = store.prefix + EPOCH_SUFFIX
+
+            def claim(
+                scope: str, key: str, fingerprint: str, token: str, lease: int
+            ) -> tuple[bool, RedisRecord | None]:
+                won, record, suspected = store.claim_checking_loss(
+                    scope, key, fingerprint, token, lease, marker=marker, ttl=attempt.ttl
+                )
+                loss[:] = [suspected]
+                return won, record
+
+        outcome, record = redis_claim(
+            store, attempt, lambda token: HybridClaim(self, store, attempt, token), claim
+        )
+        if isinstance(outcome, HybridClaim):
+            if claim is None:
+                outcome.check_db = self._must_check_db(store, attempt)
+            else:
+                outcome.check_db = self._loss_reported(loss[-1], attempt.ttl)
+        return outcome, record
 
     def _beneath_foreign_claim(self, attempt: Attempt) -> Outcome:
         found = self.lookup(attempt)
@@ -310,8 +327,12 @@ class HybridStrategy(RedisStrategy):
     @staticmethod
     def _marker_applies(store: RedisStore) -> bool:
         """``"after_loss"`` on a single node (a Cluster's nodes lose data each on its own:
-        every new key is looked up there)."""
-        return conf.HYBRID_DB_CHECK == "after_loss" and not isinstance(store.client, RedisCluster)
+        every new key is looked up there), unless the user's ACL refused the loss check
+        in the last ``LOSS_CHECK_RETRY`` seconds."""
+        if conf.HYBRID_DB_CHECK != "after_loss" or isinstance(store.client, RedisCluster):
+            return False
+        refused = store.loss_check_refused_at
+        return refused is None or time.monotonic() - refused >= LOSS_CHECK_RETRY
 
     def _must_check_db(self, store: RedisStore, attempt: Attempt) -> bool:
         if not self._marker_applies(store):
@@ -325,10 +346,28 @@ class HybridStrategy(RedisStrategy):
             return True
         try:
             suspected = store.loss_suspected(store.prefix + EPOCH_SUFFIX, ttl)
+        except LossCheckDenied as exc:
+            self._loss_check_refused(store, exc)
+            return True
         except RedisUnavailable:
             logger.debug("could not read the Redis loss marker", exc_info=True)
             return True
         return self._loss_reported(suspected, ttl)
+
+    @staticmethod
+    def _loss_check_refused(store: RedisStore, exc: LossCheckDenied) -> None:
+        """Logged at ERROR the first time per store: correct, but one read more per key."""
+        first = store.loss_check_refused_at is None
+        store.loss_check_refused_at = time.monotonic()
+        if first:
+            logger.error(
+                "The Redis user may not run INFO (%s), which the hybrid strategy's loss check "
+                "needs (HYBRID_DB_CHECK = 'after_loss'): every new key is looked up in the "
+                "database, as with 'always'. Grant +info (docs/redis.md, 'Redis ACL') or set "
+                "HYBRID_DB_CHECK to 'always'; tried again every %d seconds.",
+                exc,
+                int(LOSS_CHECK_RETRY),
+            )
 
     @staticmethod
     def _loss_reported(suspected: int, ttl: float) -> bool:

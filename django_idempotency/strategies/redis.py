@@ -14,6 +14,7 @@ from collections.abc import Callable
 from .. import waiting
 from ..conf import conf
 from ..errors import LeaseLost, StoreUnavailable
+from ..redis_health import monitor
 from ..redis_store import (
     RedisRecord,
     RedisStore,
@@ -157,10 +158,18 @@ class RedisStrategy(Strategy):
             )
         except RedisUnavailable as exc:
             return self.unavailable(attempt, exc)
+        self.reached_redis()
         return outcome
 
+    def reached_redis(self) -> None:
+        """A claim got its answer from Redis: a fallback episode, if any, is over."""
+        if monitor.active:
+            monitor.reached(self.name)
+
     def unavailable(self, attempt: Attempt, exc: RedisUnavailable) -> Outcome:
-        """Redis cannot be reached: the ``db`` strategy takes the request, or 503."""
+        """Redis cannot be reached: the ``db`` strategy takes the request (counted in the
+        fallback episode, see ``redis_health``), or 503."""
+        monitor.fell_back(self.name, exc)
         if conf.REDIS_FAILURE_MODE != "db":
             raise StoreUnavailable() from exc
         logger.warning(

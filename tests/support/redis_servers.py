@@ -47,6 +47,26 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    def user_url(self, name: str, password: str) -> str:
+        """The URL that logs in as the ACL user ``name``."""
+        return f"redis://{name}:{password}@127.0.0.1:{self.port}/0"
+
+    def set_user(self, name: str, password: str, *rules: str) -> str:
+        """``ACL SETUSER name reset on >password *rules`` (as the default user); the URL."""
+        client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
+        try:
+            client.execute_command("ACL", "SETUSER", name, "reset", "on", f">{password}", *rules)
+        finally:
+            client.close()
+        return self.user_url(name, password)
+
+    def delete_user(self, name: str) -> None:
+        client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
+        try:
+            client.execute_command("ACL", "DELUSER", name)
+        finally:
+            client.close()
+
     def start(self, timeout: float = 10) -> RedisServer:
         if self.directory is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="idem-redis-")
@@ -206,6 +226,16 @@ class RedisClusterNodes:
         finally:
             client.close()
         raise RuntimeError(f"no replica of 127.0.0.1:{port} caught up within {timeout} s")
+
+    def set_user(self, name: str, password: str, *rules: str) -> str:
+        """The ACL user on every node (a cluster does not share ACLs); a startup URL."""
+        for node in self.nodes:
+            node.set_user(name, password, *rules)
+        return self.nodes[0].user_url(name, password)
+
+    def delete_user(self, name: str) -> None:
+        for node in self.nodes:
+            node.delete_user(name)
 
     def primaries(self) -> list[int]:
         """The ports of the primaries that own slots."""
