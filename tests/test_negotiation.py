@@ -15,8 +15,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.conf import settings
-from django.test import Client, override_settings
+from django.test import AsyncClient, Client, override_settings
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
@@ -37,8 +38,12 @@ ALIASES = [
     pytest.param("sqlite", id="sqlite"),
 ]
 DRF = ["drf-class", "drf-function", "drf-below"]
-PLAIN = ["plain", "middleware"]
+#: Plain views: ``@idempotent`` (sync, and async through ASGI) and the middleware (on the
+#: WSGI handler, and on the ASGI one, where it runs its async path).
+PLAIN = ["plain", "async", "middleware", "middleware-asgi"]
 ENTRIES = DRF + PLAIN
+PATHS = {entry: f"/neg/{entry}/" for entry in ENTRIES} | {"middleware-asgi": "/neg/middleware/"}
+ASGI = {"async", "middleware-asgi"}
 IDEMPOTENCY_MIDDLEWARE = "django_idempotency.middleware.IdempotencyMiddleware"
 LOCALE_MIDDLEWARE = "django.middleware.locale.LocaleMiddleware"
 HTML = "text/html; charset=utf-8"
@@ -48,7 +53,7 @@ HTML = "text/html; charset=utf-8"
 def entry_point(entry: str, alias: str = "default", **idempotency: Any) -> Iterator[None]:
     """The settings ``entry`` needs (the middleware in ``MIDDLEWARE``), the keys in ``alias``."""
     middleware = list(settings.MIDDLEWARE)
-    if entry == "middleware":
+    if entry.startswith("middleware"):
         middleware.append(IDEMPOTENCY_MIDDLEWARE)
     with override_settings(MIDDLEWARE=middleware, IDEMPOTENCY={"DATABASE": alias, **idempotency}):
         yield
@@ -64,18 +69,21 @@ def send(
     body: dict[str, Any] | None = None,
     language: str | None = None,
 ) -> Any:
-    extra: dict[str, Any] = {"HTTP_IDEMPOTENCY_KEY": key}
+    """POST ``body`` as JSON to ``entry``'s view, through the ASGI handler (Django's
+    ``AsyncClient``) for the entries in ``ASGI``, else through the WSGI one (``client``)."""
+    headers = {"Idempotency-Key": key}
     if accept is not None:
-        extra["HTTP_ACCEPT"] = accept
+        headers["Accept"] = accept
     if language is not None:
-        extra["HTTP_ACCEPT_LANGUAGE"] = language
-    return client.post(
-        f"/neg/{entry}/{query}", json.dumps(body or {}), content_type="application/json", **extra
-    )
+        headers["Accept-Language"] = language
+    post: Any = async_to_sync(AsyncClient().post) if entry in ASGI else client.post
+    data = json.dumps(body or {})
+    return post(PATHS[entry] + query, data, content_type="application/json", headers=headers)
 
 
 def runs(entry: str) -> int:
-    return SideEffect.objects.filter(label=f"neg-{entry}").count()
+    label = "neg-" + PATHS[entry].strip("/").split("/")[-1]
+    return SideEffect.objects.filter(label=label).count()
 
 
 def assert_replay_of(replay: Any, first: Any) -> None:
@@ -213,6 +221,47 @@ def test_stored_media_types(entry: str, shape: str, accept: str, replayed: bool)
         assert first["Content-Type"] == PROBLEM_CONTENT_TYPE and first.status_code == 409
 
 
+@pytest.mark.parametrize("entry", ["plain", "middleware"])
+def test_an_accept_without_a_media_range_accepts_anything(entry: str) -> None:
+    client = Client()
+    with entry_point(entry):
+        first = send(client, entry, "k", accept="text/html")
+        for accept in ("", "garbage", "text", "*/json", "text/html;q=2", ",;,"):
+            assert_replay_of(send(client, entry, "k", accept=accept), first)
+    assert runs(entry) == 1
+
+
+def test_only_the_first_64_media_ranges_are_read() -> None:
+    """A huge ``Accept`` costs bounded work; a range past the 64th does not count."""
+    client = Client()
+    with entry_point("plain"):
+        first = send(client, "plain", "k", accept="application/json")
+        many = ", ".join(["text/plain"] * 64)
+        assert_not_acceptable(send(client, "plain", "k", accept=many + ", */*"), first)
+        huge = ", ".join(["text/plain;q=0.5"] * 2000) + ", application/json"
+        assert_not_acceptable(send(client, "plain", "k", accept=huge), first)
+        assert_replay_of(send(client, "plain", "k", accept="*/*, " + many), first)
+    assert runs("plain") == 1
+
+
+@pytest.mark.redis
+@pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
+@pytest.mark.parametrize("entry", ["drf-class", "plain"])
+def test_on_the_redis_strategy(entry: str, redis_settings: Any, shared_redis_url: str) -> None:
+    """The redis strategy replays from Redis: the same check, the same stored language."""
+    value = redis_settings(shared_redis_url)
+    value.pop("DATABASE", None)
+    client = Client()
+    with with_locale(entry, **value):
+        first = send(client, entry, "k", accept="text/html", language="de")
+        assert first.status_code == 201 and first["Content-Language"] == "de"
+        assert_not_acceptable(send(client, entry, "k", accept="application/json"), first)
+        again = send(client, entry, "k", accept="text/html", language="fr")
+        assert_replay_of(again, first)
+        assert again["Content-Language"] == "de"
+    assert runs(entry) == 1
+
+
 # -- DRF's ?format= --------------------------------------------------------------------------
 
 
@@ -281,7 +330,7 @@ def with_locale(entry: str, alias: str = "default", **idempotency: Any) -> Itera
     middleware = list(settings.MIDDLEWARE)
     common = middleware.index("django.middleware.common.CommonMiddleware")
     middleware.insert(common, LOCALE_MIDDLEWARE)
-    if entry == "middleware":
+    if entry.startswith("middleware"):
         middleware.append(IDEMPOTENCY_MIDDLEWARE)
     languages = [("en", "English"), ("de", "German"), ("fr", "French")]
     with override_settings(

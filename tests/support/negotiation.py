@@ -8,8 +8,9 @@ both how often the view ran and in which language a replayed body was produced.
 * ``/neg/drf-class/``, ``/neg/drf-function/`` (``@idempotent_api_view``) and
   ``/neg/drf-below/`` (``@idempotent`` below ``@api_view``) are DRF views rendering JSON or
   the browsable API (HTML) by ``Accept`` and ``?format=``;
-* ``/neg/plain/`` (``@idempotent``) and ``/neg/middleware/`` (``@idempotency_opt_in``, for
-  ``IdempotencyMiddleware``) are plain views that pick HTML or JSON by ``Accept`` themselves,
+* ``/neg/plain/`` (``@idempotent``), ``/neg/async/`` (``@idempotent`` on an ``async def``
+  view) and ``/neg/middleware/`` (``@idempotency_opt_in``, for ``IdempotencyMiddleware``)
+  are plain views that pick HTML or JSON by ``Accept`` themselves,
   or answer the media type the body's ``"as"`` names: ``"problem"`` (a 409
   ``application/problem+json``), ``"vnd"`` (``application/vnd.api+json``), ``"empty"`` (a
   204 without a Content-Type), ``"empty-typed"`` (a 204 with Django's ``text/html``), or
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import path
 from django.utils.translation import get_language
@@ -106,10 +108,19 @@ def charge_middleware(request: HttpRequest) -> HttpResponse:
     return _plain(request, "neg-middleware")
 
 
+@csrf_exempt
+@idempotent
+async def charge_async(request: HttpRequest) -> HttpResponse:
+    """``@idempotent`` on an ``async def`` view; its ORM work in the session's thread."""
+    response: HttpResponse = await sync_to_async(_plain)(request, "neg-async")
+    return response
+
+
 urlpatterns = [
     path("neg/drf-class/", ChargeView.as_view()),
     path("neg/drf-function/", charge_function),
     path("neg/drf-below/", charge_below),
     path("neg/plain/", charge_plain),
     path("neg/middleware/", charge_middleware),
+    path("neg/async/", charge_async),
 ]
