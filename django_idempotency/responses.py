@@ -94,9 +94,8 @@ def filter_headers(
 
 
 def _locale_middleware_installed() -> bool:
-    """Whether ``MIDDLEWARE`` holds Django's ``LocaleMiddleware`` (or a subclass)."""
-    if not settings.USE_I18N:
-        return False
+    """Whether ``MIDDLEWARE`` holds Django's ``LocaleMiddleware`` (or a subclass). It sets
+    ``Content-Language`` with ``USE_I18N = False`` too (to ``LANGUAGE_CODE``)."""
     from django.middleware.locale import LocaleMiddleware
 
     for path in getattr(settings, "MIDDLEWARE", None) or ():

@@ -378,6 +378,20 @@ def test_a_stored_vary_names_accept_language(entry: str) -> None:
         assert retry["Content-Language"] == "de"
 
 
+@pytest.mark.parametrize("entry", ["plain", "middleware"])
+def test_a_content_language_of_the_view_is_kept(entry: str) -> None:
+    """LocaleMiddleware only sets a missing Content-Language; what the view set is stored."""
+    client = Client()
+    body = {"content_language": "en-GB"}
+    with with_locale(entry):
+        first = send(client, entry, "k", body=body, accept="application/json", language="de")
+        assert first["Content-Language"] == "en-GB"
+        retry = send(client, entry, "k", body=body, accept="application/json", language="fr")
+        assert_replay_of(retry, first)
+        assert retry["Content-Language"] == "en-GB"
+        assert IdempotencyKey.objects.get().response_headers["Content-Language"] == "en-GB"
+
+
 def test_without_locale_middleware_no_language_is_stored() -> None:
     client = Client()
     with entry_point("plain"):

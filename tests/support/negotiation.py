@@ -14,7 +14,8 @@ both how often the view ran and in which language a replayed body was produced.
   or answer the media type the body's ``"as"`` names: ``"problem"`` (a 409
   ``application/problem+json``), ``"vnd"`` (``application/vnd.api+json``), ``"empty"`` (a
   204 without a Content-Type), ``"empty-typed"`` (a 204 with Django's ``text/html``), or
-  any media type.
+  any media type. ``"content_language"`` in the body is sent as the JSON answer's
+  ``Content-Language``.
 """
 
 from __future__ import annotations
@@ -93,7 +94,10 @@ def _plain(request: HttpRequest, label: str) -> HttpResponse:
         return HttpResponse(json.dumps(body), status=status, content_type=media_type)
     if request.get_preferred_type(["application/json", "text/html"]) == "text/html":
         return HttpResponse(f"<p>charge {body['charge']} ({body['language']})</p>", status=201)
-    return JsonResponse(body, status=201)
+    response = JsonResponse(body, status=201)
+    if payload.get("content_language"):
+        response["Content-Language"] = payload["content_language"]
+    return response
 
 
 @csrf_exempt
