@@ -32,6 +32,7 @@ from .errors import (
     IdempotencyError,
     LeaseLost,
     MissingKey,
+    ReplayNotAcceptable,
     RequestInProgress,
     ResponseNotStored,
     TransientConflict,
@@ -41,6 +42,7 @@ from .fingerprint import fingerprint
 from .header import parse_key
 from .keys import bounded_scope, downstream_key
 from .lease import keeper
+from .negotiation import retry_accepts
 from .responses import NotStorable, StoredResponse, capture, problem_response
 from .strategies import get_strategy
 from .strategies.base import Attempt, Claimed, InFlight, Mismatch, Outcome, Replay, Strategy
@@ -363,15 +365,7 @@ class IdempotentRequest:
         """The response for an outcome other than Claimed."""
         outcome = self.outcome
         if isinstance(outcome, Replay):
-            self._event(
-                "replayed",
-                signals.response_replayed,
-                logging.INFO,
-                "idempotency key %s (scope %s) replayed",
-            )
-            if not outcome.response.replayable:
-                raise ResponseNotStored(original_status=outcome.response.status)
-            return outcome.response.to_http()
+            return self._replay(outcome.response)
         if isinstance(outcome, Mismatch):
             self._event(
                 "mismatch",
@@ -393,6 +387,33 @@ class IdempotentRequest:
             )
         raise AssertionError(f"unexpected outcome {outcome!r}")
 
+    def _replay(self, stored: StoredResponse) -> HttpResponse:
+        """The stored response, as it was stored, to a retry that accepts its media type;
+        ``ReplayNotAcceptable`` (406) to one that does not: a replay is never rendered
+        again, and a client must not be handed a body it cannot parse."""
+        media_type = stored.media_type if stored.replayable else None
+        if not retry_accepts(self.request, media_type):
+            self._event(
+                "not_acceptable",
+                None,
+                logging.INFO,
+                "idempotency key %s (scope %s) completed; its stored %s response is not "
+                "acceptable to the retry",
+                media_type,
+            )
+            raise ReplayNotAcceptable(
+                original_status=stored.status, original_content_type=media_type
+            )
+        self._event(
+            "replayed",
+            signals.response_replayed,
+            logging.INFO,
+            "idempotency key %s (scope %s) replayed",
+        )
+        if not stored.replayable:
+            raise ResponseNotStored(original_status=stored.status)
+        return stored.to_http()
+
     def finish(self, response: HttpResponseBase) -> HttpResponseBase:
         """Store a storable response under the key, or release the key."""
         claim = self.outcome
@@ -409,7 +430,7 @@ class IdempotentRequest:
             )
             return response
         try:
-            stored = capture(response)
+            stored = capture(response, self.request)
         except NotStorable as exc:
             # The view's writes commit all the same: the key is completed, and a retry is
             # told that the response was not kept instead of running the view again.

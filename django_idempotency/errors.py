@@ -160,6 +160,52 @@ class ResponseNotStored(IdempotencyError):
             self.extra = {"original_status": original_status}
 
 
+class ReplayNotAcceptable(IdempotencyError):
+    """The key's request has completed, but its stored response is in a media type this
+    retry does not accept (its ``Accept`` header, or DRF's ``?format=``): the first request
+    asked for HTML (DRF's browsable API), say, and the retry for JSON. A replay is the
+    response of the execution that committed and is never rendered again, so the retry is
+    told this instead of being handed a body it cannot parse. The problem document carries
+    ``original_status`` and ``original_content_type``.
+
+    The client must not repeat the request under a new key (it has been carried out):
+    retry with this key and an ``Accept`` (or ``?format=``) that includes
+    ``original_content_type``, or look the result up."""
+
+    status = 406
+    slug = "replay-not-acceptable"
+    title = "The stored response is not in a media type this request accepts"
+    default_detail = (
+        "The request with this Idempotency-Key has completed, but its stored response is "
+        "in a media type this request does not accept. Do not repeat the request under a "
+        "new key: retry with this key accepting that media type, or look the result up."
+    )
+
+    def __init__(
+        self,
+        detail: str | None = None,
+        *,
+        retry_after: int | None = None,
+        original_status: int | None = None,
+        original_content_type: str | None = None,
+    ) -> None:
+        if detail is None and original_status is not None and original_content_type:
+            detail = (
+                f"The request with this Idempotency-Key has completed with status "
+                f"{original_status}; its stored response is {original_content_type}, which "
+                "this request's Accept header (or format) does not accept. Do not repeat the "
+                "request under a new key: retry with this key accepting "
+                f"{original_content_type}, or look the result up."
+            )
+        super().__init__(detail, retry_after=retry_after)
+        extra: dict[str, object] = {}
+        if original_status is not None:
+            extra["original_status"] = original_status
+        if original_content_type:
+            extra["original_content_type"] = original_content_type
+        self.extra = extra or None
+
+
 class StoreUnavailable(IdempotencyError):
     status = 503
     slug = "store-unavailable"

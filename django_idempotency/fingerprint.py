@@ -21,6 +21,7 @@ from django.http.request import RawPostDataException
 from django.utils.datastructures import MultiValueDict
 
 from .errors import InvalidBody, RequestTooLarge
+from .negotiation import format_parameter
 
 #: JSON nested deeper than this is fingerprinted by its bytes, not canonicalised.
 MAX_JSON_DEPTH = 64
@@ -101,11 +102,13 @@ def canonical_json(body: bytes) -> bytes | None:
     return "".join(out).encode("ascii")
 
 
-def _canonical_pairs(encoded: str) -> bytes:
+def _canonical_pairs(encoded: str, without: str | None = None) -> bytes:
     """A query string or urlencoded form in name order; the values of a repeated name
     keep their order, which can carry meaning. Percent-escapes that are not UTF-8 are
-    kept apart (``%ff`` is not ``%fe``)."""
+    kept apart (``%ff`` is not ``%fe``). ``without`` names a parameter left out."""
     pairs = parse_qsl(encoded, keep_blank_values=True, errors="surrogateescape")
+    if without is not None:
+        pairs = [pair for pair in pairs if pair[0] != without]
     pairs.sort(key=_name)
     return json.dumps(pairs, separators=(",", ":")).encode()
 
@@ -251,13 +254,19 @@ def _body_digest(request: HttpRequest) -> bytes:
 
 
 def fingerprint(request: HttpRequest) -> str:
-    """SHA-256 (hex) over method, path, canonical query string and canonical body."""
+    """SHA-256 (hex) over method, path, canonical query string and canonical body.
+
+    On a DRF view the URL format override (``?format=``) is left out of the query: it
+    picks the representation, which a replay is checked against instead
+    (``negotiation.retry_accepts``), so that a retry asking for another format is told
+    the request has completed rather than that its key was reused."""
     digest = hashlib.sha256()
     digest.update((request.method or "").upper().encode())
     digest.update(b"\n")
     digest.update(request.path.encode("utf-8", "surrogateescape"))
     digest.update(b"\n")
-    digest.update(_canonical_pairs(request.META.get("QUERY_STRING", "")))
+    query = request.META.get("QUERY_STRING", "")
+    digest.update(_canonical_pairs(query, without=format_parameter(request)))
     digest.update(b"\n")
     digest.update(_body_digest(request))
     return digest.hexdigest()

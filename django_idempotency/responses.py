@@ -6,8 +6,10 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
+from django.utils import translation
 from django.utils.module_loading import import_string
 
 from .conf import conf
@@ -49,6 +51,18 @@ class StoredResponse:
         """False for the record of a response that was not kept."""
         return NOT_STORED not in self.headers
 
+    @property
+    def media_type(self) -> str | None:
+        """The stored ``Content-Type`` of a body, None for a response without a body or
+        without a ``Content-Type`` (a 204): a replay of it hands no representation to
+        parse."""
+        if not self.body:
+            return None
+        for name, value in self.headers.items():
+            if name.lower() == "content-type":
+                return value
+        return None
+
     def to_http(self) -> HttpResponse:
         response = HttpResponse(self.body, status=self.status)
         if "Content-Type" not in self.headers:
@@ -79,8 +93,49 @@ def filter_headers(
     return kept
 
 
-def capture(response: HttpResponseBase) -> StoredResponse:
-    """Snapshot a rendered response for storage, or raise NotStorable."""
+def _locale_middleware_installed() -> bool:
+    """Whether ``MIDDLEWARE`` holds Django's ``LocaleMiddleware`` (or a subclass). It sets
+    ``Content-Language`` with ``USE_I18N = False`` too (to ``LANGUAGE_CODE``)."""
+    from django.middleware.locale import LocaleMiddleware
+
+    for path in getattr(settings, "MIDDLEWARE", None) or ():
+        try:
+            middleware = import_string(path)
+        except ImportError:
+            continue  # Django reports it when it loads the middleware
+        if isinstance(middleware, type) and issubclass(middleware, LocaleMiddleware):
+            return True
+    return False
+
+
+def locale_headers(request: HttpRequest | None, response: HttpResponseBase) -> dict[str, str]:
+    """What ``LocaleMiddleware.process_response`` will add to ``response`` after it has
+    been captured (the view and the app run before it): ``Content-Language`` (the language
+    active now, the one the response was produced in) unless the response has one, and
+    ``Accept-Language`` in ``Vary`` unless the language comes from an ``i18n_patterns``
+    URL prefix. A replay keeps them, so LocaleMiddleware cannot label a replayed German
+    body with the retry's language. Empty without LocaleMiddleware or a request."""
+    if request is None or not _locale_middleware_installed():
+        return {}
+    from django.conf.urls.i18n import is_language_prefix_patterns_used
+
+    added: dict[str, str] = {}
+    path_info = getattr(request, "path_info", request.path)
+    urlconf = getattr(request, "urlconf", settings.ROOT_URLCONF)
+    from_path = translation.get_language_from_path(path_info)
+    if not (is_language_prefix_patterns_used(urlconf)[0] and from_path):
+        vary = [v.strip() for v in response.get("Vary", "").split(",") if v.strip()]
+        if not any(v.lower() in ("accept-language", "*") for v in vary):
+            added["Vary"] = ", ".join([*vary, "Accept-Language"])
+    language = translation.get_language()
+    if "Content-Language" not in response and language:
+        added["Content-Language"] = language
+    return added
+
+
+def capture(response: HttpResponseBase, request: HttpRequest | None = None) -> StoredResponse:
+    """Snapshot a rendered response for storage, or raise NotStorable. With ``request``,
+    the headers ``LocaleMiddleware`` adds later are stored too (:func:`locale_headers`)."""
     if getattr(response, "streaming", False):
         raise NotStorable("streaming response")
     render = getattr(response, "render", None)
@@ -89,7 +144,11 @@ def capture(response: HttpResponseBase) -> StoredResponse:
     body = bytes(getattr(response, "content", b""))
     if len(body) > conf.MAX_STORED_BODY_SIZE:
         raise NotStorable("body larger than MAX_STORED_BODY_SIZE")
-    headers = filter_headers(response.items(), conf.STORED_HEADERS, conf.NEVER_STORED_HEADERS)
+    added = locale_headers(request, response)
+    replaced = {name.lower() for name in added}
+    items = [(n, v) for n, v in response.items() if n.lower() not in replaced]
+    items.extend(added.items())
+    headers = filter_headers(items, conf.STORED_HEADERS, conf.NEVER_STORED_HEADERS)
     return StoredResponse(status=response.status_code, headers=headers, body=body)
 
 

@@ -174,19 +174,20 @@ def test_optional_key_follows_the_setting(schema: dict[str, Any]) -> None:
 
 def test_problem_responses_and_headers(schema: dict[str, Any]) -> None:
     responses = schema["paths"]["/charges/"]["post"]["responses"]
-    assert set(responses) >= {"201", "400", "409", "413", "422", "503"}
+    assert set(responses) >= {"201", "400", "406", "409", "413", "422", "503"}
     ref = {"$ref": "#/components/schemas/IdempotencyProblem"}
-    for code in ("400", "409", "413", "422", "503"):
+    for code in ("400", "406", "409", "413", "422", "503"):
         problem = responses[code]["content"]["application/problem+json"]
         assert problem["schema"] == ref
         assert problem["examples"]
         for example in problem["examples"].values():
             assert example["value"]["status"] == int(code)
-    for code in ("409", "413", "422", "503"):
+    for code in ("406", "409", "413", "422", "503"):
         assert list(responses[code]["content"]) == ["application/problem+json"]
     for code in ("409", "503"):
         assert responses[code]["headers"]["Retry-After"]["schema"] == {"type": "integer"}
     assert "headers" not in responses["422"]
+    assert "headers" not in responses["406"]
     key_reused = responses["422"]["content"]["application/problem+json"]["examples"]
     assert key_reused["key-reused"]["value"]["type"].endswith("/key-reused")
     assert responses["201"]["headers"]["Idempotent-Replayed"]["schema"] == {
@@ -222,12 +223,13 @@ def test_every_problem_status_is_declared_with_its_types(schema: dict[str, Any])
     for code, slugs in {
         "400": ("missing-key", "invalid-key", "credentials-not-authenticated", "invalid-body"),
         "409": ("request-in-progress", "lease-lost", "response-not-stored"),
+        "406": ("replay-not-acceptable",),
         "413": ("request-too-large",),
         "503": ("store-unavailable", "transient-conflict", "database-unavailable"),
     }.items():
         for slug in slugs:
             assert f"`{slug}`" in responses[code]["description"]
-    assert set(problems_by_status()) == {400, 409, 413, 422, 503}
+    assert set(problems_by_status()) == {400, 406, 409, 413, 422, 503}
 
 
 def _examples(test: Any) -> list[str]:

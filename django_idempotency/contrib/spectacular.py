@@ -6,7 +6,7 @@ gets, on the methods that honour the header:
 * the ``Idempotency-Key`` request header parameter (required when the view
   requires it), with the patterns of its bare and quoted (RFC 8941) forms;
 * one ``application/problem+json`` response per status the protocol answers
-  with (``400``, ``409``, ``413``, ``422``, ``503``), built from the problem types
+  with (``400``, ``406``, ``409``, ``413``, ``422``, ``503``), built from the problem types
   in :mod:`django_idempotency.errors`, with ``Retry-After`` on the ``409`` and
   ``503``; the ``400`` also as ``application/json``, DRF's own validation errors;
   what the view declares for a status is kept and added to;
@@ -57,6 +57,8 @@ PROBLEM_SCHEMA: dict[str, Any] = {
 #: What each status means, ahead of the list of its problem types (built from errors.py).
 STATUS_SUMMARIES: dict[int, str] = {
     400: "The Idempotency-Key protocol refused the request before the view ran.",
+    406: "The Idempotency-Key's request has completed, but its stored response is in a media "
+    "type this request does not accept; do not repeat it: retry accepting that type.",
     409: "The Idempotency-Key's request cannot be answered with its result now: it is still "
     "in progress (retry after Retry-After seconds), its claim was lost (its changes were "
     "rolled back: retry), or it completed without a stored response (do not repeat it).",
