@@ -13,6 +13,7 @@ class IdempotencyConfig(AppConfig):
         from . import (
             checks,  # noqa: F401  (registers the system checks)
             middleware,  # noqa: F401  (registers the middleware's checks)
+            redis_checks,  # noqa: F401  (registers the checks of the Redis connection)
         )
         from .conf import conf
 
