@@ -365,10 +365,12 @@ class RedisSentinels:
         return int(words[1]) if len(words) == 2 and words[1].isdigit() else None
 
     def wait_master(self, port: int, timeout: float = 30) -> None:
-        """Until every sentinel reports ``port`` as the master and it answers as one."""
+        """Until every sentinel still running reports ``port`` as the master and it
+        answers as one."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            reported = {self.reported_master(sentinel) for sentinel in self.sentinels}
+            live = [sentinel for sentinel in self.sentinels if sentinel.running]
+            reported = {self.reported_master(sentinel) for sentinel in live}
             if reported == {port} and _cli(port, "ROLE", timeout=2).split()[:1] == ["master"]:
                 return
             time.sleep(0.1)
