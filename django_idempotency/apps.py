@@ -17,6 +17,7 @@ class IdempotencyConfig(AppConfig):
             checks,  # noqa: F401  (registers the system checks)
             middleware,  # noqa: F401  (registers the middleware's checks)
             redis_check,  # noqa: F401  (registers the deploy-time Redis check)
+            redis_checks,  # noqa: F401  (registers the checks of the Redis connection)
         )
         from .conf import conf
 

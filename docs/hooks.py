@@ -128,7 +128,7 @@ def on_pre_build(config: Any) -> None:
 
     check_sources = "".join(
         (ROOT / "django_idempotency" / name).read_text(encoding="utf-8")
-        for name in ("checks.py", "middleware.py")
+        for name in ("checks.py", "middleware.py", "redis_checks.py")
     )
     api_md = (docs / "api.md").read_text(encoding="utf-8")
     ids = re.findall(r'(?:ID \+ "|"django_idempotency\.)([EW]\d{3})"', check_sources)

@@ -28,6 +28,8 @@ _CHECKS: dict[str, Callable[[], bool]] = {
     "redis": lambda: services.answers(services.REDIS_URL, 6379),
     "celery": lambda: services.answers(services.REDIS_URL, 6379),
     "redis_cluster": lambda: services.which("redis-server") is not None,
+    "sentinel": lambda: services.which("redis-server") is not None,
+    "redis_tls": lambda: services.redis_server_has_tls() and services.which("openssl") is not None,
     "browser": lambda: services.chromium() is not None,
 }
 _results: dict[str, bool] = {}

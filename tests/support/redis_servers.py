@@ -4,7 +4,10 @@
 persistence, as a child process that ``stop()`` terminates. ``RedisClusterNodes``
 runs six of them with ``--cluster-enabled yes`` and joins them with
 ``redis-cli --cluster create ... --cluster-replicas 1`` (3 primaries, 3 replicas).
-The shared Redis on port 6379 is never touched.
+``RedisSentinels`` runs a master, its replica and three ``redis-server --sentinel``
+processes watching them, with short timings so that a failover takes a few seconds.
+A ``RedisServer`` with ``tls`` listens on a TLS port only. The shared Redis on port 6379
+is never touched.
 """
 
 from __future__ import annotations
@@ -16,15 +19,18 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
 
 from .ports import free_port
+from .tls import TlsFiles
 
 
-def _cli(port: int, *args: str, timeout: float = 10) -> str:
+def _cli(port: int, *args: str, timeout: float = 10, tls: TlsFiles | None = None) -> str:
+    secure = () if tls is None else _tls_cli_args(tls)
     result = subprocess.run(
-        ["redis-cli", "-h", "127.0.0.1", "-p", str(port), *args],
+        ["redis-cli", "-h", "127.0.0.1", "-p", str(port), *secure, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -33,19 +39,59 @@ def _cli(port: int, *args: str, timeout: float = 10) -> str:
     return result.stdout + result.stderr
 
 
+def _tls_cli_args(tls: TlsFiles) -> tuple[str, ...]:
+    """redis-cli over TLS, trusting the test CA and showing the client certificate."""
+    return (
+        "--tls",
+        "--cacert",
+        str(tls.ca),
+        "--cert",
+        str(tls.client_cert),
+        "--key",
+        str(tls.client_key),
+    )
+
+
+def _tls_server_args(port: int, tls: TlsFiles, auth_clients: str) -> tuple[str, ...]:
+    """Listen on ``port`` with TLS only (``--port 0`` closes the plain port)."""
+    return (
+        "--port",
+        "0",
+        "--tls-port",
+        str(port),
+        "--tls-cert-file",
+        str(tls.server_cert),
+        "--tls-key-file",
+        str(tls.server_key),
+        "--tls-ca-cert-file",
+        str(tls.ca),
+        "--tls-auth-clients",
+        auth_clients,
+    )
+
+
 @dataclass
 class RedisServer:
-    """One private ``redis-server``; ``url`` points at it, ``stop()`` ends it."""
+    """One private ``redis-server``; ``url`` points at it, ``stop()`` ends it.
+
+    ``config``: a configuration file given before the options (a sentinel needs one it
+    can rewrite). ``tls``: listen on ``port`` with TLS only, and ``tls_auth_clients``
+    (``"no"``, ``"yes"`` or ``"optional"``) says whether clients must show a certificate.
+    """
 
     port: int = 0
     extra: tuple[str, ...] = ()
     directory: Path | None = None
+    config: Path | None = None
+    tls: TlsFiles | None = None
+    tls_auth_clients: str = "no"
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _tmp: tempfile.TemporaryDirectory[str] | None = field(default=None, repr=False)
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        scheme = "redis" if self.tls is None else "rediss"
+        return f"{scheme}://127.0.0.1:{self.port}/0"
 
     def user_url(self, name: str, password: str) -> str:
         """The URL that logs in as the ACL user ``name``."""
@@ -73,11 +119,16 @@ class RedisServer:
             self.directory = Path(self._tmp.name)
         if not self.port:
             self.port = free_port()
+        listen = (
+            ("--port", str(self.port))
+            if self.tls is None
+            else _tls_server_args(self.port, self.tls, self.tls_auth_clients)
+        )
         self.process = subprocess.Popen(
             [
                 shutil.which("redis-server") or "redis-server",
-                "--port",
-                str(self.port),
+                *(() if self.config is None else (str(self.config),)),
+                *listen,
                 "--bind",
                 "127.0.0.1",
                 "--save",
@@ -99,11 +150,15 @@ class RedisServer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"redis-server exited:\n{self.log()}")
-            if _cli(self.port, "PING", timeout=2).strip() == "PONG":
+            if self.cli("PING", timeout=2).strip() == "PONG":
                 return self
             time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"redis-server on port {self.port} did not answer:\n{self.log()}")
+
+    def cli(self, *args: str, timeout: float = 10) -> str:
+        """``redis-cli`` against this server (over TLS when it has ``tls``)."""
+        return _cli(self.port, *args, timeout=timeout, tls=self.tls)
 
     def log(self) -> str:
         if self.directory is None:
@@ -137,6 +192,26 @@ class RedisServer:
             self._tmp.cleanup()
             self._tmp = None
             self.directory = None
+
+
+def wait_replicated(port: int, timeout: float = 20) -> None:
+    """Until a replica of the primary on 127.0.0.1:``port`` is online and has acknowledged
+    everything the primary has written (replicas acknowledge once a second)."""
+    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=2)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            info = client.info("replication")
+            written = int(info.get("master_repl_offset", 0))
+            replicas = [v for k, v in info.items() if k.startswith("slave") and k[5:].isdigit()]
+            if any(
+                r.get("state") == "online" and int(r.get("offset", -1)) >= written for r in replicas
+            ):
+                return
+            time.sleep(0.1)
+    finally:
+        client.close()
+    raise RuntimeError(f"no replica of 127.0.0.1:{port} caught up within {timeout} s")
 
 
 @dataclass
@@ -208,24 +283,8 @@ class RedisClusterNodes:
         raise RuntimeError("the Redis Cluster did not reach cluster_state:ok")
 
     def wait_replicated(self, port: int, timeout: float = 20) -> None:
-        """Until a replica of the primary on ``port`` is online and has acknowledged
-        everything the primary has written (replicas acknowledge once a second)."""
-        client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=2)
-        deadline = time.monotonic() + timeout
-        try:
-            while time.monotonic() < deadline:
-                info = client.info("replication")
-                written = int(info.get("master_repl_offset", 0))
-                replicas = [v for k, v in info.items() if k.startswith("slave") and k[5:].isdigit()]
-                if any(
-                    r.get("state") == "online" and int(r.get("offset", -1)) >= written
-                    for r in replicas
-                ):
-                    return
-                time.sleep(0.1)
-        finally:
-            client.close()
-        raise RuntimeError(f"no replica of 127.0.0.1:{port} caught up within {timeout} s")
+        """Until a replica of the primary on ``port`` has everything it wrote."""
+        wait_replicated(port, timeout)
 
     def set_user(self, name: str, password: str, *rules: str) -> str:
         """The ACL user on every node (a cluster does not share ACLs); a startup URL."""
@@ -251,6 +310,121 @@ class RedisClusterNodes:
         for node in self.nodes:
             node.stop()
         self.nodes.clear()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+
+@dataclass
+class RedisSentinels:
+    """A master, one replica of it, and three sentinels (quorum 2) that watch it as
+    ``service``; ``down_after_ms`` and ``failover_timeout_ms`` are kept short so that a
+    killed master is replaced within a few seconds."""
+
+    service: str = "mymaster"
+    down_after_ms: int = 800
+    failover_timeout_ms: int = 3000
+    master: RedisServer | None = None
+    replica: RedisServer | None = None
+    sentinels: list[RedisServer] = field(default_factory=list)
+    _tmp: tempfile.TemporaryDirectory[str] | None = field(default=None, repr=False)
+
+    @property
+    def addresses(self) -> list[tuple[str, int]]:
+        """The sentinels, as django-redis's ``SENTINELS`` option lists them."""
+        return [("127.0.0.1", sentinel.port) for sentinel in self.sentinels]
+
+    def start(self, timeout: float = 30) -> RedisSentinels:
+        self._tmp = tempfile.TemporaryDirectory(prefix="idem-redis-sentinel-")
+        root = Path(self._tmp.name)
+        try:
+            self.master = self._server(root, "master").start()
+            replica_of = ("--replicaof", "127.0.0.1", str(self.master.port))
+            self.replica = self._server(root, "replica", replica_of).start()
+            for number in range(3):
+                directory = root / f"sentinel-{number}"
+                directory.mkdir()
+                config = directory / "sentinel.conf"
+                config.write_text(
+                    f"sentinel monitor {self.service} 127.0.0.1 {self.master.port} 2\n"
+                    f"sentinel down-after-milliseconds {self.service} {self.down_after_ms}\n"
+                    f"sentinel failover-timeout {self.service} {self.failover_timeout_ms}\n"
+                )
+                sentinel = RedisServer(directory=directory, config=config, extra=("--sentinel",))
+                self.sentinels.append(sentinel.start())
+            self._wait_discovered(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    @staticmethod
+    def _server(root: Path, name: str, extra: tuple[str, ...] = ()) -> RedisServer:
+        directory = root / name
+        directory.mkdir()
+        return RedisServer(directory=directory, extra=extra)
+
+    def _wait_discovered(self, timeout: float) -> None:
+        """Until every sentinel knows the replica and the two other sentinels (they find
+        each other through the master's hello channel), so that a failover has a quorum."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ready = 0
+            for sentinel in self.sentinels:
+                client = redis.Redis(host="127.0.0.1", port=sentinel.port, socket_timeout=2)
+                peers: Any = []
+                replicas: Any = []
+                try:
+                    peers = client.sentinel_sentinels(self.service)
+                    replicas = client.sentinel_slaves(self.service)
+                except redis.RedisError:
+                    pass
+                finally:
+                    client.close()
+                online = [r for r in replicas if not r.get("is_sdown") and r.get("flags")]
+                ready += len(peers) == 2 and len(online) == 1
+            if ready == len(self.sentinels):
+                return
+            time.sleep(0.2)
+        raise RuntimeError("the sentinels did not discover each other and the replica")
+
+    def reported_master(self, sentinel: RedisServer) -> int | None:
+        """The master's port as ``sentinel`` reports it (None when it does not answer)."""
+        answer = sentinel.cli("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service, timeout=2)
+        words = answer.split()
+        return int(words[1]) if len(words) == 2 and words[1].isdigit() else None
+
+    def wait_master(self, port: int, timeout: float = 30) -> None:
+        """Until every sentinel still running reports ``port`` as the master and it
+        answers as one."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            live = [sentinel for sentinel in self.sentinels if sentinel.running]
+            reported = {self.reported_master(sentinel) for sentinel in live}
+            if reported == {port} and _cli(port, "ROLE", timeout=2).split()[:1] == ["master"]:
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"the sentinels did not promote 127.0.0.1:{port} within {timeout} s")
+
+    def cut_replication(self, timeout: float = 10) -> None:
+        """Let the replica fall behind: the master refuses ``PSYNC``/``SYNC`` (an ACL on
+        its default user) and drops the replica's link, so what is written from now on
+        never reaches the replica, while clients and sentinels still talk to the master."""
+        assert self.master is not None and self.replica is not None
+        self.master.cli("ACL", "SETUSER", "default", "-psync", "-sync")
+        self.master.cli("CLIENT", "KILL", "TYPE", "replica")
+        deadline = time.monotonic() + timeout
+        while "master_link_status:down" not in self.replica.cli("INFO", "replication"):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the replica's link to the master did not go down")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        for server in [*self.sentinels, self.replica, self.master]:
+            if server is not None:
+                server.stop()
+        self.sentinels.clear()
+        self.master = self.replica = None
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None

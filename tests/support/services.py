@@ -54,3 +54,22 @@ def chromium() -> str | None:
         if path:
             return path
     return None
+
+
+def redis_server_has_tls() -> bool:
+    """Whether the installed ``redis-server`` was built with TLS: it accepts ``tls-port``
+    and stops at the made-up directive after it (without TLS it stops at ``tls-port``)."""
+    import subprocess
+
+    server = which("redis-server")
+    if server is None:
+        return False
+    result = subprocess.run(
+        [server, "--tls-port", "0", "--port", "0", "--not-a-directive", "x"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=False,
+    )
+    output = (result.stdout + result.stderr).lower()
+    return "not-a-directive" in output and "tls-port" not in output

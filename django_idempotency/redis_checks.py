@@ -1,0 +1,138 @@
+"""System checks of how the ``redis`` and ``hybrid`` strategies connect: a django-redis
+Sentinel cache without its connection factory (E080), TLS files that do not exist (E081),
+and TLS without certificate verification (W080). Nothing here connects to Redis or
+imports redis-py or django-redis; see docs/redis.md ("Sentinel", "TLS").
+
+Without these, each mistake would surface only at the first request: django-redis
+raises ``ImproperlyConfigured`` inside the request for a Sentinel client without the
+Sentinel factory, and a missing CA file makes every connection fail, so that every
+request falls back to the database or gets 503 for as long as the process runs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+
+from .conf import conf
+
+ID = "django_idempotency."
+REDIS_STRATEGIES = {"redis", "hybrid"}
+SENTINEL_FACTORY = "django_redis.pool.SentinelConnectionFactory"
+#: redis-py's connection parameters that name a file to read.
+TLS_FILES = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+
+
+@register(Tags.compatibility)
+def check_redis_connection(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    if not isinstance(getattr(settings, "IDEMPOTENCY", None) or {}, Mapping):
+        return []  # E001 reports it
+    if conf.STRATEGY not in REDIS_STRATEGIES:
+        return []
+    messages = _check_sentinel_cache()
+    for where, name, value in _tls_parameters():
+        messages.extend(_check_tls_parameter(where, name, value))
+    return messages
+
+
+def _alias_cache() -> Mapping[str, Any]:
+    """The CACHES entry REDIS_CACHE_ALIAS names, or {} (E012 reports a wrong alias)."""
+    alias = conf.REDIS_CACHE_ALIAS
+    if not alias:
+        return {}
+    cache = getattr(settings, "CACHES", {}).get(alias, {})
+    return cache if isinstance(cache, Mapping) else {}
+
+
+def _check_sentinel_cache() -> list[CheckMessage]:
+    """E080: a django-redis ``SentinelClient`` cache needs the Sentinel connection factory
+    (in its OPTIONS or DJANGO_REDIS_CONNECTION_FACTORY) and a SENTINELS list."""
+    cache = _alias_cache()
+    options = cache.get("OPTIONS") or {}
+    if not str(cache.get("BACKEND", "")).startswith("django_redis."):
+        return []
+    if not str(options.get("CLIENT_CLASS", "")).endswith("SentinelClient"):
+        return []
+    factory = str(
+        options.get("CONNECTION_FACTORY")
+        or getattr(settings, "DJANGO_REDIS_CONNECTION_FACTORY", "")
+        or "django_redis.pool.ConnectionFactory"
+    )
+    problems = []
+    if not factory.endswith("SentinelConnectionFactory"):
+        problems.append(f"its connection factory is {factory!r}")
+    if not options.get("SENTINELS"):
+        problems.append("it has no OPTIONS['SENTINELS']")
+    if not problems:
+        return []
+    return [
+        Error(
+            f"The cache {conf.REDIS_CACHE_ALIAS!r} (REDIS_CACHE_ALIAS) uses django-redis's "
+            f"SentinelClient, but {' and '.join(problems)}: every request would fail.",
+            hint=f"Set OPTIONS['CONNECTION_FACTORY'] = {SENTINEL_FACTORY!r} and "
+            "OPTIONS['SENTINELS'] = [(host, port), ...] (docs/redis.md, 'Sentinel').",
+            id=ID + "E080",
+        )
+    ]
+
+
+def _query(url: Any) -> dict[str, str]:
+    return dict(parse_qsl(urlsplit(url).query)) if isinstance(url, str) else {}
+
+
+def _tls_parameters() -> Iterator[tuple[str, str, Any]]:
+    """(where, name, value) of every ssl_* connection parameter the store will use: the
+    query of REDIS_URL, or the cache's LOCATION query, its django-redis
+    CONNECTION_POOL_KWARGS and (Django's own backend) its OPTIONS."""
+    cache = _alias_cache()
+    if cache:
+        alias = conf.REDIS_CACHE_ALIAS
+        locations = cache.get("LOCATION")
+        for location in locations if isinstance(locations, (list, tuple)) else [locations]:
+            for name, value in _query(location).items():
+                yield f"CACHES[{alias!r}]['LOCATION']", name, value
+        options = cache.get("OPTIONS") or {}
+        pool_kwargs = options.get("CONNECTION_POOL_KWARGS") or {}
+        for name, value in {**options, **pool_kwargs}.items():
+            yield f"CACHES[{alias!r}]['OPTIONS']", str(name), value
+    elif not conf.REDIS_CACHE_ALIAS:
+        for name, value in _query(conf.REDIS_URL).items():
+            yield "IDEMPOTENCY['REDIS_URL']", name, value
+
+
+def _check_tls_parameter(where: str, name: str, value: Any) -> list[CheckMessage]:
+    """E081: a TLS file that cannot be read; W080: certificates not verified."""
+    readable = isinstance(value, str) and os.path.isfile(value) and os.access(value, os.R_OK)
+    if name in TLS_FILES and isinstance(value, str) and not readable:
+        return [
+            Error(
+                f"{name}={value!r} in {where} is not a readable file: every "
+                "connection to Redis would fail its TLS handshake.",
+                hint="Name the PEM file of the CA (ssl_ca_certs) or of the client's "
+                "certificate and key (ssl_certfile, ssl_keyfile) as this process "
+                "can read it.",
+                id=ID + "E081",
+            )
+        ]
+    # "none" in a URL, or ssl.CERT_NONE (a VerifyMode, whose name says it) in OPTIONS.
+    if name == "ssl_cert_reqs" and str(getattr(value, "name", value)).lower() in {
+        "none",
+        "0",
+        "cert_none",
+    }:
+        return [
+            Warning(
+                f"ssl_cert_reqs={value!r} in {where}: the Redis server's certificate is "
+                "not verified, so anyone on the network path can answer for Redis (and "
+                "replay, or refuse, any idempotency key).",
+                hint="Remove ssl_cert_reqs (the default is 'required') and give the CA "
+                "that signed the server's certificate in ssl_ca_certs.",
+                id=ID + "W080",
+            )
+        ]
+    return []
