@@ -1,0 +1,165 @@
+"""The library in a project's own test suite: a Django ``TestCase`` (the view runs inside
+the test's transaction, which never commits) sees exactly the ``on_commit`` callbacks its
+view registered, and the library's post-commit work still happens.
+
+Real servers: PostgreSQL (``default``) and SQLite (``sqlite``); the hybrid strategy on the
+shared Redis (DB 15) under a key prefix of the test's own, deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any, ClassVar
+
+import pytest
+from django.db import connections, transaction
+from django.test import Client, TestCase, override_settings
+from rest_framework.test import APIClient
+
+from django_idempotency.redis_store import get_store, reset_clients
+from tests.testapp import views
+from tests.testapp.models import SideEffect
+
+from .factories import UserFactory
+from .support import services
+from .support.api import replayed
+from .support.redis_servers import delete_prefix
+
+pytestmark = pytest.mark.usefixtures("forget_queued_drains")
+
+ENTRIES = {"drf": "/t/drf-hook/", "fn": "/t/fn-hook/"}
+
+
+class OnCommitCase(TestCase):
+    """One strategy on one alias; subclasses below name them."""
+
+    alias: ClassVar[str] = "default"
+    strategy: ClassVar[str] = "db"
+    databases = {"default", "sqlite"}
+    __test__ = False
+
+    def setUp(self) -> None:
+        views.hooks_ran.clear()
+        self.prefix = f"idemtest-{uuid.uuid4().hex[:12]}"
+        overrides: dict[str, Any] = {"STRATEGY": self.strategy, "DATABASE": self.alias}
+        if self.strategy in {"redis", "hybrid"}:
+            overrides |= {"REDIS_URL": services.REDIS_URL, "REDIS_KEY_PREFIX": self.prefix}
+        self.enterContext(override_settings(IDEMPOTENCY=overrides))
+        self.addCleanup(reset_clients)
+        self.addCleanup(delete_prefix, services.REDIS_URL, self.prefix)
+        self.user = UserFactory()
+
+    def client_for(self, entry: str) -> Client:
+        if entry == "drf":
+            client = APIClient()
+            client.force_authenticate(self.user)
+            return client
+        session = Client()
+        session.force_login(self.user)
+        return session
+
+    def post(self, entry: str, key: str) -> Any:
+        return self.client_for(entry).post(
+            ENTRIES[entry],
+            json.dumps({"a": 1}),
+            content_type="application/json",
+            HTTP_IDEMPOTENCY_KEY=key,
+        )
+
+    def library_callbacks_seen(self) -> None:
+        """Every entry, on both aliases: the view's one callback, and nothing else."""
+        for entry in ENTRIES:
+            with self.subTest(entry=entry):
+                key = uuid.uuid4().hex
+                with (
+                    self.captureOnCommitCallbacks(using=self.alias) as on_alias,
+                    self.captureOnCommitCallbacks(using="default") as on_default,
+                ):
+                    response = self.post(entry, key)
+                assert response.status_code == 201, response.content
+                seen = on_alias if self.alias == "default" else on_alias + on_default
+                assert len(seen) == 1, seen
+                seen[0]()
+                assert views.hooks_ran == [f"{entry}-hook"]
+                views.hooks_ran.clear()
+
+    def test_the_view_registers_one_callback_and_the_test_sees_one(self) -> None:
+        self.library_callbacks_seen()
+
+    def test_callbacks_run_by_the_capture_run_once_and_the_retry_replays(self) -> None:
+        for entry in ENTRIES:
+            with self.subTest(entry=entry):
+                key = uuid.uuid4().hex
+                with self.captureOnCommitCallbacks(using=self.alias, execute=True) as seen:
+                    first = self.post(entry, key)
+                assert len(seen) == 1, seen
+                assert views.hooks_ran == [f"{entry}-hook"]
+                retry = self.post(entry, key)
+                assert (retry.status_code, replayed(retry)) == (201, True)
+                assert retry.content == first.content
+                rows = SideEffect.objects.using(self.alias).filter(label=f"{entry}-hook")
+                assert rows.count() == 1
+                views.hooks_ran.clear()
+
+
+@pytest.mark.postgres
+class TestDbOnPostgres(OnCommitCase):
+    __test__ = True
+
+
+class TestDbOnSqlite(OnCommitCase):
+    __test__ = True
+    alias = "sqlite"
+
+
+@pytest.mark.postgres
+class TestAdvisoryOnPostgres(OnCommitCase):
+    __test__ = True
+    strategy = "advisory_lock"
+
+
+@pytest.mark.redis
+@pytest.mark.postgres
+class TestHybridOnPostgres(OnCommitCase):
+    __test__ = True
+    strategy = "hybrid"
+
+    def test_the_completed_record_is_in_redis_at_the_end_of_the_view(self) -> None:
+        """In the test, the end of the view's block is where production commits: the
+        library publishes the completed record then (no callback to run)."""
+        key = uuid.uuid4().hex
+        with self.captureOnCommitCallbacks() as seen:
+            response = self.post("drf", key)
+        assert (response.status_code, len(seen)) == (201, 1)
+        record = get_store().get(f"user:{self.user.pk}", key)
+        assert record is not None
+        assert record.completed
+
+
+@pytest.mark.redis
+@pytest.mark.postgres
+class TestRedisOnPostgres(OnCommitCase):
+    __test__ = True
+    strategy = "redis"
+
+
+@pytest.mark.postgres
+class TestInsideTheTestsOwnAtomic(OnCommitCase):
+    """A view called inside a transaction the test opens itself (ATOMIC_REQUESTS, or an
+    atomic block around the request): that transaction is where the response becomes
+    durable, so the library's work waits for it: one callback of the library's, run
+    after the view's."""
+
+    __test__ = True
+
+    def test_the_view_registers_one_callback_and_the_test_sees_one(self) -> None:
+        key = uuid.uuid4().hex
+        with self.captureOnCommitCallbacks(execute=True) as seen, transaction.atomic():
+            response = self.post("drf", key)
+        assert response.status_code == 201
+        assert len(seen) == 2
+        assert views.hooks_ran == ["drf-hook"]
+
+    def test_callbacks_run_by_the_capture_run_once_and_the_retry_replays(self) -> None:
+        assert not connections["default"].needs_rollback
