@@ -163,3 +163,76 @@ class TestInsideTheTestsOwnAtomic(OnCommitCase):
 
     def test_callbacks_run_by_the_capture_run_once_and_the_retry_replays(self) -> None:
         assert not connections["default"].needs_rollback
+
+
+# -- outside a TestCase: the connection's outermost transaction, or a project's own ----------
+
+
+@pytest.fixture
+def hybrid_settings(redis_prefix: str) -> Any:
+    value = {
+        "STRATEGY": "hybrid",
+        "REDIS_URL": services.REDIS_URL,
+        "REDIS_KEY_PREFIX": redis_prefix,
+    }
+    with override_settings(IDEMPOTENCY=value):
+        yield value
+    reset_clients()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("strategy", ["db", "advisory_lock"])
+def test_the_view_finds_no_callback_of_the_librarys_in_its_transaction(strategy: str) -> None:
+    """In production the view's transaction is the outermost: while the view runs, the
+    connection's on_commit list holds nothing the library put there."""
+    seen: list[list[Any]] = []
+    views.contend.append(lambda using: seen.append(list(connections[using].run_on_commit)))
+    try:
+        with override_settings(IDEMPOTENCY={"STRATEGY": strategy}):
+            client = APIClient()
+            client.force_authenticate(UserFactory())
+            response = client.post(
+                "/t/contended/", {}, format="json", HTTP_IDEMPOTENCY_KEY=uuid.uuid4().hex
+            )
+    finally:
+        views.contend.clear()
+    assert response.status_code == 201
+    assert seen == [[]]
+
+
+@pytest.mark.redis
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("outcome", ["commit", "rollback"])
+def test_inside_a_projects_transaction_redis_waits_for_its_commit(
+    hybrid_settings: Any, outcome: str
+) -> None:
+    """hybrid in an outer atomic: the completed record reaches Redis (and the drain is
+    queued) only once that transaction commits, never when it rolls back."""
+    user = UserFactory()
+    client = APIClient()
+    client.force_authenticate(user)
+    key = uuid.uuid4().hex
+    scope = f"user:{user.pk}"
+
+    class RolledBack(Exception):
+        pass
+
+    views.hooks_ran.clear()
+    with pytest.raises(RolledBack) if outcome == "rollback" else _nothing(), transaction.atomic():
+        response = client.post("/t/drf-hook/", {}, format="json", HTTP_IDEMPOTENCY_KEY=key)
+        assert response.status_code == 201
+        record = get_store().get(scope, key)
+        assert record is not None and not record.completed
+        if outcome == "rollback":
+            raise RolledBack
+    record = get_store().get(scope, key)
+    assert record is not None and record.completed is (outcome == "commit")
+    assert views.hooks_ran[-1:] == (["drf-hook"] if outcome == "commit" else [])
+
+
+def _nothing() -> Any:
+    import contextlib
+
+    return contextlib.nullcontext()

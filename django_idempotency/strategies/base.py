@@ -499,7 +499,7 @@ class Session:
         )
         if not self._outermost:
             outer = connection.atomic_blocks[:-1]
-            in_test_only = bool(outer) and all(block._from_testcase for block in outer)
+            in_test_only = bool(outer) and all(getattr(b, "_from_testcase", False) for b in outer)
             atomic.__exit__(exc_type, exc, tb)  # RELEASE (or ROLLBACK TO) SAVEPOINT
             if commits and in_test_only and not connection.needs_rollback:
                 claim.committed = claim.completed and not claim.released
