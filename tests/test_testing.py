@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import unittest
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -204,3 +205,46 @@ def _response() -> Any:
     from django_idempotency.responses import StoredResponse
 
     return StoredResponse(status=201, body=b"{}")
+
+
+# Two pytest-django tests in a row, the same key and the same user pk: the second would be a
+# replay of the first (its charge never created) without the idempotency_store fixture.
+
+
+@pytest.fixture(scope="module")
+def module_prefix() -> Iterator[str]:
+    """One base prefix for the pair below (a fresh one per test would isolate them)."""
+    prefix = f"idemtest-{uuid.uuid4().hex[:12]}"
+    yield prefix
+    delete_prefix(services.REDIS_URL, prefix)
+
+
+@pytest.fixture
+def shared_redis_strategy(module_prefix: str) -> Iterator[str]:
+    value = {
+        "STRATEGY": "redis",
+        "REDIS_URL": services.REDIS_URL,
+        "REDIS_KEY_PREFIX": module_prefix,
+    }
+    with override_settings(IDEMPOTENCY=value):
+        yield module_prefix
+    reset_clients()
+
+
+def _charge_is_created() -> None:
+    response = charge(None)
+    assert response.status_code == 201, response.content
+    assert not replayed(response), "an earlier test's response was replayed"
+    assert Charge.objects.filter(user_id=USER_PK).count() == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("shared_redis_strategy", "idempotency_store")
+def test_the_fixture_first_of_two() -> None:
+    _charge_is_created()
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("shared_redis_strategy", "idempotency_store")
+def test_the_fixture_second_of_two() -> None:
+    _charge_is_created()

@@ -8,6 +8,7 @@ shared Redis (DB 15) under a key prefix of the test's own, deleted afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from typing import Any, ClassVar
@@ -144,25 +145,95 @@ class TestRedisOnPostgres(OnCommitCase):
     strategy = "redis"
 
 
-@pytest.mark.postgres
-class TestInsideTheTestsOwnAtomic(OnCommitCase):
-    """A view called inside a transaction the test opens itself (ATOMIC_REQUESTS, or an
-    atomic block around the request): that transaction is where the response becomes
-    durable, so the library's work waits for it: one callback of the library's, run
-    after the view's."""
+class InsideTheTestsOwnTransaction(OnCommitCase):
+    """The view inside a transaction of the test's own (``ATOMIC_REQUESTS``, an atomic
+    block around the request): the response is durable when that one commits, which in a
+    TestCase is where its savepoint is released; the library's work waits for that, with
+    no callback either."""
 
-    __test__ = True
+    strategy = "hybrid"
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.scope = f"user:{self.user.pk}"
+
+    def completed(self, key: str) -> bool | None:
+        record = get_store().get(self.scope, key)
+        return None if record is None else record.completed
 
     def test_the_view_registers_one_callback_and_the_test_sees_one(self) -> None:
+        for entry in ENTRIES:
+            with self.subTest(entry=entry):
+                key = uuid.uuid4().hex
+                with self.captureOnCommitCallbacks(using=self.alias) as seen:
+                    with transaction.atomic(using=self.alias):
+                        assert self.post(entry, key).status_code == 201
+                        # hybrid: not before that "COMMIT"; redis: its store is the record
+                        assert self.completed(key) is (self.strategy == "redis")
+                    assert self.completed(key) is True
+                assert len(seen) == 1, seen
+
+    def test_atomic_requests(self) -> None:
+        settings = connections[self.alias].settings_dict
+        self.addCleanup(settings.__setitem__, "ATOMIC_REQUESTS", settings["ATOMIC_REQUESTS"])
+        settings["ATOMIC_REQUESTS"] = True
+        for entry in ENTRIES:
+            with self.subTest(entry=entry):
+                key = uuid.uuid4().hex
+                with self.captureOnCommitCallbacks(using=self.alias, execute=True) as seen:
+                    first = self.post(entry, key)
+                assert (first.status_code, len(seen)) == (201, 1), seen
+                assert self.completed(key) is True
+                retry = self.post(entry, key)
+                assert (retry.status_code, replayed(retry)) == (201, True)
+
+    def test_a_rollback_in_between_drops_the_work(self) -> None:
         key = uuid.uuid4().hex
-        with self.captureOnCommitCallbacks(execute=True) as seen, transaction.atomic():
-            response = self.post("drf", key)
-        assert response.status_code == 201
-        assert len(seen) == 2
-        assert views.hooks_ran == ["drf-hook"]
+
+        class Undone(Exception):
+            pass
+
+        with (
+            transaction.atomic(using=self.alias),
+            contextlib.suppress(Undone),
+            transaction.atomic(using=self.alias),
+        ):
+            assert self.post("drf", key).status_code == 201
+            raise Undone
+        assert self.completed(key) is False  # the claim waits for its lease to expire
 
     def test_callbacks_run_by_the_capture_run_once_and_the_retry_replays(self) -> None:
-        assert not connections["default"].needs_rollback
+        key = uuid.uuid4().hex
+        with (
+            self.captureOnCommitCallbacks(using=self.alias, execute=True) as seen,
+            transaction.atomic(using=self.alias),
+        ):
+            first = self.post("fn", key)
+        assert len(seen) == 1 and views.hooks_ran == ["fn-hook"]
+        retry = self.post("fn", key)
+        assert retry.content == first.content and replayed(retry)
+
+
+@pytest.mark.redis
+@pytest.mark.postgres
+class TestHybridInsideTheTestsOwnTransaction(InsideTheTestsOwnTransaction):
+    __test__ = True
+
+
+@pytest.mark.redis
+class TestRedisInsideTheTestsOwnTransactionOnSqlite(InsideTheTestsOwnTransaction):
+    """The redis strategy completes its record before the COMMIT: only its waiters wait."""
+
+    __test__ = True
+    strategy = "redis"
+    alias = "sqlite"
+
+    def test_a_rollback_in_between_drops_the_work(self) -> None:
+        """Here the record was completed before: what waits is the wake-up only."""
+        key = uuid.uuid4().hex
+        with transaction.atomic(using=self.alias):
+            assert self.post("drf", key).status_code == 201
+            assert self.completed(key) is True
 
 
 # -- outside a TestCase: the connection's outermost transaction, or a project's own ----------
@@ -233,6 +304,4 @@ def test_inside_a_projects_transaction_redis_waits_for_its_commit(
 
 
 def _nothing() -> Any:
-    import contextlib
-
     return contextlib.nullcontext()

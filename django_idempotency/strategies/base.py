@@ -31,6 +31,7 @@ from django.db import DatabaseError, connections, transaction
 from .._sql import commits_in_statement
 from ..errors import LeaseLost, StoreUnavailable, is_connection_lost, is_transient
 from ..responses import StoredResponse
+from . import testcase
 
 if TYPE_CHECKING:
     from ..waiting import Listener
@@ -460,9 +461,9 @@ class Session:
         elif claim.pending is not None:
             self._store_pending(claim, claim.pending)
         elif claim.completed:
-            # The session's block was nested in an outer transaction, which commits later:
-            # the library's one callback there (see :meth:`_end`).
-            transaction.on_commit(claim.after_commit, using=self.attempt.database)
+            # The session's block was nested in the project's transaction: the response is
+            # durable when that commits (in a TestCase: when its savepoint is released).
+            self._after_outer_commit(claim)
         else:
             claim.delete()  # neither completed nor released: nothing is kept
         if error is not None and error is not exc:
@@ -515,6 +516,17 @@ class Session:
         claim.committed = True  # COMMIT returned: nothing may touch the record now
         connection.run_on_commit = hooks + connection.run_on_commit
         connection.run_and_clear_commit_hooks()  # the view's, in Django's order and way
+
+    def _after_outer_commit(self, claim: TransactionalClaim) -> None:
+        """Run ``after_commit()`` when the transaction around the session's commits: the
+        library's one ``on_commit`` callback, or, inside a ``TestCase``, none (see
+        ``strategies.testcase``)."""
+        connection = self._connection
+        sid = None if connection is None else testcase.commit_point(connection)
+        if sid is None:
+            transaction.on_commit(claim.after_commit, using=self.attempt.database)
+        else:
+            testcase.defer_to_release(connection, sid, claim.after_commit)
 
     def _store_pending(self, claim: TransactionalClaim, response: StoredResponse) -> None:
         try:
