@@ -117,15 +117,15 @@ def test_the_mixin_deletes_only_its_own_keys(redis_strategy: str, raw_redis: red
 
     class Records(IdempotencyTestMixin, TestCase):
         def test_charge(self) -> None:
-            seen.append(conf.REDIS_KEY_PREFIX)
+            seen.append(get_store().prefix)
             assert charge(self).status_code == 201
-            assert raw_redis.keys(f"{conf.REDIS_KEY_PREFIX}:*") != []
+            assert raw_redis.keys(f"{get_store().prefix}:*") != []
 
     result = unittest.TestResult()
     Records("test_charge").run(result)
     assert (result.failures, result.errors) == ([], [])
     (prefix,) = seen
-    assert prefix.startswith(f"{redis_strategy}-test-") and redis_strategy == conf.REDIS_KEY_PREFIX
+    assert prefix.startswith(f"{redis_strategy}-test-") and get_store().prefix == redis_strategy
     assert raw_redis.keys(f"{prefix}:*") == []
     assert raw_redis.get(f"{redis_strategy}:{{other}}:rec") == b"x"
 
@@ -150,13 +150,36 @@ def test_isolated_store_gives_each_block_a_prefix_and_clears_it(
     redis_strategy: str, raw_redis: redis.Redis
 ) -> None:
     with isolated_store() as first:
-        assert first == conf.REDIS_KEY_PREFIX and get_store().prefix == first
+        assert get_store().prefix == redis_strategy + first and first.startswith("-test-")
         get_store().put_completed("s", "k", "fp", _response(), 60_000)
-        assert len(raw_redis.keys(f"{first}:*")) == 1
+        assert len(raw_redis.keys(f"{redis_strategy}{first}:*")) == 1
     with isolated_store() as second:
         assert second != first and get_store().get("s", "k") is None
-    assert redis_strategy == conf.REDIS_KEY_PREFIX
-    assert raw_redis.keys(f"{first}:*") == []
+    assert get_store().prefix == redis_strategy == conf.REDIS_KEY_PREFIX
+    assert raw_redis.keys(f"*{first}:*") == []
+
+
+def test_a_test_that_overrides_the_settings_stays_isolated(
+    redis_strategy: str, raw_redis: redis.Redis
+) -> None:
+    """override_settings inside the block (on a test method, pytest-django's settings
+    fixture) replaces IDEMPOTENCY, prefix and all: the suffix stays, and so does the
+    clean-up, under the prefix the block switched to."""
+    with isolated_store() as suffix:
+        other = {"STRATEGY": "redis", "REDIS_URL": services.REDIS_URL, "REDIS_KEY_PREFIX": "x"}
+        with override_settings(IDEMPOTENCY={**other, "REDIS_KEY_PREFIX": redis_strategy + "-o"}):
+            assert get_store().prefix == f"{redis_strategy}-o{suffix}"
+            get_store().put_completed("s", "k", "fp", _response(), 60_000)
+            assert raw_redis.keys(f"{redis_strategy}-o{suffix}:*") != []
+    assert raw_redis.keys(f"*{suffix}:*") == []
+
+
+def test_isolated_blocks_nest(redis_strategy: str) -> None:
+    with isolated_store() as outer:
+        with isolated_store() as inner:
+            assert get_store().prefix == redis_strategy + inner
+        assert get_store().prefix == redis_strategy + outer
+    assert get_store().prefix == redis_strategy
 
 
 def test_clear_store_escapes_the_pattern_and_refuses_an_empty_prefix(
@@ -175,8 +198,8 @@ def test_clear_store_escapes_the_pattern_and_refuses_an_empty_prefix(
 
 def test_isolated_store_without_a_reachable_redis_still_runs_the_block() -> None:
     value = {"STRATEGY": "db", "REDIS_URL": "redis://127.0.0.1:1/0", "REDIS_SOCKET_TIMEOUT": 0.2}
-    with override_settings(IDEMPOTENCY=value), isolated_store() as prefix:
-        assert prefix == conf.REDIS_KEY_PREFIX
+    with override_settings(IDEMPOTENCY=value), isolated_store() as suffix:
+        assert suffix.startswith("-test-")
     reset_clients()
 
 
@@ -189,9 +212,9 @@ def test_use_strategy_keeps_the_other_settings(redis_strategy: str) -> None:
 @pytest.mark.django_db
 @pytest.mark.usefixtures("redis_strategy")
 def test_the_store_fixture_isolates_the_test(idempotency_store: str) -> None:
-    assert idempotency_store == conf.REDIS_KEY_PREFIX and "-test-" in idempotency_store
+    assert idempotency_store.startswith("-test-")
     assert charge(None).status_code == 201
-    assert get_store().prefix == idempotency_store
+    assert get_store().prefix == conf.REDIS_KEY_PREFIX + idempotency_store
 
 
 @pytest.mark.django_db

@@ -5,8 +5,9 @@ The ``db`` and ``advisory_lock`` strategies keep their records in the database, 
 and ``hybrid`` strategies keep them in Redis too, which no test transaction undoes: the
 next test that sends the same key for the same user (the same primary key, once the
 database has reset its sequence) gets the earlier test's response replayed, and its view
-never runs. :func:`isolated_store` gives each test a key prefix of its own and deletes
-the keys under it at the end (never a flush: the Redis may be shared).
+never runs. :func:`isolated_store` gives each test's keys a prefix of their own (the
+configured one and a suffix of the test's) and deletes them at the end (never a flush:
+the Redis may be shared).
 
 * :class:`IdempotencyTestMixin`: for ``django.test.TestCase`` and DRF's ``APITestCase``;
 * ``django_idempotency.testing.plugin``: the same as pytest fixtures;
@@ -34,6 +35,7 @@ logger = logging.getLogger("django_idempotency")
 __all__ = [
     "IdempotencyTestMixin",
     "clear_store",
+    "idempotency_settings",
     "isolated_store",
     "use_strategy",
 ]
@@ -64,36 +66,39 @@ def _uses_redis() -> bool:
 
 
 @contextlib.contextmanager
-def isolated_store(prefix: str | None = None) -> Iterator[str]:
-    """Keep the block's Redis records under a prefix of its own, and delete them after.
+def isolated_store(suffix: str | None = None) -> Iterator[str]:
+    """Keep the block's Redis records apart, and delete them after it; yields the suffix.
 
-    The prefix is the configured ``REDIS_KEY_PREFIX`` followed by ``-test-`` and a random
-    part, unless ``prefix`` is given; the block sees it as ``REDIS_KEY_PREFIX``. On exit
-    the keys under it are deleted (:func:`clear_store`); a Redis that cannot be reached
-    then is logged, not raised: the prefix is never used again, so its records cannot
-    reach another test (they expire after their ``TTL``). Keys of other prefixes, other
-    tests' and other processes', are never touched. Without a Redis configured (the
-    ``db`` strategy) the block just runs."""
-    chosen = prefix or f"{conf.REDIS_KEY_PREFIX}-test-{uuid.uuid4().hex[:16]}"
-    with idempotency_settings(REDIS_KEY_PREFIX=chosen):
-        try:
-            yield chosen
-        finally:
-            if _uses_redis():
-                try:
-                    clear_store(chosen)
-                except Exception:  # the test's own failure, if any, is the one to report
-                    logger.warning(
-                        "could not delete the Redis keys under %s", chosen, exc_info=True
-                    )
+    For the block every key prefix is the configured ``REDIS_KEY_PREFIX`` followed by
+    ``suffix`` (default: ``-test-`` and 16 random hex digits), whatever the settings
+    become inside it (``override_settings`` on a test method, pytest-django's
+    ``settings`` fixture): ``redis_store.isolate()``. On exit the keys with that suffix
+    are deleted (:func:`clear_store`); a Redis that cannot be reached then is logged, not
+    raised: the suffix is never used again, so its records cannot reach another test
+    (they expire after their ``TTL``). Keys of other tests and other processes are never
+    touched. Without a Redis configured (the ``db`` strategy) the block just runs."""
+    from .. import redis_store
+
+    chosen = suffix or f"-test-{uuid.uuid4().hex[:16]}"
+    previous = redis_store.isolate(chosen)
+    try:
+        yield chosen
+    finally:
+        redis_store.isolate(previous)
+        if _uses_redis():
+            try:
+                clear_store(chosen, anywhere=True)  # under whichever prefix it was used
+            except Exception:  # the test's own failure, if any, is the one to report
+                logger.warning("could not delete the Redis keys of %s", chosen, exc_info=True)
 
 
 _GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
 
 
-def clear_store(prefix: str | None = None) -> int:
+def clear_store(prefix: str | None = None, *, anywhere: bool = False) -> int:
     """Delete the Redis keys under ``prefix`` (default: the current ``REDIS_KEY_PREFIX``)
     on the configured Redis, node by node on a Cluster; how many were deleted.
+    ``anywhere``: the keys whose prefix *ends* with ``prefix`` (a test's suffix).
 
     A ``SCAN`` for ``<prefix>:*`` and a ``DEL`` of what it found: never ``FLUSHDB``, so a
     Redis shared with other tests, processes or applications keeps everything else.
@@ -106,7 +111,7 @@ def clear_store(prefix: str | None = None) -> int:
     if not chosen:
         raise ValueError("clear_store() needs a key prefix; an empty one matches every key")
     client = get_client()
-    pattern = _GLOB_SPECIAL.sub(r"\\\1", chosen) + ":*"
+    pattern = ("*" if anywhere else "") + _GLOB_SPECIAL.sub(r"\\\1", chosen) + ":*"
     deleted = 0
     batch: list[Any] = []
     for name in client.scan_iter(match=pattern, count=500):
@@ -120,8 +125,8 @@ def clear_store(prefix: str | None = None) -> int:
 
 
 class IdempotencyTestMixin:
-    """For a ``TestCase`` (Django's, DRF's ``APITestCase``): each test runs under a
-    Redis key prefix of its own, deleted after the test (:func:`isolated_store`).
+    """For a ``TestCase`` (Django's, DRF's ``APITestCase``): each test's Redis records are
+    kept apart from every other test's, and deleted after it (:func:`isolated_store`).
 
     ``idempotency_strategy``: a strategy to switch to for the class's tests
     (:func:`use_strategy`), e.g. ``"db"`` for tests that need no Redis. Put the mixin
@@ -135,5 +140,5 @@ class IdempotencyTestMixin:
         enter = self.enterContext  # type: ignore[attr-defined]
         if self.idempotency_strategy is not None:
             enter(use_strategy(self.idempotency_strategy))
-        #: The Redis key prefix of this test.
-        self.idempotency_prefix: str = enter(isolated_store())
+        #: What follows ``REDIS_KEY_PREFIX`` in this test's keys.
+        self.idempotency_suffix: str = enter(isolated_store())

@@ -1,8 +1,9 @@
 """pytest fixtures for a project's tests (pytest-django): ``pytest_plugins =
 ["django_idempotency.testing.plugin"]`` in the top-level ``conftest.py``.
 
-* ``idempotency_store``: the test's Redis records under a prefix of its own, deleted
-  after it (:func:`django_idempotency.testing.isolated_store`); yields the prefix.
+* ``idempotency_store``: the test's Redis records apart from every other test's (their
+  prefix gets a suffix of the test's own), deleted after it
+  (:func:`django_idempotency.testing.isolated_store`); yields the suffix.
   Make it autouse in a ``conftest.py`` of your own to cover every test.
 * ``idempotency_db_strategy``: the test runs under the ``db`` strategy
   (:func:`django_idempotency.testing.use_strategy`), its records in the test database.
@@ -19,9 +20,9 @@ from . import isolated_store, use_strategy
 
 @pytest.fixture
 def idempotency_store() -> Iterator[str]:
-    """This test's Redis key prefix; the keys under it are deleted after the test."""
-    with isolated_store() as prefix:
-        yield prefix
+    """What follows ``REDIS_KEY_PREFIX`` in this test's keys; they are deleted after it."""
+    with isolated_store() as suffix:
+        yield suffix
 
 
 @pytest.fixture
