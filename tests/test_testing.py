@@ -271,3 +271,27 @@ def test_the_fixture_first_of_two() -> None:
 @pytest.mark.usefixtures("shared_redis_strategy", "idempotency_store")
 def test_the_fixture_second_of_two() -> None:
     _charge_is_created()
+
+
+@pytest.mark.redis_cluster
+def test_isolated_store_on_a_cluster_deletes_its_keys_on_every_node(
+    redis_cluster: Any, redis_settings: Any
+) -> None:
+    """Keys in many slots (one DEL per key there), on a private Redis Cluster."""
+    from redis.cluster import RedisCluster
+
+    redis_settings(redis_cluster.url, REDIS_CLUSTER=True)
+    with isolated_store() as suffix:
+        store = get_store()
+        for n in range(40):
+            store.put_completed("s", f"k{n}", "fp", _response(), 60_000)
+        base = store.prefix
+        client = RedisCluster.from_url(redis_cluster.url, socket_timeout=2)
+        assert len(list(client.scan_iter(match=f"*{suffix}:*"))) == 40
+    try:
+        client.set(f"{conf.REDIS_KEY_PREFIX}:{{kept}}:rec", b"x")
+        assert list(client.scan_iter(match=f"*{suffix}:*")) == []
+        assert base.endswith(suffix)
+        assert client.get(f"{conf.REDIS_KEY_PREFIX}:{{kept}}:rec") == b"x"
+    finally:
+        client.close()
