@@ -567,10 +567,24 @@ class RedisStore:
 _stores: dict[tuple[int, str], RedisStore] = {}
 #: The store for the current settings; dropped when IDEMPOTENCY or CACHES change.
 _current: list[RedisStore] = []
+#: What every key prefix is followed by while a test keeps its records apart
+#: (``django_idempotency.testing.isolated_store``); "" otherwise.
+_isolation = [""]
+
+
+def isolate(suffix: str) -> str:
+    """From now on the store's prefix is ``REDIS_KEY_PREFIX`` followed by ``suffix``, ""
+    to stop, whatever the settings become meanwhile; returns the previous suffix. For
+    tests (process-wide, as settings are)."""
+    with _clients_lock:
+        previous, _isolation[0] = _isolation[0], suffix
+        _current.clear()
+    return previous
 
 
 def get_store() -> RedisStore:
-    """The store for the configured client and ``REDIS_KEY_PREFIX`` (one per process).
+    """The store for the configured client and ``REDIS_KEY_PREFIX`` (one per process;
+    followed by a test's suffix during :func:`isolate`).
 
     Remembered until ``IDEMPOTENCY`` or ``CACHES`` change (``setting_changed``, as sent
     by ``override_settings``) or :func:`reset_clients` is called.
@@ -578,7 +592,7 @@ def get_store() -> RedisStore:
     if _current:
         return _current[0]
     client = get_client()
-    prefix = conf.REDIS_KEY_PREFIX
+    prefix = conf.REDIS_KEY_PREFIX + _isolation[0]
     ident = (id(client), prefix)
     with _clients_lock:
         store = _stores.get(ident)

@@ -21,7 +21,7 @@ from .support import services  # noqa: E402
 from .support.api import api_client  # noqa: E402
 from .support.workers import delete_queue  # noqa: E402
 
-pytest_plugins = ["tests.support.redis_fixtures"]
+pytest_plugins = ["tests.support.redis_fixtures", "django_idempotency.testing.plugin"]
 
 _CHECKS: dict[str, Callable[[], bool]] = {
     "postgres": lambda: connections["default"].vendor == "postgresql",

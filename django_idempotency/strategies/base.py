@@ -38,6 +38,7 @@ from ..errors import (
     is_transient,
 )
 from ..responses import StoredResponse
+from . import testcase
 
 if TYPE_CHECKING:
     from ..waiting import Listener
@@ -262,9 +263,6 @@ class TransactionalClaim(Claimed):
     def lost(self) -> None:
         """The claim was lost to another execution (``LeaseLost``); nothing to give back."""
 
-    def _mark_committed(self) -> None:
-        self.committed = True
-
 
 class Strategy(abc.ABC):
     """Base class of the claim strategies; subclasses are stateless and thread-safe."""
@@ -401,11 +399,13 @@ class Session:
                 settled = claim.settled()
         if settled is not None and self._atomic is not None:
             self._abandon(None)
-        elif self._atomic is not None:
-            # First hook of the transaction: runs right after COMMIT, before the view's.
-            transaction.on_commit(claim._mark_committed, using=self.attempt.database)
-            if self._outermost and claim.folds_commit and commits_in_statement(self._connection):
-                claim._end_committed = self._end_committed
+        elif (
+            self._atomic is not None
+            and self._outermost
+            and claim.folds_commit
+            and commits_in_statement(self._connection)
+        ):
+            claim._end_committed = self._end_committed
         return settled
 
     def _delegate(self, delegate: Delegate) -> Outcome:
@@ -467,7 +467,7 @@ class Session:
         atomic, self._atomic = self._atomic, None
         if atomic is not None:
             try:
-                atomic.__exit__(exc_type, exc, tb)  # COMMIT or ROLLBACK, then on_commit hooks
+                self._end(atomic, claim, exc_type, exc, tb)
             except BaseException as raised:
                 error = raised
             finally:
@@ -486,8 +486,9 @@ class Session:
         elif claim.pending is not None:
             self._store_pending(claim, claim.pending)
         elif claim.completed:
-            # The session's block was nested in an outer transaction, which commits later.
-            transaction.on_commit(claim.after_commit, using=self.attempt.database)
+            # The session's block was nested in the project's transaction: the response is
+            # durable when that commits (in a TestCase: when its savepoint is released).
+            self._after_outer_commit(claim)
         else:
             claim.delete()  # neither completed nor released: nothing is kept
         if error is not None and error is not given:
@@ -511,6 +512,63 @@ class Session:
         refused = DatabaseMisconfigured()
         refused.__cause__ = exc if exc is not None else guard.refused
         return refused
+    def _end(
+        self,
+        atomic: Any,
+        claim: TransactionalClaim,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """End the session's block, telling whether it made the completion durable
+        (``claim.committed``) without an ``on_commit`` callback of the library's, which
+        the view's tests would see among theirs.
+
+        * Outermost: the view's hooks are held back while Django's block COMMITs (or
+          rolls back); once COMMIT has returned the claim is committed, then the hooks
+          run as Django runs them (an error of theirs propagates; a rollback drops them).
+        * Nested only in a ``TestCase``'s blocks: that test never commits; the end of
+          this block is where production COMMITs, so a block released without a
+          rollback counts as committed (the test's rollback undoes the database rows).
+        * Nested in a transaction of the project's (``ATOMIC_REQUESTS``, an atomic block
+          of its own): durable only at that COMMIT; ``__exit__`` registers the one
+          callback that runs ``after_commit()`` then.
+        """
+        connection = self._connection
+        commits = (
+            exc_type is None
+            and not connection.needs_rollback
+            and not connection.closed_in_transaction
+        )
+        if not self._outermost:
+            outer = connection.atomic_blocks[:-1]
+            in_test_only = bool(outer) and all(getattr(b, "_from_testcase", False) for b in outer)
+            atomic.__exit__(exc_type, exc, tb)  # RELEASE (or ROLLBACK TO) SAVEPOINT
+            if commits and in_test_only and not connection.needs_rollback:
+                claim.committed = claim.completed and not claim.released
+            return
+        hooks, connection.run_on_commit = connection.run_on_commit, []
+        try:
+            atomic.__exit__(exc_type, exc, tb)  # COMMIT or ROLLBACK
+        except BaseException:
+            hooks.clear()  # the COMMIT failed and was rolled back: Django drops the hooks
+            raise
+        if not commits:
+            return
+        claim.committed = True  # COMMIT returned: nothing may touch the record now
+        connection.run_on_commit = hooks + connection.run_on_commit
+        connection.run_and_clear_commit_hooks()  # the view's, in Django's order and way
+
+    def _after_outer_commit(self, claim: TransactionalClaim) -> None:
+        """Run ``after_commit()`` when the transaction around the session's commits: the
+        library's one ``on_commit`` callback, or, inside a ``TestCase``, none (see
+        ``strategies.testcase``)."""
+        connection = self._connection
+        sid = None if connection is None else testcase.commit_point(connection)
+        if sid is None:
+            transaction.on_commit(claim.after_commit, using=self.attempt.database)
+        else:
+            testcase.defer_to_release(connection, sid, claim.after_commit)
 
     def _store_pending(self, claim: TransactionalClaim, response: StoredResponse) -> None:
         try:

@@ -7,6 +7,7 @@ import time
 from io import BytesIO
 from typing import Any
 
+from django.db import transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse, QueryDict
 from django.utils.datastructures import MultiValueDict
 from django.views.decorators.csrf import csrf_exempt
@@ -210,3 +211,32 @@ class ConnectionLossView(IdempotencyMixin, APIView):
 @idempotent
 def function_connection_loss(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"n": _write_then_lose_the_connection("fn-lost")}, status=201)
+
+
+#: The labels of the on_commit hooks of OnCommitView and on_commit_function that ran.
+hooks_ran: list[str] = []
+
+
+def _write_and_hook(label: str) -> int:
+    """One SideEffect row and one on_commit hook, both on the alias that holds the keys."""
+    from django_idempotency.conf import conf
+
+    using = conf.DATABASE
+    SideEffect.objects.using(using).create(label=label)
+    transaction.on_commit(lambda: hooks_ran.append(label), using=using)
+    return SideEffect.objects.using(using).filter(label=label).count()
+
+
+class OnCommitView(IdempotencyMixin, APIView):
+    """Registers exactly one on_commit hook of its own."""
+
+    def post(self, request: Request) -> Response:
+        return Response({"n": _write_and_hook("drf-hook")}, status=201)
+
+
+@csrf_exempt
+@require_POST
+@idempotent
+def on_commit_function(request: HttpRequest) -> HttpResponse:
+    """The same with ``@idempotent``."""
+    return JsonResponse({"n": _write_and_hook("fn-hook")}, status=201)
