@@ -42,7 +42,54 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     messages.extend(_check_redis())
     messages.extend(_check_metrics())
     messages.extend(_check_wait())
+    messages.extend(_check_wait_listen_database())
     return messages
+
+
+def _check_wait_listen_database() -> list[CheckMessage]:
+    """WAIT_LISTEN_DATABASE must be None, an alias of a PostgreSQL database in DATABASES,
+    or a libpq DSN or URI that parses (E050): a wrong value would leave every waiter
+    polling in silence, or LISTEN somewhere no NOTIFY of the keys' database reaches."""
+    configured = getattr(settings, "IDEMPOTENCY", None)
+    value = (configured if isinstance(configured, dict) else {}).get("WAIT_LISTEN_DATABASE")
+    if value is None:
+        return []
+    problem = _listen_database_problem(value)
+    if not problem:
+        return []
+    return [
+        Error(
+            f"IDEMPOTENCY['WAIT_LISTEN_DATABASE'] {problem}.",
+            hint=(
+                "Name an alias of DATABASES whose ENGINE is PostgreSQL, or give a libpq DSN or "
+                "URI (postgresql://user@host:5432/name) of a direct connection to the keys' "
+                "database, not through a transaction pooler; None listens on the keys' "
+                "database when its connection is direct, else the waiters poll."
+            ),
+            id=ID + "E050",
+        )
+    ]
+
+
+def _listen_database_problem(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        return "must be an alias of DATABASES or a PostgreSQL DSN"
+    databases = getattr(settings, "DATABASES", {})
+    if value in databases:
+        if "postgresql" not in str(databases[value].get("ENGINE", "")):
+            return f"names {value!r}, which is not a PostgreSQL database"
+        return ""
+    if not value.startswith(("postgres://", "postgresql://")) and "=" not in value:
+        return f"is {value!r}: neither an alias of DATABASES nor a DSN"
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        conninfo_to_dict(value)
+    except ImportError:
+        return "is a DSN, which needs psycopg (3) installed"
+    except Exception as exc:  # psycopg.ProgrammingError: the DSN does not parse
+        return f"does not parse as a DSN ({exc})"
+    return ""
 
 
 def _check_wait() -> list[CheckMessage]:
