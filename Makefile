@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test matrix lint typecheck docs bench clean services browser
+.PHONY: run test matrix lint typecheck docs bench clean services browser pgbouncer
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +30,7 @@ run: $(VENV)/.example
 ## included), with the package's branch coverage (the floor is in pyproject.toml; for a few
 ## tests alone, drop it: make test COVERAGE= PYTEST_ARGS=tests/test_conf.py)
 COVERAGE ?= --cov=django_idempotency --cov-branch --cov-report=term-missing:skip-covered
-test: $(VENV)/.test browser
+test: $(VENV)/.test browser pgbouncer
 	$(BIN)/python -m pytest $(COVERAGE) $(PYTEST_ARGS)
 
 ## The version matrix (noxfile.py): the smoke subset on every supported combination of Python
@@ -47,6 +47,12 @@ matrix: $(VENV)/.test
 browser:
 	@command -v chromium >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
 		{ (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 || echo "could not install chromium"; }
+
+## Debian's PgBouncer for the tests behind a transaction pooler (each test runs its own
+## pgbouncer process on a free port; the package's service is not used)
+pgbouncer:
+	@command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || [ "$$(id -u)" != 0 ] || \
+		{ (apt-get update -qq && apt-get install -y -qq pgbouncer) >/dev/null 2>&1 || echo "could not install pgbouncer"; }
 
 ## The pre-commit hooks on every file (.pre-commit-config.yaml): whitespace, YAML and TOML,
 ## django-upgrade, ruff check and format, mypy over the package and the tests. They call the

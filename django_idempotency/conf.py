@@ -44,6 +44,9 @@ DEFAULTS: Mapping[str, Any] = {
     "WAIT_MAX_WAITERS": 16,
     # Seconds between a waiter's claims when no notification came (the fallback poll).
     "WAIT_POLL_INTERVAL": 0.5,
+    # Where the waiters' listener LISTENs: a DATABASES alias or a libpq DSN/URI of a direct
+    # connection to the keys' PostgreSQL; None: the keys' database, if proven direct.
+    "WAIT_LISTEN_DATABASE": None,
     # Retry-After (seconds) sent with a 409 for a request still in progress; None: derived.
     "RETRY_AFTER": None,
     # Run the view and the key's completion in one database transaction.
@@ -205,6 +208,11 @@ class IdempotencySettings:
     @cached_property
     def WAIT_POLL_INTERVAL(self) -> float:
         return float(self._get("WAIT_POLL_INTERVAL"))
+
+    @cached_property
+    def WAIT_LISTEN_DATABASE(self) -> str | None:
+        value = self._get("WAIT_LISTEN_DATABASE")
+        return None if value is None else str(value)
 
     @cached_property
     def RETRY_AFTER(self) -> int | None:

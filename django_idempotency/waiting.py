@@ -124,10 +124,15 @@ class Listener:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._stop = threading.Event()
+        #: The pid of the process in which the listener found it must not listen (its
+        #: connection may be a transaction pooler's): its waiters poll until it restarts.
+        self.gave_up = 0
 
     def ensure(self, timeout: float = 2.0) -> bool:
         """Start the thread in this process if needed; whether it is listening (waits up to
         ``timeout`` the first time). A waiter whose listener is not ready polls."""
+        if self.gave_up == os.getpid():
+            return False
         if self._pid != os.getpid() or self._thread is None or not self._thread.is_alive():
             with self._lock:
                 if self._pid != os.getpid() or self._thread is None or not self._thread.is_alive():
@@ -138,6 +143,8 @@ class Listener:
                         target=self._run, name=f"idempotency-{self.name}", daemon=True
                     )
                     self._thread.start()
+        if self.gave_up == os.getpid():
+            return False
         return self._ready.wait(timeout)
 
     def stop(self, timeout: float = 3.0) -> None:
@@ -152,6 +159,16 @@ class Listener:
         while not stop.is_set():
             try:
                 self.listen(ready, stop)
+            except NoDirectConnection as exc:
+                logger.warning(
+                    "waiting duplicates poll every WAIT_POLL_INTERVAL: %s. Set "
+                    "IDEMPOTENCY['WAIT_LISTEN_DATABASE'] to a direct connection to PostgreSQL "
+                    "for their wake-ups (docs/operations.md, Behind PgBouncer)",
+                    exc,
+                )
+                self.gave_up = os.getpid()
+                ready.clear()
+                return
             except Exception:
                 logger.warning(
                     "the %s listener of waiting duplicates failed; they poll until it is back",
@@ -167,8 +184,19 @@ class Listener:
         raise NotImplementedError
 
 
+class NoDirectConnection(Exception):
+    """The listener's connection is not proven to reach a PostgreSQL backend directly."""
+
+
 class PostgresListener(Listener):
-    """``LISTEN django_idempotency`` on a connection of its own (not the request's)."""
+    """``LISTEN django_idempotency`` on a connection of its own (not the request's).
+
+    ``LISTEN`` is session state: through a transaction pooler (PgBouncer with
+    ``pool_mode = transaction``) it stays on a server connection that other clients then
+    get, and the listener hears nothing. So the listener listens on
+    ``WAIT_LISTEN_DATABASE`` when it is set (the operator's word that it is direct),
+    else on the keys' database only when the connection is proven direct
+    (:func:`direct_connection`); otherwise it gives up and the waiters poll."""
 
     def __init__(self, alias: str) -> None:
         super().__init__(f"postgresql:{alias}")
@@ -177,16 +205,86 @@ class PostgresListener(Listener):
     def listen(self, ready: threading.Event, stop: threading.Event) -> None:
         import psycopg
 
-        params: dict[str, Any] = dict(connections[self.alias].get_connection_params())
-        for name in ("cursor_factory", "context", "prepare_threshold"):
-            params.pop(name, None)
-        with psycopg.connect(**params, autocommit=True) as conn:
+        trusted, dsn, params = listen_connection(self.alias)
+        with psycopg.connect(dsn, **params, autocommit=True) as conn:
+            if not trusted:
+                reason = direct_connection(conn)
+                if reason:
+                    raise NoDirectConnection(reason)
             conn.execute(f"LISTEN {CHANNEL}")
             ready.set()
             hub.wake_all()
             while not stop.is_set():
                 for notify in conn.notifies(timeout=1.0):
                     hub.wake(notify.payload)
+
+
+def listen_connection(alias: str) -> tuple[bool, str, dict[str, Any]]:
+    """(trusted, DSN, keyword parameters) of the listener's connection: those of
+    ``WAIT_LISTEN_DATABASE`` (an alias of DATABASES, or a libpq DSN or URI; trusted), else
+    those of the keys' database ``alias`` (not trusted: checked first)."""
+    configured = conf.WAIT_LISTEN_DATABASE
+    if configured is not None and configured not in connections.settings:
+        return True, configured, {}
+    source = configured if configured is not None else alias
+    params: dict[str, Any] = dict(connections[source].get_connection_params())
+    for name in ("cursor_factory", "context", "prepare_threshold"):
+        params.pop(name, None)
+    return configured is not None, "", params
+
+
+_PEER = """SELECT client_addr::text, client_port, pid FROM pg_stat_activity
+WHERE pid = pg_backend_pid()"""
+
+
+def direct_connection(conn: Any) -> str:
+    """Why ``conn`` is not proven to be a direct session with a PostgreSQL backend, or
+    "" when it is: the backend's own view of its client (``pg_stat_activity``) must be
+    this very socket. Over TCP its client address and port are this socket's local ones
+    (through a pooler or a proxy they are the pooler's); over a Unix-domain socket the
+    process at the other end (``SO_PEERCRED``) is the backend's parent, the postmaster
+    (through a pooler it is the pooler). Anything unproven counts as a pooler: a silent
+    ``LISTEN`` on a shared server connection is worse than polling."""
+    import socket
+
+    row = conn.execute(_PEER).fetchone()
+    sock = socket.socket(fileno=os.dup(conn.pgconn.socket))
+    try:
+        if sock.family == socket.AF_UNIX:
+            return _direct_unix(sock, row)
+        host, port = sock.getsockname()[:2]
+    finally:
+        sock.close()
+    if row is None or row[0] is None or row[1] is None:
+        return "the server does not show this connection's client address"
+    import ipaddress
+
+    seen = ipaddress.ip_address(str(row[0]).split("/")[0])
+    if (seen, int(row[1])) != (ipaddress.ip_address(host), port):
+        return (
+            f"the server sees this connection coming from {seen} port {row[1]}, not from "
+            f"{host} port {port}: a pooler or a proxy is in between"
+        )
+    return ""
+
+
+def _direct_unix(sock: Any, row: Any) -> str:
+    import socket
+    import struct
+
+    if row is None or row[1] is None or int(row[1]) != -1:
+        return "the server does not see this connection as a Unix-domain socket"
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    peer = struct.unpack("3i", creds)[0]
+    backend = int(row[2])
+    try:
+        with open(f"/proc/{backend}/status") as status:
+            parent = next(int(line.split()[1]) for line in status if line.startswith("PPid:"))
+    except (OSError, StopIteration, ValueError):
+        return "the backend's parent process cannot be seen from here"
+    if parent != peer:
+        return f"the socket's peer (pid {peer}) is not the postmaster: a pooler is in between"
+    return ""
 
 
 class RedisListener(Listener):

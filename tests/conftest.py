@@ -19,6 +19,7 @@ from rest_framework.test import APIClient  # noqa: E402
 from .factories import UserFactory  # noqa: E402
 from .support import services  # noqa: E402
 from .support.api import api_client  # noqa: E402
+from .support.pgbouncer import pgbouncer_binary  # noqa: E402
 from .support.workers import delete_queue  # noqa: E402
 
 pytest_plugins = ["tests.support.redis_fixtures", "django_idempotency.testing.plugin"]
@@ -31,6 +32,7 @@ _CHECKS: dict[str, Callable[[], bool]] = {
     "sentinel": lambda: services.which("redis-server") is not None,
     "redis_tls": lambda: services.redis_server_has_tls() and services.which("openssl") is not None,
     "browser": lambda: services.chromium() is not None,
+    "pgbouncer": lambda: pgbouncer_binary() is not None,
 }
 _results: dict[str, bool] = {}
 

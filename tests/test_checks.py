@@ -623,3 +623,25 @@ def test_e031_unprotected_databases_not_a_list_of_aliases(value: Any) -> None:
 def test_e032_the_keys_database_listed_as_unprotected() -> None:
     message = only(run({"DATABASE": "sqlite", "UNPROTECTED_DATABASES": ["sqlite"]}), "E032")
     assert isinstance(message, Error)
+    assert ids(url_messages("tests.test_drf_function_views")) == ["django_idempotency.W020"]
+
+
+@pytest.mark.parametrize(
+    ("value", "valid"),
+    [
+        pytest.param("default", True, marks=pytest.mark.postgres, id="postgres-alias"),
+        ("postgresql://app@db.internal:5432/payments", True),
+        ("host=db.internal port=5432 dbname=payments", True),
+        ("sqlite", False),
+        ("nowhere", False),
+        ("host='unterminated", False),
+        (42, False),
+        ("", False),
+    ],
+)
+def test_e050_wait_listen_database(value: Any, valid: bool) -> None:
+    """WAIT_LISTEN_DATABASE: a PostgreSQL alias or a DSN that parses; anything else would
+    leave the waiters' listener failing in silence, or listening on the wrong server."""
+    found = [m for m in run({"WAIT_LISTEN_DATABASE": value}) if m.id == "django_idempotency.E050"]
+    assert (found == []) is valid
+    assert all(isinstance(m, Error) and m.hint for m in found)
