@@ -12,6 +12,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from django.core.management.base import BaseCommand
+from django.db import DatabaseError
 
 from ..durations import format_duration
 
@@ -52,7 +53,7 @@ class Progress:
         if self.total is None and self.remaining is not None:
             try:
                 self.total = done + self.remaining()
-            except Exception:  # an estimate only: the run goes on without it
+            except DatabaseError:  # an estimate only: the run goes on without it
                 self.remaining = None
         elapsed = max(now - self.started, 1e-9)
         rate = done / elapsed
