@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .redis_health import Health
 
+#: The one place the version is written: pyproject.toml reads it from here.
 __version__ = "0.1.0.dev0"
 
 

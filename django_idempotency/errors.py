@@ -46,6 +46,11 @@ class IdempotencyError(Exception):
 
 
 class MissingKey(IdempotencyError):
+    """The view requires an ``Idempotency-Key`` (``REQUIRED``, ``idempotency_required``
+    or ``@idempotent(required=True)``), the method is one of ``METHODS``, and the request
+    sent none. The view did not run and nothing was stored. Send the request again with a
+    fresh random key (a UUID v4) for this operation, and reuse that key on every retry."""
+
     status = 400
     slug = "missing-key"
     title = "Idempotency-Key header required"
@@ -53,6 +58,12 @@ class MissingKey(IdempotencyError):
 
 
 class InvalidKey(IdempotencyError):
+    """The ``Idempotency-Key`` header is present but is not one key: empty, longer than 255
+    characters, with spaces, control or non-ASCII characters, a list (``k1,k2``, or two
+    header lines), or a malformed quoted (structured-field) value; ``detail`` says which.
+    The view did not run. Fix the header (a UUID v4 is always valid) and send the request
+    again; a retry with the same bad header gets the same answer."""
+
     status = 400
     slug = "invalid-key"
     title = "Invalid Idempotency-Key"
@@ -60,6 +71,11 @@ class InvalidKey(IdempotencyError):
 
 
 class InvalidBody(IdempotencyError):
+    """The request carries a key, but its body cannot be parsed (a malformed multipart
+    body, or more fields or files than the server accepts), so it cannot be fingerprinted
+    and the key is not claimed. The view did not run. Fix the body and send the request
+    again, with the same key: nothing was stored under it."""
+
     status = 400
     slug = "invalid-body"
     title = "Unreadable request body"
@@ -75,7 +91,9 @@ class CredentialsNotAuthenticated(IdempotencyError):
     the credentials were never checked (the key is claimed before the view authenticates,
     as ``@idempotent`` outside DRF's ``@api_view`` does) or no authentication the view
     uses accepts them. Scoping such a request as ``anonymous`` would share its stored
-    responses with every other caller, so it is refused before the view runs."""
+    responses with every other caller, so it is refused before the view runs. Send the
+    request with valid credentials; a client whose credentials are valid has found a
+    server bug, and nothing ran, so the same key is safe to retry once it is fixed."""
 
     status = 400
     slug = "credentials-not-authenticated"
@@ -87,6 +105,11 @@ class CredentialsNotAuthenticated(IdempotencyError):
 
 
 class RequestTooLarge(IdempotencyError):
+    """The request carries a key and its body is larger than the server reads into memory
+    (Django's ``DATA_UPLOAD_MAX_MEMORY_SIZE``, 2.5 MB by default), so it cannot be
+    fingerprinted and the key is not claimed. The view did not run. Send a smaller body
+    (or ask the server's operator for a larger limit); a retry as it is fails the same way."""
+
     status = 413
     slug = "request-too-large"
     title = "Request body too large"
@@ -94,6 +117,12 @@ class RequestTooLarge(IdempotencyError):
 
 
 class RequestInProgress(IdempotencyError):
+    """Another request with the same key and the same fingerprint holds the key and has
+    not finished. This one did not run. Retry with the same key after the ``Retry-After``
+    header's interval (``RETRY_AFTER``, 1 second by default): once the first request has
+    finished, the retry receives its stored response. Do not switch to a new key: that
+    would run the operation a second time."""
+
     status = 409
     slug = "request-in-progress"
     title = "A request with this Idempotency-Key is in progress"
@@ -104,10 +133,11 @@ class RequestInProgress(IdempotencyError):
 
 
 class LeaseLost(IdempotencyError):
-    """The claim was taken over before this request could complete it.
-
-    Everything the view wrote in its transaction has been rolled back.
-    """
+    """This request's claim was taken over before it could complete it (its lease was
+    not renewed for ``LOCK_TIMEOUT``, and another request took the key). Everything the
+    view wrote in its transaction has been rolled back. Retry with the same key: the retry
+    receives the response of the request that took over, or a 409 request-in-progress
+    while that one still runs."""
 
     status = 409
     slug = "lease-lost"
@@ -119,6 +149,12 @@ class LeaseLost(IdempotencyError):
 
 
 class FingerprintMismatch(IdempotencyError):
+    """The key was already used in this scope for a different request: another method,
+    path, query string or body (compared canonically, so JSON key order and whitespace do
+    not matter). This request did not run. It is a client bug: one key was given to two
+    operations, and one of them has already happened. Do not retry it as it is; use a new
+    key for a new operation, and check first whether the operation is the one that ran."""
+
     status = 422
     slug = "key-reused"
     title = "Idempotency-Key reused with a different request"
@@ -131,7 +167,9 @@ class FingerprintMismatch(IdempotencyError):
 class ResponseNotStored(IdempotencyError):
     """The key's request completed, but its response was not kept (streamed, a file, or
     larger than ``MAX_STORED_BODY_SIZE``), so it cannot be replayed. The problem
-    document carries the original status as ``original_status``."""
+    document carries the original status as ``original_status``. Do not send the request
+    again, with this key or a new one: it has happened. Look its result up instead (the
+    resource it created, or the ``Location`` the first response gave)."""
 
     status = 409
     slug = "response-not-stored"
@@ -207,6 +245,12 @@ class ReplayNotAcceptable(IdempotencyError):
 
 
 class StoreUnavailable(IdempotencyError):
+    """The idempotency store could not be reached (the database failed during the claim
+    or the completion, or Redis with ``REDIS_FAILURE_MODE = "fail_closed"``), so the view
+    did not run or its writes were rolled back: nothing happened and nothing was stored.
+    Retry later with the same key, with backoff (and after ``Retry-After`` when the answer
+    carries one)."""
+
     status = 503
     slug = "store-unavailable"
     title = "Idempotency store unavailable"
@@ -219,7 +263,8 @@ class StoreUnavailable(IdempotencyError):
 class TransientConflict(IdempotencyError):
     """The view's transaction hit a conflict that a retry gets past (SQLite's busy
     snapshot, a PostgreSQL serialization failure, deadlock or lock timeout). Its
-    writes were rolled back and the key released."""
+    writes were rolled back and the key released, so nothing happened and nothing was
+    stored. Retry with the same key after the ``Retry-After`` interval."""
 
     status = 503
     slug = "transient-conflict"
@@ -235,7 +280,9 @@ class DatabaseUnavailable(IdempotencyError):
     or a proxy closed it). The database rolled the view's transaction back and the key
     was released, or, when the database could not be reached for that either, is taken
     over once its lease is stale. Should the connection have been lost while the
-    transaction committed, the response was stored with it and a retry replays it."""
+    transaction committed, the response was stored with it and a retry replays it.
+    Retry with the same key after the ``Retry-After`` interval: a request that was rolled
+    back runs again, one that committed is replayed."""
 
     status = 503
     slug = "database-unavailable"

@@ -10,14 +10,26 @@
 * The fault table of ``how-it-works.md`` has a row for every cell of the fault matrix
   (``CELLS`` in ``tests/test_faults.py``, each with its ``test_<cell>`` function), and
   no other row.
+* Each problem page says what its own class's docstring says: a problem class without a
+  docstring of its own (an inherited one does not count) is a warning. The headings of
+  ``errors.md``'s sections read ``<the class's title>: <status>``.
+* Every check id (``E001``, ``W020``, ...) a page names exists in the code.
+* The site needs no network: no page loads a script or a stylesheet from another host,
+  no page holds a Mermaid block left for a script to render (diagrams are SVGs made by
+  ``docs/diagrams/render.py`` from the ``.mmd`` source beside them, each carrying the
+  SHA-256 of its source, so an SVG older than its source is a warning), and the 404 page
+  links relative to the site's root unless the build knows where the site is served
+  (``READTHEDOCS_CANONICAL_URL``).
 """
 
 from __future__ import annotations
 
 import ast
+import hashlib
 import inspect
 import json
 import logging
+import os
 import re
 import sys
 from pathlib import Path
@@ -26,10 +38,14 @@ from typing import Any
 from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# First, whatever else is on the path: mkdocs may have put the checkout there for the
+# loading of this module alone, and an installed copy must not be documented instead.
+sys.path.insert(0, str(ROOT))
+import django_idempotency  # noqa: E402 - the checkout's, now that it is first on the path
 
 log = logging.getLogger("mkdocs.hooks.django_idempotency")
+if Path(django_idempotency.__file__ or "").resolve().parent != ROOT / "django_idempotency":
+    log.warning("the docs describe %s, not this checkout's package", django_idempotency.__file__)
 
 
 def problem_classes() -> list[type[Any]]:
@@ -43,6 +59,15 @@ def problem_classes() -> list[type[Any]]:
     return sorted(found, key=lambda cls: (cls.status, cls.slug))
 
 
+def own_doc(cls: type[Any]) -> str:
+    """The class's own docstring in Markdown (RST ````code```` as ```code```), "" when it
+    has none: ``inspect.getdoc`` would hand a subclass its base class's docstring."""
+    doc = cls.__dict__.get("__doc__")
+    if not isinstance(doc, str) or not doc.strip():
+        return ""
+    return inspect.cleandoc(doc).replace("``", "`")
+
+
 def problem_page(cls: type[Any]) -> str:
     error = cls()
     body = {
@@ -51,12 +76,23 @@ def problem_page(cls: type[Any]) -> str:
         "status": cls.status,
         "detail": error.detail,
     }
-    doc = inspect.getdoc(cls) or ""
+    doc = own_doc(cls)
+    if not doc:
+        log.warning(
+            "the problem class %s (errors.py) has no docstring of its own: its page at "
+            "problems/%s/ needs one saying what happened and what the client should do",
+            cls.__name__,
+            cls.slug,
+        )
     lines = [
         f"# {cls.slug}",
         "",
         f"**{cls.status} {cls.title}**",
         "",
+    ]
+    if doc:
+        lines += [doc, ""]
+    lines += [
         f"Raised as `django_idempotency.errors.{cls.__name__}` and answered as an RFC 9457",
         "`application/problem+json` document:",
         "",
@@ -64,11 +100,7 @@ def problem_page(cls: type[Any]) -> str:
         json.dumps(body, indent=2),
         "```",
         "",
-    ]
-    if doc:
-        lines += [doc, ""]
-    lines += [
-        f"When it happens and what a client should do: [errors](../errors.md#{cls.slug}).",
+        f"More on when it happens and what to do: [errors](../errors.md#{cls.slug}).",
         "",
     ]
     return "\n".join(lines)
@@ -115,28 +147,92 @@ def check_fault_table(how_it_works: str) -> None:
         log.warning("how-it-works.md's fault table has a row %r that the matrix lacks", row)
 
 
-def on_pre_build(config: Any) -> None:
-    docs = Path(config["docs_dir"])
-    errors_md = (docs / "errors.md").read_text(encoding="utf-8")
+def check_ids() -> set[str]:
+    """The ids of the system checks the code registers (checks.py, middleware.py)."""
+    sources = "".join(
+        (ROOT / "django_idempotency" / name).read_text(encoding="utf-8")
+        for name in ("checks.py", "middleware.py")
+    )
+    return set(re.findall(r'(?:ID \+ "|"django_idempotency\.)([EW]\d{3})"', sources))
+
+
+def check_mentioned_ids(docs: Path, known: set[str]) -> None:
+    """A check id named on any page (``E002``, ``django_idempotency.W020``) must exist."""
+    for page in sorted(docs.rglob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        for check_id in sorted(set(re.findall(r"\b([EW]\d{3})\b", text)) - known):
+            log.warning(
+                "%s names the check %s, which checks.py and middleware.py do not have",
+                page.relative_to(docs),
+                check_id,
+            )
+
+
+def check_error_sections(errors_md: str) -> None:
+    """errors.md has a section per problem type, headed by the class's title and status,
+    and its table gives each the class's status."""
     for cls in problem_classes():
-        if f"{{#{cls.slug}}}" not in errors_md:
+        anchor = f"{{#{cls.slug}}}"
+        heading = re.search(rf"^## (.*?) {re.escape(anchor)}\s*$", errors_md, re.MULTILINE)
+        if heading is None:
             log.warning(
                 "errors.md has no section {#%s} for the problem type %s (errors.py)",
                 cls.slug,
                 cls.__name__,
             )
+        elif heading.group(1) != f"{cls.title}: {cls.status}":
+            log.warning(
+                "errors.md heads the section {#%s} %r; the class %s says %r",
+                cls.slug,
+                heading.group(1),
+                cls.__name__,
+                f"{cls.title}: {cls.status}",
+            )
+        row = re.search(rf"^\| (\d+) \| \[`{re.escape(cls.slug)}`\]", errors_md, re.MULTILINE)
+        if row is not None and int(row.group(1)) != cls.status:
+            log.warning("errors.md's table gives %s the status %s", cls.slug, row.group(1))
 
     check_sources = "".join(
         (ROOT / "django_idempotency" / name).read_text(encoding="utf-8")
         for name in ("checks.py", "middleware.py", "redis_checks.py")
     )
+
+DIAGRAM_HASH = re.compile(r"<!-- mermaid source sha256: ([0-9a-f]{64}) -->")
+
+
+def source_hash(source: Path) -> str:
+    return hashlib.sha256(source.read_bytes()).hexdigest()
+
+
+def check_diagrams(docs: Path) -> None:
+    """Every ``docs/diagrams/*.mmd`` has its SVG, rendered from the source as it is now."""
+    for source in sorted((docs / "diagrams").glob("*.mmd")):
+        svg = source.with_suffix(".svg")
+        if not svg.exists():
+            log.warning("%s has no SVG: run docs/diagrams/render.py", source.relative_to(docs))
+            continue
+        found = DIAGRAM_HASH.search(svg.read_text(encoding="utf-8"))
+        if found is None or found.group(1) != source_hash(source):
+            log.warning(
+                "%s is older than its source %s: run docs/diagrams/render.py",
+                svg.relative_to(docs),
+                source.name,
+            )
+
+
+def on_pre_build(config: Any) -> None:
+    docs = Path(config["docs_dir"])
+    check_error_sections((docs / "errors.md").read_text(encoding="utf-8"))
+
+    known = check_ids()
     api_md = (docs / "api.md").read_text(encoding="utf-8")
-    ids = re.findall(r'(?:ID \+ "|"django_idempotency\.)([EW]\d{3})"', check_sources)
-    for check_id in sorted(set(ids)):
+    for check_id in sorted(known):
         if f"`django_idempotency.{check_id}`" not in api_md:
             log.warning("api.md does not list the system check django_idempotency.%s", check_id)
+    check_mentioned_ids(docs, known)
 
     check_fault_table((docs / "how-it-works.md").read_text(encoding="utf-8"))
+    check_diagrams(docs)
 
     from django_idempotency.conf import DEFAULTS
 
@@ -145,3 +241,68 @@ def on_pre_build(config: Any) -> None:
         log.warning("settings.md does not document IDEMPOTENCY[%r] (conf.DEFAULTS)", name)
     for name in sorted(documented - set(DEFAULTS)):
         log.warning("settings.md documents IDEMPOTENCY[%r], which conf.DEFAULTS lacks", name)
+
+
+# -- a site that needs no network ---------------------------------------------------------
+
+#: A script or a stylesheet (or a font host preconnected for one) from another host.
+EXTERNAL = re.compile(
+    r"<script\b[^>]*\bsrc=[\"']?(?:https?:)?//[^\s\"'>]+"
+    r"|<link\b(?=[^>]*\brel=[\"']?(?:stylesheet|preconnect|preload|modulepreload))"
+    r"[^>]*\bhref=[\"']?(?:https?:)?//[^\s\"'>]+",
+    re.IGNORECASE,
+)
+MERMAID_FENCE = re.compile(r"^\s*(```|~~~)\s*\{?\s*\.?mermaid\b", re.MULTILINE)
+
+
+def external_references(html: str) -> list[str]:
+    return [match.group(0) for match in EXTERNAL.finditer(html)]
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
+    if MERMAID_FENCE.search(markdown):
+        log.warning(
+            "%s has a Mermaid block, which only a script from the network would render: "
+            "put its source in docs/diagrams/<name>.mmd, run docs/diagrams/render.py and "
+            "show the SVG",
+            page.file.src_uri,
+        )
+    return markdown
+
+
+def on_post_page(output: str, page: Any, config: Any) -> str:
+    for found in external_references(output):
+        log.warning("%s loads %r from the network", page.file.src_uri, found)
+    if re.search(r'class="[^"]*\bmermaid\b', output):
+        log.warning("%s has an unrendered Mermaid diagram", page.file.src_uri)
+    return output
+
+
+def on_config(config: Any) -> Any:
+    """On Read the Docs the site's address is the version's own (``/en/stable/``, ...)."""
+    canonical = os.environ.get("READTHEDOCS_CANONICAL_URL")
+    if canonical:
+        config["site_url"] = canonical
+    return config
+
+
+def relative_404(html: str, base_path: str) -> str:
+    """The 404 page with its links to ``base_path`` (the site's path, ``/en/latest/``)
+    made relative to the site's root, where the page is."""
+    if base_path in ("", "/"):
+        pattern = r'(\b(?:href|src|action)=")/(?!/)'
+    else:
+        pattern = rf'(\b(?:href|src|action)="){re.escape(base_path.rstrip("/"))}/'
+    return re.sub(pattern, r"\1", html).replace('="."', '="./"')
+
+
+def on_post_template(output: str, template_name: str, config: Any) -> str:
+    if template_name != "404.html":
+        return output
+    for found in external_references(output):
+        log.warning("404.html loads %r from the network", found)
+    if os.environ.get("READTHEDOCS_CANONICAL_URL"):
+        return output  # served by Read the Docs at every missing address: absolute links
+    from urllib.parse import urlsplit
+
+    return relative_404(output, urlsplit(config["site_url"] or "/").path or "/")

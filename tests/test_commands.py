@@ -1,4 +1,6 @@
-"""``manage.py purge_idempotency_keys`` on PostgreSQL and on SQLite."""
+"""``manage.py purge_idempotency_keys`` on PostgreSQL and on SQLite: batches, counted
+messages (``ngettext``), silence at ``-v 0``, progress lines on a long run. Its exit
+status in a subprocess is in test_drain_command.py, beside the drain command's."""
 
 from __future__ import annotations
 
@@ -20,13 +22,6 @@ from tests.factories import CompletedKeyFactory, ExpiredKeyFactory, IdempotencyK
 pytestmark = pytest.mark.django_db(databases=["default", "sqlite"])
 
 DATABASES = [pytest.param("default", marks=pytest.mark.postgres, id="postgres"), "sqlite"]
-
-
-class TTY(io.StringIO):
-    """A captured stdout that says it is a terminal."""
-
-    def isatty(self) -> bool:
-        return True
 
 
 def purge(*args: str, stdout: io.StringIO | None = None) -> str:
@@ -80,19 +75,70 @@ def test_older_than_keeps_recently_expired_keys(using: str) -> None:
 
 
 @pytest.mark.parametrize("using", DATABASES)
-def test_progress_only_on_a_terminal(using: str) -> None:
+def test_progress_lines_show_rows_rate_and_time_left(using: str) -> None:
     make_keys(using, expired=5)
-    out = TTY()
-    purge("--database", using, "--batch-size", "2", stdout=out)
-    text = out.getvalue()
-    assert text.count("\rdeleted ") == 3
-    assert "\rdeleted 5 rows in 3 batches" in text
-    assert text.rstrip("\n").splitlines()[-1].startswith("Deleted 5 expired idempotency keys")
+    lines = purge("--database", using, "--batch-size", "2", "--progress-every", "0").splitlines()
+    assert len(lines) == 4  # one per batch (every 0s), then the summary
+    assert re.fullmatch(r"deleted 2 of about 5 rows, [\d,]+ rows/s, about \w+ left", lines[0])
+    assert lines[1].startswith("deleted 4 of about 5 rows, ")
+    assert lines[2].startswith("deleted 5 of about 5 rows, ")
+    assert lines[3].startswith("Deleted 5 expired idempotency keys")
+
+
+@pytest.mark.parametrize("using", DATABASES)
+def test_silent_at_verbosity_0(using: str) -> None:
+    make_keys(using, expired=3)
+    assert purge("--database", using, "--dry-run", "-v", "0") == ""
+    assert purge("--database", using, "-v", "0", "--batch-size", "1", "--progress-every", "0") == ""
+    assert not IdempotencyKey.objects.using(using).filter(expires_at__lte=timezone.now()).exists()
+
+
+@pytest.mark.parametrize("using", DATABASES)
+def test_one_key_is_singular(using: str) -> None:
+    make_keys(using, expired=1)
+    assert purge("--database", using, "--dry-run") == (
+        f"Would delete 1 expired idempotency key from database {using!r}.\n"
+    )
+    assert purge("--database", using).startswith(
+        f"Deleted 1 expired idempotency key from database {using!r} in 1 batch of up to 1000 ("
+    )
+
+
+def test_progress_lines_come_at_most_every_interval() -> None:
+    """A long run prints a line when ``every`` seconds have passed since the last one, and
+    counts the rows left once, for the first line."""
+    from django.core.management.base import BaseCommand
+
+    from django_idempotency.management.progress import Progress
+
+    now = [0.0]
+    counted: list[int] = []
+    command = BaseCommand(stdout=io.StringIO())
+
+    def remaining() -> int:
+        counted.append(1)
+        return 9000
+
+    progress = Progress(
+        command, verb="deleted", verbosity=1, every=5, remaining=remaining, clock=lambda: now[0]
+    )
+    for second, done in [(1, 100), (4.9, 490), (5, 500), (6, 600), (9.9, 990), (10, 1000)]:
+        now[0] = second
+        progress.update(done)
+    assert command.stdout._out.getvalue().splitlines() == [  # type: ignore[attr-defined]
+        "deleted 500 of about 9,500 rows, 100 rows/s, about 1m30s left",
+        "deleted 1,000 of about 9,500 rows, 100 rows/s, about 1m25s left",
+    ]
+    assert counted == [1]
+    quiet = Progress(command, verb="deleted", verbosity=0, every=0, clock=lambda: now[0])
+    now[0] = 100
+    quiet.update(5)
+    assert quiet.lines == 0
 
 
 def test_nothing_to_delete() -> None:
     output = purge("--database", "sqlite")
-    assert "Deleted 0 expired idempotency keys from database 'sqlite' in 0 batches" in output
+    assert "Deleted 0 expired idempotency keys from database 'sqlite' in 0 batches of up" in output
 
 
 @pytest.mark.parametrize(

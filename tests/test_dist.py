@@ -124,6 +124,24 @@ def test_classifiers_name_exactly_the_tested_versions(dist: Path) -> None:
     assert noxfile.DRF["3.15"] == "djangorestframework==3.15.2"
 
 
+def test_the_version_is_written_once(dist: Path) -> None:
+    """pyproject.toml takes the version from ``django_idempotency.__version__``; the built
+    files carry that one."""
+    import tomllib
+
+    import django_idempotency
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert "version" not in project
+    assert project["dynamic"] == ["version"]
+    version = django_idempotency.__version__
+    assert metadata(dist)["Version"] == version
+    (sdist,) = dist.glob("*.tar.gz")
+    assert sdist.name == f"django_idempotency-{version}.tar.gz"
+    (wheel,) = dist.glob("*.whl")
+    assert wheel.name.startswith(f"django_idempotency-{version}-")
+
+
 def test_redis_extra_is_redis_py_alone(dist: Path) -> None:
     """``[redis]`` (REDIS_URL, or Django's own Redis cache) is redis-py alone; django-redis
     comes with ``[django-redis]``, for REDIS_CACHE_ALIAS on a django-redis cache."""

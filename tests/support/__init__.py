@@ -7,6 +7,7 @@
 * ``redis_servers``: private ``redis-server`` processes and clusters, and broken Redis endpoints;
 * ``postgres_servers``: a private PostgreSQL cluster that a test may crash and restart;
 * ``redis_fixtures``: the Redis fixtures (a pytest plugin loaded by ``tests/conftest.py``);
+* ``commands``: this run's management commands in a subprocess, with their exit status;
 * ``workers``: real Celery worker processes, and removing a test's queue from the broker;
 * ``gates``: views whose timing a test controls (``@pytest.mark.urls("tests.support.gates")``);
 * ``waiting``: polling until a condition holds;

@@ -7,7 +7,9 @@ Run it from cron (or use the Celery task ``django_idempotency.tasks.purge_expire
     python manage.py purge_idempotency_keys --dry-run          # count only
 
 Each batch is its own short transaction, so the purge never holds locks on many
-rows at once and can be interrupted at any point.
+rows at once and can be interrupted at any point. Like Django's commands: silent at
+``-v 0``, a progress line at most every ``--progress-every`` (5s) on a long run at
+``-v 1`` and above, and a ``CommandError`` (exit status 1) when the database fails.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
+from django.utils.translation import ngettext
 
 from ...conf import conf
 from ...durations import format_duration, parse_duration
 from ...models import IdempotencyKey
+from ..progress import DEFAULT_EVERY, Progress
 
 DEFAULT_BATCH_SIZE = 1000
 MAX_BATCH_SIZE = 100_000
@@ -71,6 +75,14 @@ class Command(BaseCommand):
             help="Only keys that expired at least this long ago, e.g. 90s, 2h, 7d, 1h30m.",
         )
         parser.add_argument(
+            "--progress-every",
+            type=duration,
+            default=timedelta(seconds=DEFAULT_EVERY),
+            metavar="DURATION",
+            help=f"At -v 1 and above, a progress line (rows deleted, rate, time left) at "
+            f"most this often (default {DEFAULT_EVERY:g}s; 0: after every batch).",
+        )
+        parser.add_argument(
             "--database",
             default=None,
             help="Database alias holding the keys (default: IDEMPOTENCY['DATABASE']).",
@@ -82,54 +94,75 @@ class Command(BaseCommand):
             known = ", ".join(sorted(connections.settings))
             raise CommandError(f"--database: unknown database alias {using!r} (known: {known})")
         older_than: timedelta | None = options["older_than"]
-        size: int = options["batch_size"]
-        which = "expired idempotency keys" + (
-            f" (expired more than {format_duration(older_than)} ago)" if older_than else ""
-        )
+        verbosity: int = options["verbosity"]
+        which = f" (expired more than {format_duration(older_than)} ago)" if older_than else ""
 
         if options["dry_run"]:
             try:
                 count = IdempotencyKey.objects.expired(older_than=older_than, using=using).count()
             except DatabaseError as exc:
                 raise CommandError(f"database {using!r}: {exc}") from exc
-            self.stdout.write(f"Would delete {count} {which} from database {using!r}.")
+            if verbosity >= 1:
+                message = ngettext(
+                    "Would delete %(count)d expired idempotency key",
+                    "Would delete %(count)d expired idempotency keys",
+                    count,
+                ) % {"count": count}
+                self.stdout.write(f"{message}{which} from database {using!r}.")
             return
+        self.purge(using, older_than, options["batch_size"], verbosity, options["progress_every"])
 
-        progress = self.stdout.isatty()
-        started = time.monotonic()
+    def purge(
+        self,
+        using: str,
+        older_than: timedelta | None,
+        size: int,
+        verbosity: int,
+        every: timedelta,
+    ) -> None:
+        progress = Progress(
+            self,
+            verb="deleted",
+            verbosity=verbosity,
+            every=every.total_seconds(),
+            remaining=lambda: IdempotencyKey.objects.expired(
+                older_than=older_than, using=using
+            ).count(),
+        )
+        started = batch_started = time.monotonic()
         total = batches = 0
         longest = 0.0
-        batch_started = time.monotonic()
         try:
             for deleted in IdempotencyKey.objects.iter_delete_expired(
                 batch_size=size, older_than=older_than, using=using
             ):
-                now = time.monotonic()
-                longest = max(longest, now - batch_started)
+                longest = max(longest, time.monotonic() - batch_started)
                 total += deleted
                 batches += 1
-                if progress:
-                    rate = total / max(now - started, 1e-9)
-                    self.stdout.write(
-                        f"\rdeleted {total} rows in {batches} batches ({rate:,.0f} rows/s)",
-                        ending="",
-                    )
-                    self.stdout.flush()
+                progress.update(total)
                 batch_started = time.monotonic()
         except DatabaseError as exc:
-            if progress:
-                self.stdout.write("")
             raise CommandError(
                 f"database {using!r}: {exc} (after deleting {total} rows; "
                 "running the command again continues where it stopped)"
             ) from exc
-        if progress and batches:
-            self.stdout.write("")
+        if verbosity < 1:
+            return
+        which = f" (expired more than {format_duration(older_than)} ago)" if older_than else ""
+        deleted_keys = ngettext(
+            "Deleted %(count)d expired idempotency key",
+            "Deleted %(count)d expired idempotency keys",
+            total,
+        ) % {"count": total}
+        in_batches = ngettext(
+            "in %(count)d batch of up to %(size)d",
+            "in %(count)d batches of up to %(size)d",
+            batches,
+        ) % {"count": batches, "size": size}
         elapsed = time.monotonic() - started
         self.stdout.write(
             self.style.SUCCESS(
-                f"Deleted {total} {which} from database {using!r} in {batches} "
-                f"batch{'es' if batches != 1 else ''} of up to {size} "
+                f"{deleted_keys}{which} from database {using!r} {in_batches} "
                 f"({elapsed:.2f}s, longest batch {longest * 1000:.0f} ms)."
             )
         )
