@@ -240,73 +240,6 @@ def positive_errors(label: str, value: Any, default: Any) -> list[CheckMessage]:
     number = _number(value)
     if number is not None and number > 0:
         return []
-    for name in sorted(set(user or {}) - set(DEFAULTS)):
-                f"IDEMPOTENCY[{name!r}] is not a known setting and is ignored.",
-                hint="Known settings: " + ", ".join(sorted(DEFAULTS)) + ".",
-                id=ID + "W001",
-    messages.extend(_check_numbers())
-    messages.extend(_check_database_and_strategy())
-    messages.extend(_check_headers())
-    messages.extend(_check_choices())
-    messages.extend(_check_redis())
-    messages.extend(_check_metrics())
-    messages.extend(_check_wait())
-    messages.extend(_check_wait_listen_database())
-
-
-def _check_wait_listen_database() -> list[CheckMessage]:
-    """WAIT_LISTEN_DATABASE must be None, an alias of a PostgreSQL database in DATABASES,
-    or a libpq DSN or URI that parses (E050): a wrong value would leave every waiter
-    polling in silence, or LISTEN somewhere no NOTIFY of the keys' database reaches."""
-    configured = getattr(settings, "IDEMPOTENCY", None)
-    value = (configured if isinstance(configured, dict) else {}).get("WAIT_LISTEN_DATABASE")
-    if value is None:
-    problem = _listen_database_problem(value)
-    if not problem:
-            f"IDEMPOTENCY['WAIT_LISTEN_DATABASE'] {problem}.",
-            hint=(
-                "Name an alias of DATABASES whose ENGINE is PostgreSQL, or give a libpq DSN or "
-                "URI (postgresql://user@host:5432/name) of a direct connection to the keys' "
-                "database, not through a transaction pooler; None listens on the keys' "
-                "database when its connection is direct, else the waiters poll."
-            ),
-            id=ID + "E050",
-
-
-def _listen_database_problem(value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        return "must be an alias of DATABASES or a PostgreSQL DSN"
-    databases = getattr(settings, "DATABASES", {})
-    if value in databases:
-        if "postgresql" not in str(databases[value].get("ENGINE", "")):
-            return f"names {value!r}, which is not a PostgreSQL database"
-        return ""
-    if not value.startswith(("postgres://", "postgresql://")) and "=" not in value:
-        return f"is {value!r}: neither an alias of DATABASES nor a DSN"
-        from psycopg.conninfo import conninfo_to_dict
-
-        conninfo_to_dict(value)
-    except ImportError:
-        return "is a DSN, which needs psycopg (3) installed"
-    except Exception as exc:  # psycopg.ProgrammingError: the DSN does not parse
-        return f"does not parse as a DSN ({exc})"
-    return ""
-
-
-def _check_wait() -> list[CheckMessage]:
-    """E013: WAIT at least 0, WAIT_POLL_INTERVAL positive, WAIT_MAX_WAITERS a whole number
-    of at least 1."""
-    configured = getattr(settings, "IDEMPOTENCY", None)
-    raw = configured if isinstance(configured, dict) else {}
-    problems: list[str] = []
-    for name, least, inclusive in (("WAIT", 0, True), ("WAIT_POLL_INTERVAL", 0, False)):
-        value = raw.get(name, DEFAULTS[name])
-        number = isinstance(value, int | float) and not isinstance(value, bool)
-        if not number or value < least or (value == least and not inclusive):
-            problems.append(name)
-    waiters = raw.get("WAIT_MAX_WAITERS", DEFAULTS["WAIT_MAX_WAITERS"])
-    if isinstance(waiters, bool) or not isinstance(waiters, int) or waiters < 1:
-        problems.append("WAIT_MAX_WAITERS")
     return [
         Error(
             f"{label} must be a positive number.",
@@ -650,6 +583,52 @@ def _check_metrics() -> list[CheckMessage]:
     return []
 
 
+def _check_wait_listen_database() -> list[CheckMessage]:
+    """WAIT_LISTEN_DATABASE must be None, an alias of a PostgreSQL database in DATABASES,
+    or a libpq DSN or URI that parses (E050): a wrong value would leave every waiter
+    polling in silence, or LISTEN somewhere no NOTIFY of the keys' database reaches."""
+    configured = getattr(settings, "IDEMPOTENCY", None)
+    value = (configured if isinstance(configured, dict) else {}).get("WAIT_LISTEN_DATABASE")
+    if value is None:
+        return []
+    problem = _listen_database_problem(value)
+    if not problem:
+        return []
+    return [
+        Error(
+            f"IDEMPOTENCY['WAIT_LISTEN_DATABASE'] {problem}.",
+            hint=(
+                "Name an alias of DATABASES whose ENGINE is PostgreSQL, or give a libpq DSN or "
+                "URI (postgresql://user@host:5432/name) of a direct connection to the keys' "
+                "database, not through a transaction pooler; None listens on the keys' "
+                "database when its connection is direct, else the waiters poll."
+            ),
+            id=ID + "E050",
+        )
+    ]
+
+
+def _listen_database_problem(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        return "must be an alias of DATABASES or a PostgreSQL DSN"
+    databases = getattr(settings, "DATABASES", {})
+    if value in databases:
+        if "postgresql" not in str(databases[value].get("ENGINE", "")):
+            return f"names {value!r}, which is not a PostgreSQL database"
+        return ""
+    if not value.startswith(("postgres://", "postgresql://")) and "=" not in value:
+        return f"is {value!r}: neither an alias of DATABASES nor a DSN"
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        conninfo_to_dict(value)
+    except ImportError:
+        return "is a DSN, which needs psycopg (3) installed"
+    except Exception as exc:  # psycopg.ProgrammingError: the DSN does not parse
+        return f"does not parse as a DSN ({exc})"
+    return ""
+
+
 def _check_advisory_wait() -> list[CheckMessage]:
     """W014: advisory_lock bounds a duplicate's lock wait by LOCK_TIMEOUT too, so a WAIT
     above it is cut to LOCK_TIMEOUT."""
@@ -695,6 +674,7 @@ SETTINGS_VALIDATORS: list[Callable[[], list[CheckMessage]]] = [
     _check_advisory_wait,
     _check_middleware_settings,
     _check_unprotected,
+    _check_wait_listen_database,
 ]
 
 

@@ -148,12 +148,18 @@ def check_fault_table(how_it_works: str) -> None:
 
 
 def check_ids() -> set[str]:
-    """The ids of the system checks the code registers (checks.py, middleware.py)."""
+    """The ids of the system checks the package's modules register."""
     sources = "".join(
-        (ROOT / "django_idempotency" / name).read_text(encoding="utf-8")
-        for name in ("checks.py", "middleware.py")
+        path.read_text(encoding="utf-8")
+        for path in sorted((ROOT / "django_idempotency").rglob("*.py"))
+        if "migrations" not in path.parts
     )
-    return set(re.findall(r'(?:ID \+ "|"django_idempotency\.)([EW]\d{3})"', sources))
+    # ID + "E001", "django_idempotency.E101", and the deploy check's ids (return "E040",
+    # a table keyed by "E041").
+    found = re.findall(
+        r'(?:ID \+ "|"django_idempotency\.|return "|^ +")([EW]\d{3})"', sources, re.M
+    )
+    return set(found)
 
 
 def check_mentioned_ids(docs: Path, known: set[str]) -> None:
@@ -162,7 +168,7 @@ def check_mentioned_ids(docs: Path, known: set[str]) -> None:
         text = page.read_text(encoding="utf-8")
         for check_id in sorted(set(re.findall(r"\b([EW]\d{3})\b", text)) - known):
             log.warning(
-                "%s names the check %s, which checks.py and middleware.py do not have",
+                "%s names the check %s, which no module of the package has",
                 page.relative_to(docs),
                 check_id,
             )
@@ -192,10 +198,6 @@ def check_error_sections(errors_md: str) -> None:
         if row is not None and int(row.group(1)) != cls.status:
             log.warning("errors.md's table gives %s the status %s", cls.slug, row.group(1))
 
-    check_sources = "".join(
-        (ROOT / "django_idempotency" / name).read_text(encoding="utf-8")
-        for name in ("checks.py", "middleware.py", "redis_checks.py")
-    )
 
 DIAGRAM_HASH = re.compile(r"<!-- mermaid source sha256: ([0-9a-f]{64}) -->")
 

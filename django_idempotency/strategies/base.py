@@ -512,6 +512,7 @@ class Session:
         refused = DatabaseMisconfigured()
         refused.__cause__ = exc if exc is not None else guard.refused
         return refused
+
     def _end(
         self,
         atomic: Any,
