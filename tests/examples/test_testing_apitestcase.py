@@ -20,7 +20,9 @@ class ChargeTests(IdempotencyTestMixin, APITestCase):
 
     def charge(self, key: str) -> Any:
         body = {"amount": 500, "currency": "eur"}
-        return self.client.post("/ex/receipt/drf/", body, format="json", HTTP_IDEMPOTENCY_KEY=key)
+        return self.client.post(
+            "/ex/receipt/drf/", body, format="json", headers={"idempotency-key": key}
+        )
 
     def test_a_retry_replays_and_charges_once(self) -> None:
         with self.captureOnCommitCallbacks(execute=True) as callbacks:
@@ -48,7 +50,7 @@ class ChargeTestsWithoutRedis(IdempotencyTestMixin, APITestCase):
         self.client.force_authenticate(User.objects.create_user("payer"))
         body = {"amount": 500, "currency": "eur"}
         response = self.client.post(
-            "/ex/receipt/drf/", body, format="json", HTTP_IDEMPOTENCY_KEY="order-1"
+            "/ex/receipt/drf/", body, format="json", headers={"idempotency-key": "order-1"}
         )
         assert response.status_code == 201
 
