@@ -16,7 +16,6 @@ class IdempotencyConfig(AppConfig):
         from . import (
             checks,  # noqa: F401  (registers the system checks)
             middleware,  # noqa: F401  (registers the middleware's checks)
-            redis_config_checks,  # noqa: F401  (registers the checks of the Redis connection)
             redis_deploy_check,  # noqa: F401  (registers the deploy-time Redis check)
         )
         from .conf import conf

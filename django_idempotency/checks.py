@@ -629,6 +629,14 @@ def _listen_database_problem(value: Any) -> str:
     return ""
 
 
+def _check_redis_connection() -> list[CheckMessage]:
+    """E080, E081, W080: how the Redis strategies connect (see the redis_config_checks
+    module): a Sentinel cache that would fail every request, TLS files that do not exist."""
+    from .redis_config_checks import check_redis_connection
+
+    return check_redis_connection()
+
+
 def _check_advisory_wait() -> list[CheckMessage]:
     """W014: advisory_lock bounds a duplicate's lock wait by LOCK_TIMEOUT too, so a WAIT
     above it is cut to LOCK_TIMEOUT."""
@@ -675,6 +683,7 @@ SETTINGS_VALIDATORS: list[Callable[[], list[CheckMessage]]] = [
     _check_middleware_settings,
     _check_unprotected,
     _check_wait_listen_database,
+    _check_redis_connection,
 ]
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.core.checks import CheckMessage, Error, Warning
 
 from .conf import conf
 
@@ -28,8 +28,9 @@ SENTINEL_FACTORY = "django_redis.pool.SentinelConnectionFactory"
 TLS_FILES = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
 
 
-@register(Tags.compatibility)
 def check_redis_connection(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """E080, E081, W080. One of the settings' validators (``checks.SETTINGS_VALIDATORS``):
+    listed by the system check and, for the errors, enforced at start-up."""
     if not isinstance(getattr(settings, "IDEMPOTENCY", None) or {}, Mapping):
         return []  # E001 reports it
     if conf.STRATEGY not in REDIS_STRATEGIES:

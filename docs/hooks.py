@@ -13,7 +13,7 @@
 * Each problem page says what its own class's docstring says: a problem class without a
   docstring of its own (an inherited one does not count) is a warning. The headings of
   ``errors.md``'s sections read ``<the class's title>: <status>``.
-* Every check id (``E001``, ``W020``, ...) a page names exists in the code.
+* Every check id (``E001``, ``W101``, ...) a page names exists in the code.
 * The site needs no network: no page loads a script or a stylesheet from another host,
   no page holds a Mermaid block left for a script to render (diagrams are SVGs made by
   ``docs/diagrams/render.py`` from the ``.mmd`` source beside them, each carrying the
@@ -163,7 +163,7 @@ def check_ids() -> set[str]:
 
 
 def check_mentioned_ids(docs: Path, known: set[str]) -> None:
-    """A check id named on any page (``E002``, ``django_idempotency.W020``) must exist."""
+    """A check id named on any page (``E002``, ``django_idempotency.W101``) must exist."""
     for page in sorted(docs.rglob("*.md")):
         text = page.read_text(encoding="utf-8")
         for check_id in sorted(set(re.findall(r"\b([EW]\d{3})\b", text)) - known):

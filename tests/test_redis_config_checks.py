@@ -115,3 +115,16 @@ def test_the_url_is_ignored_when_a_cache_alias_wins(tmp_path: Path) -> None:
     cache = {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": "redis://r:6379/0"}
     settings = {**ALIAS, "REDIS_URL": f"rediss://r/0?ssl_ca_certs={tmp_path}/nowhere.pem"}
     assert checked(settings, {"idempotency": cache}) == []
+
+
+def test_e080_stops_the_process_like_the_other_settings_errors() -> None:
+    """The Redis connection's errors are enforced with the settings' (start-up, first use):
+    a Sentinel cache without its factory would otherwise fail every request with a 500."""
+    from django_idempotency.conf import conf
+    from django_idempotency.errors import InvalidConfiguration
+
+    caches = {"default": {}, "idempotency": sentinel_cache(CONNECTION_FACTORY=None)}
+    with override_settings(CACHES=caches, IDEMPOTENCY=dict(ALIAS)):
+        with pytest.raises(InvalidConfiguration, match="django_idempotency.E080"):
+            conf.ensure_valid()
+    conf.ensure_valid()  # the test settings again: valid
