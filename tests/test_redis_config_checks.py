@@ -124,7 +124,9 @@ def test_e080_stops_the_process_like_the_other_settings_errors() -> None:
     from django_idempotency.errors import InvalidConfiguration
 
     caches = {"default": {}, "idempotency": sentinel_cache(CONNECTION_FACTORY=None)}
-    with override_settings(CACHES=caches, IDEMPOTENCY=dict(ALIAS)):
-        with pytest.raises(InvalidConfiguration, match="django_idempotency.E080"):
-            conf.ensure_valid()
+    with (
+        override_settings(CACHES=caches, IDEMPOTENCY=dict(ALIAS)),
+        pytest.raises(InvalidConfiguration, match=r"django_idempotency\.E080"),
+    ):
+        conf.ensure_valid()
     conf.ensure_valid()  # the test settings again: valid
