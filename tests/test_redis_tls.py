@@ -24,7 +24,7 @@ from django_idempotency.responses import PROBLEM_CONTENT_TYPE
 from tests.testapp.models import SideEffect
 
 from .factories import UserFactory
-from .support.api import api_client, post_json, replayed
+from .support.api import api_client, assert_runs_once_and_replays, post_json, replayed
 from .support.docs import recipe
 from .support.redis_servers import RedisServer
 from .support.threads import run_at_once
@@ -105,11 +105,7 @@ def _new_key_replay_and_race(server: RedisServer, prefix: str) -> None:
     user = UserFactory()
     client = api_client(user)
     key = uuid.uuid4().hex
-    first = post_json(client, key, {"amount": 5})
-    assert first.status_code == 201 and not replayed(first)
-    again = post_json(client, key, {"amount": 5})
-    assert again.status_code == 201 and replayed(again) and again.content == first.content
-    assert post_json(client, key, {"amount": 6}).status_code == 422
+    assert_runs_once_and_replays(client, key)
 
     raced = uuid.uuid4().hex
     clients = [api_client(user) for _ in range(10)]

@@ -49,3 +49,14 @@ def wait_in_progress(scope: str, key: str) -> None:
             return
         time.sleep(0.01)
     raise AssertionError("the first request never claimed the key")
+
+
+def assert_runs_once_and_replays(client: Client, key: str) -> Any:
+    """A new ``key`` (body ``{"amount": 5}`` on the DRF test view) answers 201, its retry
+    replays the same bytes, and another body under it is a 422; returns the first answer."""
+    first = post_json(client, key, {"amount": 5})
+    assert first.status_code == 201 and not replayed(first)
+    again = post_json(client, key, {"amount": 5})
+    assert again.status_code == 201 and replayed(again) and again.content == first.content
+    assert post_json(client, key, {"amount": 6}).status_code == 422
+    return first
