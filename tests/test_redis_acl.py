@@ -59,11 +59,8 @@ HARDENED = "~{prefix}:* &* +@all -@dangerous"
 @pytest.fixture(scope="module")
 def acl_server() -> Iterator[RedisServer]:
     """A private server of this module's own: its ACL users never reach other tests."""
-    server = RedisServer().start()
-    try:
+    with RedisServer().start() as server:
         yield server
-    finally:
-        server.cleanup()
 
 
 @pytest.fixture

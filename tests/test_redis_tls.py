@@ -52,21 +52,15 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
 @pytest.fixture(scope="module")
 def mutual(tls: TlsFiles) -> Iterator[RedisServer]:
     """A TLS-only server that requires a client certificate signed by the CA."""
-    server = RedisServer(tls=tls, tls_auth_clients="yes").start()
-    try:
+    with RedisServer(tls=tls, tls_auth_clients="yes").start() as server:
         yield server
-    finally:
-        server.cleanup()
 
 
 @pytest.fixture(scope="module")
 def one_way(tls: TlsFiles) -> Iterator[RedisServer]:
     """A TLS-only server that asks no client certificate."""
-    server = RedisServer(tls=tls, tls_auth_clients="no").start()
-    try:
+    with RedisServer(tls=tls, tls_auth_clients="no").start() as server:
         yield server
-    finally:
-        server.cleanup()
 
 
 def tls_recipe(

@@ -35,11 +35,8 @@ def shared_redis_url() -> str:
 
 @pytest.fixture(scope="session")
 def private_redis() -> Iterator[RedisServer]:
-    server = RedisServer().start()
-    try:
+    with RedisServer().start() as server:
         yield server
-    finally:
-        server.cleanup()
 
 
 @pytest.fixture

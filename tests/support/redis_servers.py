@@ -193,6 +193,13 @@ class RedisServer:
             self._tmp = None
             self.directory = None
 
+    def __enter__(self) -> RedisServer:
+        """``with RedisServer(...).start() as server:``: the server is cleaned up after."""
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.cleanup()
+
 
 def wait_replicated(port: int, timeout: float = 20) -> None:
     """Until a replica of the primary on 127.0.0.1:``port`` is online and has acknowledged
