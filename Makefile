@@ -29,9 +29,12 @@ run: $(VENV)/.example
 ## Install the test dependencies and run every test (PostgreSQL, Redis, Celery and browser tests
 ## included), with the package's branch coverage (the floor is in pyproject.toml; for a few
 ## tests alone, drop it: make test COVERAGE= PYTEST_ARGS=tests/test_conf.py)
+## The suite runs in $(WORKERS) worker processes (pytest-xdist), a test module to a worker: most
+## tests wait on servers, threads and sleeps rather than the CPU; WORKERS=0 runs in this process.
 COVERAGE ?= --cov=django_idempotency --cov-branch --cov-report=term-missing:skip-covered
+WORKERS ?= 3
 test: $(VENV)/.test browser pgbouncer
-	$(BIN)/python -m pytest $(COVERAGE) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope --durations=15 $(COVERAGE) $(PYTEST_ARGS)
 
 ## The version matrix (noxfile.py): the smoke subset on every supported combination of Python
 ## 3.11-3.13, Django 5.2 and 6.0, and DRF 3.15 and the newest, but the main one that `make test`

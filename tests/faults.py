@@ -48,6 +48,8 @@ interference: list[Callable[[str], None]] = []
 LIMIT = 4096
 #: Hooks that already raised once, by key.
 _hooks_raised: set[str] = set()
+#: Set when an execution of the view begins (a test starts a duplicate only then).
+view_started = threading.Event()
 
 
 class Refused(exceptions.APIException):
@@ -59,6 +61,7 @@ def reset() -> None:
     plan.clear()
     interference.clear()
     _hooks_raised.clear()
+    view_started.clear()
 
 
 def _next_step() -> str:
@@ -77,6 +80,7 @@ def _payload(effect: int) -> bytes:
 def execute(key: str) -> HttpResponseBase:
     """One execution of the view for ``key``: its step, its write and its answer."""
     step = _next_step()
+    view_started.set()
     if step == "raise_before":
         raise RuntimeError("the view failed before writing")
     if step == "interfere":

@@ -249,10 +249,11 @@ def test_api_exception(
 def test_api_exception_then_duplicate(
     setup: Setup, client: APIClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A's view refuses after a second (DRF rolls it back); duplicate B arrives 0.3 s
-    later. Whatever B gets (409 while A holds the key, or, under advisory_lock, a run
-    of its own after A's rollback), A's late store never overwrites a record another
-    execution completed, and C replays the execution that committed."""
+    """A's view refuses after a second (DRF rolls it back); duplicate B is sent once A's
+    view has begun (a fixed delay let B claim first on a loaded machine). Whatever B gets
+    (409 while A holds the key, or, under advisory_lock, a run of its own after A's
+    rollback), A's late store never overwrites a record another execution completed, and
+    C replays the execution that committed."""
     monkeypatch.setitem(connections[setup.alias].settings_dict, "ATOMIC_REQUESTS", True)
     key = faults.new_key()
     faults.plan.extend(["slow_refuse", "ok"])
@@ -267,7 +268,7 @@ def test_api_exception_then_duplicate(
     a = threading.Thread(target=send, args=("a",))
     b = threading.Thread(target=send, args=("b",))
     a.start()
-    time.sleep(0.3)
+    assert faults.view_started.wait(30), "A's view never ran"
     b.start()
     a.join(30)
     b.join(30)

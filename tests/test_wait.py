@@ -133,9 +133,10 @@ def test_duplicates_wait_for_the_answer(
         # The provider's exception is the only traceback.
         assert log.count("Traceback") <= 1, log
 
-        # A short wait: the 409s as without waiting.
+        # A short wait: the 409s as without waiting. The provider takes 3 s, so that on a
+        # loaded machine the duplicates still arrive while the first request runs.
         short_env = {**env, "IDEMPOTENCY_WAIT": "0.1"}
-        with example_server(db, strategy=name, psp_delay_ms=500, env=short_env) as server:
+        with example_server(db, strategy=name, psp_delay_ms=3000, env=short_env) as server:
             results = race(server.url + "/api/charges/", n=CLIENTS, key="wait-short", body=CHARGE)
             summary = race_summary(results)
             assert summary["409"] > 0, summary
