@@ -154,7 +154,7 @@ def completed_rows(alias: str) -> int:
 
 def strategy_loop(strategy_name: str, alias: str) -> Loop:
     """``strategy.session(attempt)`` → ``Claimed`` → ``complete(response)``."""
-    from django_idempotency.responses import StoredResponse
+    from django_idempotency.protocol.responses import StoredResponse
     from django_idempotency.strategies import load_strategy
     from django_idempotency.strategies.base import Attempt, Claimed
 
@@ -186,8 +186,8 @@ def manager_loop(alias: str) -> Loop:
     from django.db import transaction
 
     from django_idempotency.models import IdempotencyKey
-    from django_idempotency.records import ClaimState
-    from django_idempotency.responses import StoredResponse
+    from django_idempotency.protocol.responses import StoredResponse
+    from django_idempotency.store.records import ClaimState
 
     manager = IdempotencyKey.objects
     response = StoredResponse(status=201, headers=dict(HEADERS), body=BODY)
@@ -221,7 +221,7 @@ def statements(alias: str) -> Any:
     """The manager's statements for ``alias`` (the raw loops send the same SQL text)."""
     from django.db import connections
 
-    from django_idempotency._sql import statements as compiled
+    from django_idempotency.store.sql import statements as compiled
 
     return compiled(connections[alias])
 
@@ -351,7 +351,7 @@ def record_advisory(alias: str) -> tuple[list[tuple[str, Any]], str]:
     """The statements one advisory_lock claim + complete sends, with their parameters."""
     from django.db import connections
 
-    from django_idempotency.responses import StoredResponse
+    from django_idempotency.protocol.responses import StoredResponse
     from django_idempotency.strategies import load_strategy
     from django_idempotency.strategies.base import Attempt
 

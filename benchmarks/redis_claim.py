@@ -69,7 +69,7 @@ def setup_django(url: str, cluster: bool, prefix: str) -> None:
         "REDIS_FAILURE_MODE": "fail_closed",  # a benchmark must not silently measure the db
         "REDIS_SOCKET_TIMEOUT": 2.0,
     }
-    from django_idempotency import redis_store
+    from django_idempotency.strategies.redis import store as redis_store
 
     redis_store.reset_clients()
 
@@ -79,10 +79,10 @@ def cases(url: str, cluster: bool, iterations: int) -> dict[str, Callable[[], fl
     import redis
     from redis.cluster import RedisCluster
 
-    from django_idempotency.redis_store import get_client, get_store
-    from django_idempotency.responses import StoredResponse
+    from django_idempotency.protocol.responses import StoredResponse
     from django_idempotency.strategies.base import Attempt, Claimed, Replay
-    from django_idempotency.strategies.redis import RedisStrategy
+    from django_idempotency.strategies.redis.store import get_client, get_store
+    from django_idempotency.strategies.redis.strategy import RedisStrategy
 
     strategy = RedisStrategy()
     client: Any = get_client()

@@ -34,9 +34,10 @@ def cases(strategy_name: str) -> dict[str, Callable[[], None]]:
     """``poll``: a claim of a key in progress; ``replay``: a claim of a completed key."""
     from django.test import override_settings
 
-    from django_idempotency import redis_store, strategies
-    from django_idempotency.responses import StoredResponse
+    from django_idempotency import strategies
+    from django_idempotency.protocol.responses import StoredResponse
     from django_idempotency.strategies.base import Attempt, InFlight, Replay
+    from django_idempotency.strategies.redis import store as redis_store
 
     value = {"STRATEGY": strategy_name, "ADMIN_ENABLED": False}
     if strategy_name == "redis":

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .redis_health import Health
+    from .strategies.redis.health import Health
 
 #: The one place the version is written: pyproject.toml reads it from here.
 __version__ = "0.1.0.dev0"
@@ -14,6 +14,6 @@ __version__ = "0.1.0.dev0"
 def health() -> Health:
     """This process's Redis fallback state, for a health endpoint (no connection is made);
     see docs/observability.md."""
-    from .redis_health import health as _health
+    from .strategies.redis.health import health as _health
 
     return _health()

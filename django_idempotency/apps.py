@@ -16,9 +16,11 @@ class IdempotencyConfig(AppConfig):
         from . import (
             checks,  # noqa: F401  (registers the system checks)
             middleware,  # noqa: F401  (registers the middleware's checks)
-            redis_deploy_check,  # noqa: F401  (registers the deploy-time Redis check)
         )
         from .conf import conf
+        from .strategies.redis import (
+            deploy_check,  # noqa: F401  (registers the deploy-time Redis check)
+        )
 
         # A setting the checks call an error stops every process here (gunicorn, uvicorn,
         # Celery and manage.py all call django.setup()), with the checks' messages; only

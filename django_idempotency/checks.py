@@ -632,7 +632,7 @@ def _listen_database_problem(value: Any) -> str:
 def _check_redis_connection() -> list[CheckMessage]:
     """E080, E081, W080: how the Redis strategies connect (see the redis_config_checks
     module): a Sentinel cache that would fail every request, TLS files that do not exist."""
-    from .redis_config_checks import check_redis_connection
+    from .strategies.redis.config_checks import check_redis_connection
 
     return check_redis_connection()
 

@@ -16,7 +16,7 @@ from django.http.response import HttpResponseBase
 
 from .checks import validate_view_options, view_name
 from .conf import conf
-from .engine import Options, ahandle, default_scope, handle
+from .protocol.engine import Options, ahandle, default_scope, handle
 
 ViewFunc = TypeVar("ViewFunc", bound=Callable[..., Any])
 

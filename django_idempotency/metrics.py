@@ -34,7 +34,9 @@ from typing import Any
 from django.dispatch import Signal
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
-from . import engine, redis_health, signals
+from . import signals
+from .protocol import engine
+from .strategies.redis import health as redis_health
 
 logger = logging.getLogger("django_idempotency")
 

@@ -36,7 +36,7 @@ from django.utils.module_loading import import_string
 
 from .conf import conf
 from .decorators import EXEMPT_ATTR, HANDLED_ATTR, OPT_IN_ATTR, OptIn
-from .engine import Options, ahandle, default_scope, handle, takes_part
+from .protocol.engine import Options, ahandle, default_scope, handle, takes_part
 
 PATH = "django_idempotency.middleware.IdempotencyMiddleware"
 #: The values of ``IDEMPOTENCY["MIDDLEWARE_DEFAULT"]``.

@@ -15,10 +15,10 @@ from rest_framework.views import APIView
 
 from .checks import validate_view_options, view_name
 from .conf import conf
-from .engine import IdempotentRequest, Options, default_scope, transient_conflict_response
 from .errors import DATABASE_ERRORS, IdempotencyError, MisplacedIdempotencyMixin
-from .fingerprint import preload_body
-from .responses import problem_response
+from .protocol.engine import IdempotentRequest, Options, default_scope, transient_conflict_response
+from .protocol.fingerprint import preload_body
+from .protocol.responses import problem_response
 
 
 class _ShortCircuit(Exception):

@@ -6,9 +6,9 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from .managers import IdempotencyKeyManager
-from .outbox import IdempotencyOutboxManager
-from .status import Status
+from .store.managers import IdempotencyKeyManager
+from .store.outbox import IdempotencyOutboxManager
+from .store.status import Status
 
 
 class IdempotencyKey(models.Model):

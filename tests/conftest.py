@@ -81,6 +81,6 @@ def _stop_wait_listeners() -> Iterator[None]:
     next test (which may count the database's connections) nor keeps pytest-django from
     dropping the database."""
     yield
-    from django_idempotency import waiting
+    from django_idempotency.protocol import waiting
 
     waiting.reset_listeners()

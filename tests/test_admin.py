@@ -16,8 +16,8 @@ from django.utils import timezone
 
 from django_idempotency import admin as idem_admin
 from django_idempotency import models as idem_models
-from django_idempotency.fingerprint import fingerprint
 from django_idempotency.models import IdempotencyKey
+from django_idempotency.protocol.fingerprint import fingerprint
 from tests.factories import CompletedKeyFactory, ExpiredKeyFactory, IdempotencyKeyFactory
 from tests.testapp.models import SideEffect
 

@@ -224,7 +224,7 @@ def test_e011_redis_strategies_need_a_redis() -> None:
 
 def test_redis_strategies_without_a_redis_raise_improperly_configured() -> None:
     """What E011 reports is raised by the Redis client factory as an ``ImproperlyConfigured``."""
-    from django_idempotency.redis_store import get_client
+    from django_idempotency.strategies.redis.store import get_client
 
     with (
         override_settings(IDEMPOTENCY={"STRATEGY": "redis"}),
@@ -471,8 +471,8 @@ def test_no_request_runs_the_view_under_an_error() -> None:
     stale and take it over. The request path refuses before any claim."""
     from django.test import RequestFactory
 
-    from django_idempotency.engine import handle
     from django_idempotency.models import IdempotencyKey
+    from django_idempotency.protocol.engine import handle
 
     from .testapp.models import SideEffect
 

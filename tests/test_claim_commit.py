@@ -23,10 +23,10 @@ from django.db import connections, transaction
 from django.utils import timezone
 
 from django_idempotency import strategies
-from django_idempotency._sql import ASYNC_COMMIT, statements
-from django_idempotency.managers import ClaimState
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.responses import StoredResponse
+from django_idempotency.protocol.responses import StoredResponse
+from django_idempotency.store.managers import ClaimState
+from django_idempotency.store.sql import ASYNC_COMMIT, statements
 
 from .factories import UserFactory
 from .support.api import token_client

@@ -19,9 +19,9 @@ from django.db import connections
 from django.test import override_settings
 from django.utils import timezone
 
-from django_idempotency.managers import ClaimResult, ClaimState
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.responses import StoredResponse
+from django_idempotency.protocol.responses import StoredResponse
+from django_idempotency.store.managers import ClaimResult, ClaimState
 
 from .factories import CompletedKeyFactory, IdempotencyKeyFactory
 

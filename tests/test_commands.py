@@ -15,7 +15,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from django_idempotency.durations import format_duration, parse_duration
+from django_idempotency.management.durations import format_duration, parse_duration
 from django_idempotency.models import IdempotencyKey
 from tests.factories import CompletedKeyFactory, ExpiredKeyFactory, IdempotencyKeyFactory
 

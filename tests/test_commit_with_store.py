@@ -29,11 +29,11 @@ from rest_framework.test import APIClient
 from rest_framework.views import APIView
 
 from django_idempotency import signals, strategies
-from django_idempotency._sql import NOT_STORED_MARKER, commits_in_statement, not_stored
 from django_idempotency.decorators import idempotent
 from django_idempotency.mixins import IdempotencyMixin
 from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
-from django_idempotency.status import COMPLETED
+from django_idempotency.store.sql import NOT_STORED_MARKER, commits_in_statement, not_stored
+from django_idempotency.store.status import COMPLETED
 
 from .factories import UserFactory
 from .support.api import replayed, token_client

@@ -38,7 +38,7 @@ from django_idempotency.errors import (
     classify_database_error,
 )
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.responses import PROBLEM_CONTENT_TYPE, REPLAYED_HEADER
+from django_idempotency.protocol.responses import PROBLEM_CONTENT_TYPE, REPLAYED_HEADER
 
 from .testapp import views
 from .testapp.models import SideEffect

@@ -10,9 +10,9 @@ from django.http import HttpRequest, HttpResponse
 from django.test import Client, RequestFactory, override_settings
 
 from django_idempotency.decorators import idempotent
-from django_idempotency.fingerprint import fingerprint
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.responses import REPLAYED_HEADER
+from django_idempotency.protocol.fingerprint import fingerprint
+from django_idempotency.protocol.responses import REPLAYED_HEADER
 from example_project.payments.models import Charge, Refund
 
 from .factories import UserFactory

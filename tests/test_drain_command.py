@@ -17,7 +17,7 @@ from django.db import connection
 from django.utils import timezone
 
 from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
-from django_idempotency.status import COMPLETED
+from django_idempotency.store.status import COMPLETED
 from tests.factories import ExpiredKeyFactory, IdempotencyOutboxFactory
 from tests.support.commands import run_command, start_command
 from tests.support.waiting import wait_until

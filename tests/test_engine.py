@@ -1,4 +1,4 @@
-"""The protocol (django_idempotency.engine): claim, run, store or release, answer.
+"""The protocol (django_idempotency.protocol.engine): claim, run, store or release, answer.
 
 Most tests call :func:`engine.handle` with a plain callable; the concurrency ones go
 through real requests on threads against ``tests.support.gates``.
@@ -20,12 +20,12 @@ from django.utils import timezone
 
 from django_idempotency import signals
 from django_idempotency.conf import conf
-from django_idempotency.engine import Options, handle
 from django_idempotency.errors import IdempotencyError
-from django_idempotency.keys import downstream_key
-from django_idempotency.managers import ClaimState
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.responses import REPLAYED_HEADER, problem_response
+from django_idempotency.protocol.engine import Options, handle
+from django_idempotency.protocol.keys import downstream_key
+from django_idempotency.protocol.responses import REPLAYED_HEADER, problem_response
+from django_idempotency.store.managers import ClaimState
 
 from .support.assertions import assert_problem
 from .support.gates import Background
@@ -155,7 +155,7 @@ def test_retry_after_setting() -> None:
 
 
 def _print(req: HttpRequest) -> str:
-    from django_idempotency.fingerprint import fingerprint
+    from django_idempotency.protocol.fingerprint import fingerprint
 
     return fingerprint(req)
 

@@ -30,11 +30,12 @@ from django.db import connections
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from django_idempotency import redis_store, strategies
+from django_idempotency import strategies
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.redis_store import RedisRecord, encode_record, get_store
-from django_idempotency.status import IN_PROGRESS
+from django_idempotency.store.status import IN_PROGRESS
 from django_idempotency.strategies.hybrid import HybridStrategy
+from django_idempotency.strategies.redis import store as redis_store
+from django_idempotency.strategies.redis.store import RedisRecord, encode_record, get_store
 from tests.testapp.models import SideEffect
 
 from . import faults

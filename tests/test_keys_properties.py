@@ -1,4 +1,5 @@
-"""Properties of request fingerprints and Idempotency-Key parsing (django_idempotency.keys)."""
+"""Properties of request fingerprints and Idempotency-Key parsing
+(django_idempotency.protocol.keys)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from django_idempotency.errors import InvalidKey
-from django_idempotency.fingerprint import fingerprint
-from django_idempotency.header import MAX_KEY_LENGTH, parse_key
+from django_idempotency.protocol.fingerprint import fingerprint
+from django_idempotency.protocol.header import MAX_KEY_LENGTH, parse_key
 
 rf = RequestFactory()
 fast = settings(max_examples=200, deadline=None)

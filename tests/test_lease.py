@@ -1,4 +1,4 @@
-"""LeaseKeeper (django_idempotency.lease) renewing real claims on the real databases."""
+"""LeaseKeeper (django_idempotency.protocol.lease) renewing real claims on the real databases."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from django.db import connections
 from django.utils import timezone
 
-from django_idempotency.lease import LeaseKeeper
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.responses import StoredResponse
+from django_idempotency.protocol.lease import LeaseKeeper
+from django_idempotency.protocol.responses import StoredResponse
 from django_idempotency.strategies.base import Attempt, Claimed
 from django_idempotency.strategies.db import DatabaseClaim, DatabaseStrategy
 

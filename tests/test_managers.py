@@ -11,10 +11,10 @@ import pytest
 from django.db import connections, transaction
 from django.utils import timezone
 
-from django_idempotency._sql import statements
-from django_idempotency.managers import ClaimResult, ClaimState, KeyRow
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.responses import StoredResponse
+from django_idempotency.protocol.responses import StoredResponse
+from django_idempotency.store.managers import ClaimResult, ClaimState, KeyRow
+from django_idempotency.store.sql import statements
 
 from .factories import (
     CompletedKeyFactory,

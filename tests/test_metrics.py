@@ -10,8 +10,9 @@ from django.apps import apps
 from django.test import Client, RequestFactory, override_settings
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from django_idempotency import engine, metrics
-from django_idempotency.fingerprint import fingerprint
+from django_idempotency import metrics
+from django_idempotency.protocol import engine
+from django_idempotency.protocol.fingerprint import fingerprint
 from tests.factories import IdempotencyKeyFactory, StaleKeyFactory
 from tests.testapp.models import SideEffect
 

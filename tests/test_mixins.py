@@ -10,10 +10,10 @@ from django.test import RequestFactory, override_settings
 from rest_framework.test import APIClient
 
 from django_idempotency.conf import conf
-from django_idempotency.fingerprint import fingerprint
-from django_idempotency.keys import downstream_key
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.responses import REPLAYED_HEADER
+from django_idempotency.protocol.fingerprint import fingerprint
+from django_idempotency.protocol.keys import downstream_key
+from django_idempotency.protocol.responses import REPLAYED_HEADER
 from example_project.payments.models import Charge
 
 from .factories import UserFactory

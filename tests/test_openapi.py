@@ -39,8 +39,8 @@ from django_idempotency.contrib.spectacular import (
     problems_by_status,
 )
 from django_idempotency.errors import IdempotencyError, InvalidKey
-from django_idempotency.header import parse_key
 from django_idempotency.mixins import IdempotencyMixin
+from django_idempotency.protocol.header import parse_key
 from example_project.payments.views import ChargeView
 
 from . import test_header

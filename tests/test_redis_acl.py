@@ -17,10 +17,13 @@ from typing import Any
 import pytest
 import redis
 
-from django_idempotency import redis_store
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.redis_health import monitor
-from django_idempotency.redis_store import (
+from django_idempotency.protocol.responses import StoredResponse
+from django_idempotency.store.status import IN_PROGRESS
+from django_idempotency.strategies.hybrid import EPOCH_SUFFIX
+from django_idempotency.strategies.redis import store as redis_store
+from django_idempotency.strategies.redis.health import monitor
+from django_idempotency.strategies.redis.store import (
     LossCheckDenied,
     RedisRecord,
     RedisStore,
@@ -29,9 +32,6 @@ from django_idempotency.redis_store import (
     get_store,
     permission_denied,
 )
-from django_idempotency.responses import StoredResponse
-from django_idempotency.status import IN_PROGRESS
-from django_idempotency.strategies.hybrid import EPOCH_SUFFIX
 from tests.testapp.models import SideEffect
 
 from .factories import UserFactory

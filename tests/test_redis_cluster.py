@@ -12,11 +12,11 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from django_idempotency import redis_store
-from django_idempotency.redis_store import RedisStore, get_client, get_store
-from django_idempotency.responses import StoredResponse
+from django_idempotency.protocol.responses import StoredResponse
 from django_idempotency.strategies.base import Attempt, Claimed, InFlight, Replay
-from django_idempotency.strategies.redis import RedisStrategy
+from django_idempotency.strategies.redis import store as redis_store
+from django_idempotency.strategies.redis.store import RedisStore, get_client, get_store
+from django_idempotency.strategies.redis.strategy import RedisStrategy
 
 from .support.redis_servers import RedisClusterNodes
 from .support.threads import run_at_once

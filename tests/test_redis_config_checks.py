@@ -1,5 +1,6 @@
-"""The system checks of the Redis connection (django_idempotency.redis_config_checks): a Sentinel
-cache without its factory (E080), unreadable TLS files (E081), unverified TLS (W080).
+"""The system checks of the Redis connection
+(django_idempotency.strategies.redis.config_checks): a Sentinel cache without its factory
+(E080), unreadable TLS files (E081), unverified TLS (W080).
 The recipes of docs/redis.md pass them."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pytest
 from django.core.checks import CheckMessage, run_checks
 from django.test import override_settings
 
-from django_idempotency.redis_config_checks import check_redis_connection
+from django_idempotency.strategies.redis.config_checks import check_redis_connection
 
 from .support.docs import recipe
 

@@ -14,7 +14,7 @@ import pytest
 from django.core.checks import run_checks
 from django.core.management import call_command
 
-from django_idempotency import redis_store
+from django_idempotency.strategies.redis import store as redis_store
 
 from .support.ports import free_port
 from .support.redis_servers import Blackhole, RedisClusterNodes, RedisServer

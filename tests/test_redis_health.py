@@ -14,8 +14,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 import django_idempotency
-from django_idempotency import metrics, redis_health
+from django_idempotency import metrics
 from django_idempotency.models import IdempotencyKey
+from django_idempotency.strategies.redis import health as redis_health
 
 from .factories import UserFactory
 from .support.api import api_client, post_json, replayed

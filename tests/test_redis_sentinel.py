@@ -18,9 +18,9 @@ import pytest
 import redis
 from rest_framework.test import APIClient
 
-from django_idempotency import redis_store
 from django_idempotency.conf import conf
 from django_idempotency.models import IdempotencyKey
+from django_idempotency.strategies.redis import store as redis_store
 from tests.testapp.models import SideEffect
 
 from .factories import UserFactory

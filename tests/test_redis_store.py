@@ -13,8 +13,10 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from django_idempotency import redis_store
-from django_idempotency.redis_store import (
+from django_idempotency.protocol.responses import StoredResponse
+from django_idempotency.store.status import COMPLETED, IN_PROGRESS
+from django_idempotency.strategies.redis import store as redis_store
+from django_idempotency.strategies.redis.store import (
     RedisRecord,
     RedisStore,
     RedisUnavailable,
@@ -23,8 +25,6 @@ from django_idempotency.redis_store import (
     get_client,
     get_store,
 )
-from django_idempotency.responses import StoredResponse
-from django_idempotency.status import COMPLETED, IN_PROGRESS
 
 from .support.redis_servers import Blackhole, RedisServer, closed_port_url
 from .support.threads import run_at_once

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import redis
 
-from django_idempotency import redis_store
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.responses import PROBLEM_CONTENT_TYPE
+from django_idempotency.protocol.responses import PROBLEM_CONTENT_TYPE
+from django_idempotency.strategies.redis import store as redis_store
 from tests.testapp.models import SideEffect
 
 from .factories import UserFactory

@@ -14,7 +14,6 @@ from django.views import View
 from rest_framework import generics
 from rest_framework.views import APIView
 
-from django_idempotency.engine import default_scope
 from django_idempotency.errors import (
     PROBLEM_BASE,
     CredentialsNotAuthenticated,
@@ -24,6 +23,7 @@ from django_idempotency.errors import (
 )
 from django_idempotency.mixins import IdempotencyMixin
 from django_idempotency.models import IdempotencyKey
+from django_idempotency.protocol.engine import default_scope
 
 from .factories import UserFactory
 from .support.api import post_json, replayed, token_client

@@ -44,7 +44,7 @@ from django_idempotency.decorators import idempotency_opt_in, idempotent
 from django_idempotency.drf import idempotent_api_view
 from django_idempotency.mixins import IdempotencyMixin
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.writeguard import writes
+from django_idempotency.protocol.writeguard import writes
 from example_project.payments.models import Charge
 
 from .factories import UserFactory

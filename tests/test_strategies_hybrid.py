@@ -17,13 +17,13 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
-from django_idempotency.managers import COMPLETED
 from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
-from django_idempotency.redis_store import get_client, get_store
-from django_idempotency.responses import PROBLEM_CONTENT_TYPE, StoredResponse
+from django_idempotency.protocol.responses import PROBLEM_CONTENT_TYPE, StoredResponse
+from django_idempotency.store.managers import COMPLETED
 from django_idempotency.strategies import load_strategy
 from django_idempotency.strategies.base import Attempt, InFlight, Replay
 from django_idempotency.strategies.hybrid import EPOCH_SUFFIX, HybridClaim, HybridStrategy
+from django_idempotency.strategies.redis.store import get_client, get_store
 from example_project.payments.models import Charge
 from tests.testapp.models import SideEffect
 

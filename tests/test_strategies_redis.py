@@ -16,13 +16,13 @@ from django.core.checks import run_checks
 from rest_framework.test import APIClient
 
 from django_idempotency.errors import LeaseLost, StoreUnavailable
-from django_idempotency.lease import keeper
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.redis_store import get_store
-from django_idempotency.responses import PROBLEM_CONTENT_TYPE, StoredResponse
+from django_idempotency.protocol.lease import keeper
+from django_idempotency.protocol.responses import PROBLEM_CONTENT_TYPE, StoredResponse
 from django_idempotency.strategies import load_strategy
 from django_idempotency.strategies.base import Attempt, Claimed, InFlight, Mismatch, Replay
-from django_idempotency.strategies.redis import RedisClaim, RedisStrategy
+from django_idempotency.strategies.redis.store import get_store
+from django_idempotency.strategies.redis.strategy import RedisClaim, RedisStrategy
 from tests.testapp.models import SideEffect
 
 from .support.api import post_json

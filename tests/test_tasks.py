@@ -20,8 +20,8 @@ import pytest
 from django.conf import settings as django_settings
 from django.db import connection
 
-from django_idempotency.managers import COMPLETED
 from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
+from django_idempotency.store.managers import COMPLETED
 from django_idempotency.strategies import load_strategy
 from django_idempotency.tasks import (
     DRAIN_TASK,

@@ -21,8 +21,8 @@ from django.test import TestCase, override_settings
 from rest_framework.test import APIClient, APITestCase
 
 from django_idempotency.conf import conf
-from django_idempotency.redis_store import get_store, reset_clients
 from django_idempotency.strategies import get_strategy
+from django_idempotency.strategies.redis.store import get_store, reset_clients
 from django_idempotency.testing import (
     IdempotencyTestMixin,
     clear_store,
@@ -225,7 +225,7 @@ def test_the_db_strategy_fixture() -> None:
 
 
 def _response() -> Any:
-    from django_idempotency.responses import StoredResponse
+    from django_idempotency.protocol.responses import StoredResponse
 
     return StoredResponse(status=201, body=b"{}")
 

@@ -18,7 +18,7 @@ from django.db import connections, transaction
 from django.test import Client, TestCase, override_settings
 from rest_framework.test import APIClient
 
-from django_idempotency.redis_store import get_store, reset_clients
+from django_idempotency.strategies.redis.store import get_store, reset_clients
 from tests.testapp import views
 from tests.testapp.models import SideEffect
 

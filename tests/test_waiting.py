@@ -1,4 +1,4 @@
-"""WAIT in the engine and its wake-ups (django_idempotency.waiting), in one process.
+"""WAIT in the engine and its wake-ups (django_idempotency.protocol.waiting), in one process.
 
 The gunicorn races are in tests/test_wait.py; here: no wait for a mismatch, the waiter
 bound, the timeout, a release taken over by one waiter, and the listeners delivering a
@@ -19,10 +19,11 @@ from django.db import connections
 from django.http import HttpResponse
 from django.test import override_settings
 
-from django_idempotency import signals, waiting
-from django_idempotency.engine import Options, handle
+from django_idempotency import signals
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.responses import REPLAYED_HEADER
+from django_idempotency.protocol import waiting
+from django_idempotency.protocol.engine import Options, handle
+from django_idempotency.protocol.responses import REPLAYED_HEADER
 from tests.testapp.models import SideEffect
 
 from .test_engine import request
@@ -56,7 +57,7 @@ def events() -> Iterator[list[str]]:
 
 def held(key: str, fingerprint_of: Any = None) -> None:
     """Another request holds ``key`` in progress (the default scope, anonymous)."""
-    from django_idempotency.fingerprint import fingerprint
+    from django_idempotency.protocol.fingerprint import fingerprint
 
     IdempotencyKey.objects.claim(
         "anonymous", key, fingerprint(fingerprint_of or request(key)), ttl=60, lock_timeout=60
@@ -189,7 +190,7 @@ def test_the_postgres_listener_delivers_a_notify_from_another_connection() -> No
 
 @pytest.mark.redis
 def test_the_redis_listener_delivers_a_publish(redis_settings: Any, shared_redis_url: str) -> None:
-    from django_idempotency.redis_store import get_store
+    from django_idempotency.strategies.redis.store import get_store
 
     redis_settings(shared_redis_url)
     store = get_store()
@@ -202,7 +203,7 @@ def test_the_redis_listener_delivers_a_publish(redis_settings: Any, shared_redis
 
 
 def test_options_and_the_attempt_carry_the_wait() -> None:
-    from django_idempotency.engine import IdempotentRequest, default_scope
+    from django_idempotency.protocol.engine import IdempotentRequest, default_scope
 
     with override_settings(IDEMPOTENCY={"WAIT": 2}):
         idem = IdempotentRequest.from_request(request("k-opt"), default_scope, Options())
@@ -216,7 +217,7 @@ def test_the_redis_listener_on_a_cluster(
     redis_settings: Any, redis_cluster: Any, redis_prefix: str
 ) -> None:
     """On a cluster the PUBLISH reaches the subscriber whichever nodes the two use."""
-    from django_idempotency.redis_store import get_store
+    from django_idempotency.strategies.redis.store import get_store
 
     redis_settings(redis_cluster.url, REDIS_CLUSTER=True, REDIS_SOCKET_TIMEOUT=2)
     store = get_store()

@@ -78,8 +78,8 @@ def quiet_loss_marker() -> None:
     a deployment, every new key is looked up in the database for one TTL)."""
     import time
 
-    from django_idempotency.redis_store import get_store
     from django_idempotency.strategies.hybrid import EPOCH_SUFFIX
+    from django_idempotency.strategies.redis.store import get_store
 
     store = get_store()
     info = store.client.info("server") | store.client.info("stats")

@@ -34,11 +34,11 @@ from drf_spectacular.plumbing import ResolvedComponent, get_class, get_doc
 from drf_spectacular.settings import spectacular_settings
 
 from ..conf import conf
-from ..engine import Options
 from ..errors import PROBLEM_BASE, IdempotencyError
-from ..header import BYTE_SEQUENCE_PATTERN, MAX_KEY_LENGTH
 from ..mixins import IdempotencyMixin
-from ..responses import PROBLEM_CONTENT_TYPE, REPLAYED_HEADER
+from ..protocol.engine import Options
+from ..protocol.header import BYTE_SEQUENCE_PATTERN, MAX_KEY_LENGTH
+from ..protocol.responses import PROBLEM_CONTENT_TYPE, REPLAYED_HEADER
 
 PROBLEM_COMPONENT = "IdempotencyProblem"
 

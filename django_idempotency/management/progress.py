@@ -14,7 +14,7 @@ from datetime import timedelta
 from django.core.management.base import BaseCommand
 from django.db import DatabaseError
 
-from ..durations import format_duration
+from .durations import format_duration
 
 #: Seconds between two progress lines, by default.
 DEFAULT_EVERY = 5.0

@@ -13,7 +13,7 @@ from .base import Attempt, Claimed, InFlight, Mismatch, Outcome, Replay, Strateg
 BUILTIN = {
     "db": "django_idempotency.strategies.db.DatabaseStrategy",
     "advisory_lock": "django_idempotency.strategies.advisory.AdvisoryLockStrategy",
-    "redis": "django_idempotency.strategies.redis.RedisStrategy",
+    "redis": "django_idempotency.strategies.redis.strategy.RedisStrategy",
     "hybrid": "django_idempotency.strategies.hybrid.HybridStrategy",
 }
 

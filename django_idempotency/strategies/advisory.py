@@ -17,11 +17,11 @@ import dataclasses
 from django.db import DatabaseError, connections, transaction
 from django.db.utils import OperationalError
 
-from .. import waiting
 from ..errors import LeaseLost, StoreUnavailable
 from ..models import IdempotencyKey
-from ..responses import StoredResponse
-from ..status import COMPLETED
+from ..protocol import waiting
+from ..protocol.responses import StoredResponse
+from ..store.status import COMPLETED
 from .base import (
     Attempt,
     InFlight,

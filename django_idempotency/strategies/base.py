@@ -28,8 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections, transaction
 
-from .. import writeguard
-from .._sql import commits_in_statement
 from ..errors import (
     DatabaseMisconfigured,
     LeaseLost,
@@ -37,12 +35,14 @@ from ..errors import (
     is_connection_lost,
     is_transient,
 )
-from ..responses import StoredResponse
+from ..protocol import writeguard
+from ..protocol.responses import StoredResponse
+from ..store.sql import commits_in_statement
 from . import testcase
 
 if TYPE_CHECKING:
-    from ..waiting import Listener
-    from ..writeguard import WriteGuard
+    from ..protocol.waiting import Listener
+    from ..protocol.writeguard import WriteGuard
 
 logger = logging.getLogger("django_idempotency")
 
@@ -161,7 +161,7 @@ class TransactionalClaim(Claimed):
     #: its own statement, when :attr:`commit_with_store` says so.
     folds_commit: bool = False
     #: Set by the session while the view runs: the refusal of its writes to the other
-    #: databases (``django_idempotency.writeguard``); None with one database.
+    #: databases (``django_idempotency.protocol.writeguard``); None with one database.
     guard: WriteGuard | None = None
 
     def __init__(self, attempt: Attempt) -> None:
@@ -283,7 +283,7 @@ class Strategy(abc.ABC):
 
     def listener(self, attempt: Attempt) -> Listener | None:
         """What wakes the duplicates waiting for ``attempt``'s key in this process
-        (see ``django_idempotency.waiting``); None: they poll. Must not raise."""
+        (see ``django_idempotency.protocol.waiting``); None: they poll. Must not raise."""
         return None
 
     def session(self, attempt: Attempt) -> Session:

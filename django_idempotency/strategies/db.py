@@ -19,11 +19,11 @@ import uuid
 
 from django.db import DatabaseError, connections
 
-from .. import waiting
 from ..errors import LeaseLost, StoreUnavailable
 from ..models import IdempotencyKey
-from ..records import ClaimState
-from ..responses import StoredResponse
+from ..protocol import waiting
+from ..protocol.responses import StoredResponse
+from ..store.records import ClaimState
 from .base import (
     Attempt,
     InFlight,

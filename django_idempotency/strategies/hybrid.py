@@ -20,8 +20,11 @@ from redis.cluster import RedisCluster
 from ..conf import conf
 from ..errors import LeaseLost, StoreUnavailable
 from ..models import IdempotencyOutbox
-from ..records import KeyRecord
-from ..redis_store import (
+from ..protocol.responses import StoredResponse
+from ..store.records import KeyRecord
+from .base import Attempt, Delegate, InFlight, Mismatch, Outcome, Replay, store_failed
+from .db import DatabaseClaim, DatabaseStrategy
+from .redis.store import (
     LossCheckDenied,
     RedisRecord,
     RedisStore,
@@ -29,10 +32,7 @@ from ..redis_store import (
     get_store,
     to_ms,
 )
-from ..responses import StoredResponse
-from .base import Attempt, Delegate, InFlight, Mismatch, Outcome, Replay, store_failed
-from .db import DatabaseClaim, DatabaseStrategy
-from .redis import RedisClaim, RedisStrategy, redis_claim
+from .redis.strategy import RedisClaim, RedisStrategy, redis_claim
 
 logger = logging.getLogger("django_idempotency")
 

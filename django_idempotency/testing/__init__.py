@@ -77,7 +77,7 @@ def isolated_store(suffix: str | None = None) -> Iterator[str]:
     raised: the suffix is never used again, so its records cannot reach another test
     (they expire after their ``TTL``). Keys of other tests and other processes are never
     touched. Without a Redis configured (the ``db`` strategy) the block just runs."""
-    from .. import redis_store
+    from ..strategies.redis import store as redis_store
 
     chosen = suffix or f"-test-{uuid.uuid4().hex[:16]}"
     previous = redis_store.isolate(chosen)
@@ -105,7 +105,7 @@ def clear_store(prefix: str | None = None, *, anywhere: bool = False) -> int:
     Raises ``ValueError`` for an empty prefix (that would match every record)."""
     from redis.cluster import RedisCluster
 
-    from ..redis_store import get_client
+    from ..strategies.redis.store import get_client
 
     chosen = conf.REDIS_KEY_PREFIX if prefix is None else prefix
     if not chosen:

@@ -9,8 +9,8 @@ from typing import Any
 from django.test import Client
 from rest_framework.test import APIClient
 
-from django_idempotency.redis_store import get_store
-from django_idempotency.responses import REPLAYED_HEADER
+from django_idempotency.protocol.responses import REPLAYED_HEADER
+from django_idempotency.strategies.redis.store import get_store
 
 
 def api_client(user: Any = None) -> APIClient:

@@ -59,7 +59,7 @@ def redis_cluster() -> Iterator[RedisClusterNodes]:
 @pytest.fixture
 def redis_settings(settings: Any, redis_prefix: str) -> Iterator[Callable[..., dict[str, Any]]]:
     """``redis_settings(url, **more)`` sets IDEMPOTENCY for the redis strategy on ``url``."""
-    from django_idempotency import redis_store
+    from django_idempotency.strategies.redis import store as redis_store
 
     def apply(url: str, **more: Any) -> dict[str, Any]:
         value: dict[str, Any] = {

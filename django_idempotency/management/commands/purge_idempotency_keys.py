@@ -24,8 +24,8 @@ from django.db import DatabaseError, connections
 from django.utils.translation import ngettext
 
 from ...conf import conf
-from ...durations import format_duration, parse_duration
 from ...models import IdempotencyKey
+from ..durations import format_duration, parse_duration
 from ..progress import DEFAULT_EVERY, Progress
 
 DEFAULT_BATCH_SIZE = 1000

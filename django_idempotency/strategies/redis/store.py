@@ -32,10 +32,10 @@ from redis.exceptions import (
 )
 from redis.retry import Retry
 
-from .conf import conf
-from .errors import RedisNotConfigured
-from .responses import StoredResponse
-from .status import COMPLETED, IN_PROGRESS
+from ...conf import conf
+from ...errors import RedisNotConfigured
+from ...protocol.responses import StoredResponse
+from ...store.status import COMPLETED, IN_PROGRESS
 
 RedisClient = Union[redis.Redis, RedisCluster]  # noqa: UP007 - a runtime alias
 
@@ -607,4 +607,4 @@ def _forget_current(*, setting: str, **kwargs: Any) -> None:
         _current.clear()
 
 
-setting_changed.connect(_forget_current, dispatch_uid="django_idempotency.redis_store")
+setting_changed.connect(_forget_current, dispatch_uid="django_idempotency.strategies.redis.store")

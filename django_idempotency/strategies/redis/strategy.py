@@ -1,6 +1,6 @@
 """The ``redis`` strategy: the key lives in Redis, the view's writes in the database.
 
-A claim is one ``SET NX PX`` (see :mod:`django_idempotency.redis_store`), the response
+A claim is one ``SET NX PX`` (see :mod:`django_idempotency.strategies.redis.store`), the response
 is stored by a compare-and-set on the claim token as the last step before COMMIT, and
 ``REDIS_FAILURE_MODE`` decides what a request does while Redis is down. A key is only as
 durable as Redis makes it: not for payments. See docs/redis.md.
@@ -11,20 +11,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from .. import waiting
-from ..conf import conf
-from ..errors import LeaseLost, StoreUnavailable
-from ..redis_health import monitor
-from ..redis_store import (
-    RedisRecord,
-    RedisStore,
-    RedisUnavailable,
-    get_store,
-    new_token,
-    to_ms,
-)
-from ..responses import StoredResponse
-from .base import (
+from ...conf import conf
+from ...errors import LeaseLost, StoreUnavailable
+from ...protocol import waiting
+from ...protocol.responses import StoredResponse
+from ..base import (
     NOT_STORED_DETAIL,
     Attempt,
     Delegate,
@@ -35,7 +26,9 @@ from .base import (
     Strategy,
     TransactionalClaim,
 )
-from .db import DatabaseStrategy
+from ..db import DatabaseStrategy
+from .health import monitor
+from .store import RedisRecord, RedisStore, RedisUnavailable, get_store, new_token, to_ms
 
 logger = logging.getLogger("django_idempotency")
 

@@ -192,7 +192,7 @@ _Part = str | _Param | _Now
 
 def lapsed(locked: str, at: _Part) -> list[_Part]:
     """The lease rule in SQL: the lease in column ``locked`` was last renewed at or before
-    ``at``, or never (:func:`~django_idempotency.records.lease_lapsed` in Python)."""
+    ``at``, or never (:func:`~django_idempotency.store.records.lease_lapsed` in Python)."""
     return [f"({locked} IS NULL OR {locked} <= ", at, ")"]
 
 
@@ -317,7 +317,7 @@ class Statements:
     """
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
-        from .models import IdempotencyKey, IdempotencyOutbox
+        from ..models import IdempotencyKey, IdempotencyOutbox
 
         q = connection.ops.quote_name
         opts = IdempotencyKey._meta

@@ -1,8 +1,8 @@
 """``IdempotencyKey.objects``: the atomic statements of a key's life.
 
 claim, renew, complete, release, store_completed, fence_stale_claim and read, each one
-short statement (the SQL is in :mod:`django_idempotency._sql`; the purge's half of the
-manager in :mod:`django_idempotency.purge`). The protocol is told in docs/how-it-works.md,
+short statement (the SQL is in :mod:`django_idempotency.store.sql`; the purge's half of the
+manager in :mod:`django_idempotency.store.purge`). The protocol is told in docs/how-it-works.md,
 and the methods in docs/api.md ("The model and its manager").
 """
 
@@ -13,15 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections, models
 
-from ._sql import Statements, clock_in_sql, database, statements
 from .outbox import IdempotencyOutboxManager
 from .purge import PurgeQuerySet
 from .records import ClaimResult, ClaimState, DrainResult, KeyRecord, KeyRow
+from .sql import Statements, clock_in_sql, database, statements
 from .status import COMPLETED, IN_PROGRESS
 
 if TYPE_CHECKING:
-    from .models import IdempotencyKey  # noqa: F401 - named in a string annotation
-    from .responses import StoredResponse
+    from ..models import IdempotencyKey  # noqa: F401 - named in a string annotation
+    from ..protocol.responses import StoredResponse
 
 __all__ = [
     "COMPLETED",

@@ -23,9 +23,9 @@ from django.http.response import HttpResponseBase
 from django.utils.crypto import salted_hmac
 from django.utils.module_loading import import_string
 
-from . import signals, waiting
-from .conf import conf
-from .errors import (
+from .. import signals
+from ..conf import conf
+from ..errors import (
     DATABASE_ERRORS,
     CredentialsNotAuthenticated,
     FingerprintMismatch,
@@ -38,14 +38,15 @@ from .errors import (
     TransientConflict,
     classify_database_error,
 )
+from ..strategies import get_strategy
+from ..strategies.base import Attempt, Claimed, InFlight, Mismatch, Outcome, Replay, Strategy
+from . import waiting
 from .fingerprint import fingerprint
 from .header import parse_key
 from .keys import bounded_scope, downstream_key
 from .lease import keeper
 from .negotiation import retry_accepts
 from .responses import NotStorable, StoredResponse, capture, problem_response
-from .strategies import get_strategy
-from .strategies.base import Attempt, Claimed, InFlight, Mismatch, Outcome, Replay, Strategy
 
 logger = logging.getLogger("django_idempotency")
 

@@ -28,13 +28,13 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from django.db import connections
 
-from .conf import conf
-from .errors import DatabaseMisconfigured
+from ..conf import conf
+from ..errors import DatabaseMisconfigured
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
-    from .strategies.base import Attempt
+    from ..strategies.base import Attempt
 
 logger = logging.getLogger("django_idempotency")
 

@@ -19,7 +19,7 @@ from urllib.parse import parse_qsl, urlsplit
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning
 
-from .conf import conf
+from ...conf import conf
 
 ID = "django_idempotency."
 REDIS_STRATEGIES = {"redis", "hybrid"}

@@ -27,7 +27,7 @@ from typing import Any
 
 from django.db import connections
 
-from .conf import conf
+from ..conf import conf
 
 logger = logging.getLogger("django_idempotency")
 

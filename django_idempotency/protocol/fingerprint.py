@@ -20,7 +20,7 @@ from django.http.multipartparser import MultiPartParser, MultiPartParserError
 from django.http.request import RawPostDataException
 from django.utils.datastructures import MultiValueDict
 
-from .errors import InvalidBody, RequestTooLarge
+from ..errors import InvalidBody, RequestTooLarge
 from .negotiation import format_parameter
 
 #: JSON nested deeper than this is fingerprinted by its bytes, not canonicalised.

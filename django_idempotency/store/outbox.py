@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, models, transaction
 from django.utils import timezone
 
-from ._sql import OUTBOX_ADD_COLUMNS, STORE_COLUMNS, database, statements
 from .records import DrainResult, KeyRecord
+from .sql import OUTBOX_ADD_COLUMNS, STORE_COLUMNS, database, statements
 from .status import COMPLETED
 
 if TYPE_CHECKING:
-    from .models import IdempotencyOutbox  # noqa: F401 - named in a string annotation
-    from .responses import StoredResponse
+    from ..models import IdempotencyOutbox  # noqa: F401 - named in a string annotation
+    from ..protocol.responses import StoredResponse
 
 __all__ = ["DrainResult", "IdempotencyOutboxManager", "KeyRecord"]
 
@@ -75,7 +75,7 @@ class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
             statement = sql.outbox_add_fenced_and_commit
         elif fence_lock_timeout is not None:
             if sql.outbox_add_fenced is None:
-                from .models import IdempotencyKey
+                from ..models import IdempotencyKey
 
                 if not IdempotencyKey.objects.fence_stale_claim(
                     scope, key, fence_lock_timeout, using=connection.alias
@@ -141,7 +141,7 @@ class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
         than this is left alone (``held``), so that under load every transaction carries
         a full batch; a later drain takes it once it is old enough.
         """
-        from .models import IdempotencyKey
+        from ..models import IdempotencyKey
 
         alias = database(using, self._db)
         now = timezone.now()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import string
 
-from .errors import InvalidKey
+from ..errors import InvalidKey
 
 MAX_KEY_LENGTH = 255
 

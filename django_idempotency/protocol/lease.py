@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from django.db import close_old_connections, connections
 
-from .strategies.base import Claimed
+from ..strategies.base import Claimed
 
 logger = logging.getLogger("django_idempotency")
 

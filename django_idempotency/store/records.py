@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from django.utils import timezone
 
-from .responses import StoredResponse
+from ..protocol.responses import StoredResponse
 from .status import COMPLETED, IN_PROGRESS
 
 

@@ -12,8 +12,8 @@ from django.http.response import HttpResponseBase
 from django.utils import translation
 from django.utils.module_loading import import_string
 
-from .conf import conf
-from .errors import IdempotencyError
+from ..conf import conf
+from ..errors import IdempotencyError
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 REPLAYED_HEADER = "Idempotent-Replayed"

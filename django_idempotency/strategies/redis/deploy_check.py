@@ -19,7 +19,7 @@ from typing import Any
 
 from django.core.checks import CheckMessage, Error, Warning, register
 
-from .conf import conf
+from ...conf import conf
 
 ID = "django_idempotency."
 TAG = "redis"
@@ -48,7 +48,7 @@ def check_redis_connection(app_configs: Any = None, **kwargs: Any) -> list[Check
     if conf.STRATEGY not in REDIS_STRATEGIES or not (conf.REDIS_URL or conf.REDIS_CACHE_ALIAS):
         return []  # not a Redis strategy, or E011 already says what is missing
     try:
-        from . import redis_store
+        from . import store as redis_store
     except ImportError:
         return []  # E006: the strategy cannot be loaded without redis
     try:
@@ -135,7 +135,7 @@ def _renew(store: Any, key: str, token: str) -> None:
 
 
 def _complete(store: Any, key: str, token: str) -> None:
-    from .responses import StoredResponse
+    from ...protocol.responses import StoredResponse
 
     response = StoredResponse(status=201, headers={}, body=b"{}")
     _expect(store.complete(PROBE_SCOPE, key, token, response, 10_000))
@@ -156,7 +156,7 @@ def _release(store: Any, key: str, token: str) -> None:
 
 
 def _refill(store: Any, key: str, token: str) -> None:
-    from .responses import StoredResponse
+    from ...protocol.responses import StoredResponse
 
     response = StoredResponse(status=201, headers={}, body=b"{}")
     store.put_completed(PROBE_SCOPE, key, "probe", response, 10_000, token=token)
@@ -201,7 +201,7 @@ def _chain(exc: BaseException) -> list[BaseException]:
 
 
 def _permission_denied(exc: BaseException) -> bool:
-    from .redis_store import permission_denied
+    from .store import permission_denied
 
     return any(permission_denied(e) for e in _chain(exc))
 
@@ -209,7 +209,7 @@ def _permission_denied(exc: BaseException) -> bool:
 def _target() -> str:
     if conf.REDIS_CACHE_ALIAS:
         return f"the cache {conf.REDIS_CACHE_ALIAS!r}"
-    from .redis_store import _safe
+    from .store import _safe
 
     return _safe(conf.REDIS_URL or "")
 

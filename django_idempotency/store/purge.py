@@ -16,12 +16,12 @@ from django.db import connections, models, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from ._sql import clock_in_sql, database, statements
-from .conf import conf
+from ..conf import conf
+from .sql import clock_in_sql, database, statements
 from .status import IN_PROGRESS
 
 if TYPE_CHECKING:
-    from .models import IdempotencyKey  # noqa: F401 - named in a string annotation
+    from ..models import IdempotencyKey  # noqa: F401 - named in a string annotation
 
 
 def _time(alias: str, at: datetime | None, before: timedelta | float | None = None) -> Any:
@@ -60,7 +60,7 @@ class PurgeQuerySet(models.QuerySet["IdempotencyKey"]):
     def purgeable(self, cutoff: Any, lease_cutoff: Any) -> Self:
         """Keys expired at ``cutoff``, less those in progress under a live lease, renewed
         after ``lease_cutoff`` (datetimes or expressions): the lease rule of
-        :func:`~django_idempotency.records.lease_lapsed`."""
+        :func:`~django_idempotency.store.records.lease_lapsed`."""
         return self.filter(expires_at__lte=cutoff).exclude(
             status=IN_PROGRESS, locked_at__gt=lease_cutoff
         )
