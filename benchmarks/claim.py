@@ -154,7 +154,7 @@ def completed_rows(alias: str) -> int:
 
 def strategy_loop(strategy_name: str, alias: str) -> Loop:
     """``strategy.session(attempt)`` → ``Claimed`` → ``complete(response)``."""
-    from django_idempotency.protocol.responses import StoredResponse
+    from django_idempotency.protocol.replay import StoredResponse
     from django_idempotency.strategies import load_strategy
     from django_idempotency.strategies.base import Attempt, Claimed
 
@@ -186,7 +186,7 @@ def manager_loop(alias: str) -> Loop:
     from django.db import transaction
 
     from django_idempotency.models import IdempotencyKey
-    from django_idempotency.protocol.responses import StoredResponse
+    from django_idempotency.protocol.replay import StoredResponse
     from django_idempotency.store.records import ClaimState
 
     manager = IdempotencyKey.objects
@@ -351,7 +351,7 @@ def record_advisory(alias: str) -> tuple[list[tuple[str, Any]], str]:
     """The statements one advisory_lock claim + complete sends, with their parameters."""
     from django.db import connections
 
-    from django_idempotency.protocol.responses import StoredResponse
+    from django_idempotency.protocol.replay import StoredResponse
     from django_idempotency.strategies import load_strategy
     from django_idempotency.strategies.base import Attempt
 

@@ -79,7 +79,7 @@ def cases(url: str, cluster: bool, iterations: int) -> dict[str, Callable[[], fl
     import redis
     from redis.cluster import RedisCluster
 
-    from django_idempotency.protocol.responses import StoredResponse
+    from django_idempotency.protocol.replay import StoredResponse
     from django_idempotency.strategies.base import Attempt, Claimed, Replay
     from django_idempotency.strategies.redis.store import get_client, get_store
     from django_idempotency.strategies.redis.strategy import RedisStrategy

@@ -35,7 +35,7 @@ def cases(strategy_name: str) -> dict[str, Callable[[], None]]:
     from django.test import override_settings
 
     from django_idempotency import strategies
-    from django_idempotency.protocol.responses import StoredResponse
+    from django_idempotency.protocol.replay import StoredResponse
     from django_idempotency.strategies.base import Attempt, InFlight, Replay
     from django_idempotency.strategies.redis import store as redis_store
 

@@ -1,20 +1,14 @@
 """Every error this app answers with, one class each.
 
-Each carries its HTTP status and an RFC 9457 problem type; ``responses.problem_response``
+Each carries its HTTP status and an RFC 9457 problem type; ``protocol.problems.problem_response``
 turns one into an ``application/problem+json`` response.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError, InterfaceError, OperationalError
 
 from .conf import DEFAULTS, conf
-
-if TYPE_CHECKING:
-    from django.db.backends.base.base import BaseDatabaseWrapper
 
 #: The default of ``IDEMPOTENCY["PROBLEM_BASE_URI"]``: this documentation's problem pages.
 PROBLEM_BASE = str(DEFAULTS["PROBLEM_BASE_URI"])
@@ -350,95 +344,3 @@ class MisplacedIdempotencyMixin(ImproperlyConfigured):
 
 class RedisNotConfigured(ImproperlyConfigured):
     """The redis or hybrid strategy is used without ``REDIS_URL`` or ``REDIS_CACHE_ALIAS``."""
-
-
-# -- database errors raised by the view ----------------------------------------------------
-
-#: PostgreSQL SQLSTATEs a retry gets past: serialization failure, deadlock, lock timeout.
-TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03"})
-#: SQLite's messages for a lock or snapshot conflict.
-TRANSIENT_SQLITE_MESSAGES = ("database is locked", "database table is locked")
-#: PostgreSQL SQLSTATEs of a lost connection besides class 08 (connection exception):
-#: admin_shutdown, crash_shutdown, cannot_connect_now.
-CONNECTION_LOST_SQLSTATES = frozenset({"57P01", "57P02", "57P03"})
-#: What drivers say about a closed or broken connection when there is no SQLSTATE.
-CONNECTION_LOST_MESSAGES = (
-    "server closed the connection unexpectedly",
-    "terminating connection",
-    "connection already closed",
-    "the connection is closed",
-    "the connection is lost",
-    "could not receive data from server",
-    "could not send data to server",
-    "connection to server",
-    "ssl syscall error",
-)
-
-
-def _sqlstate(exc: BaseException) -> str | None:
-    """The SQLSTATE of the driver error under a Django database error (psycopg 3:
-    ``sqlstate``, psycopg2: ``pgcode``), None when the server sent none."""
-    cause = exc.__cause__
-    code = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
-    return str(code) if code else None
-
-
-def _from_psycopg(exc: BaseException) -> bool:
-    return type(exc.__cause__).__module__.split(".")[0] in ("psycopg", "psycopg2")
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Whether a database error is a conflict with a concurrent transaction."""
-    if not isinstance(exc, OperationalError):
-        return False
-    sqlstate = _sqlstate(exc)
-    if sqlstate is not None:
-        return sqlstate in TRANSIENT_SQLSTATES
-    message = str(exc).lower()
-    return any(text in message for text in TRANSIENT_SQLITE_MESSAGES)
-
-
-#: What ``classify_database_error`` looks at: Django's ``InterfaceError`` (psycopg2's
-#: "connection already closed") is not a ``DatabaseError``.
-DATABASE_ERRORS = (DatabaseError, InterfaceError)
-
-
-def is_connection_lost(exc: BaseException, connection: BaseDatabaseWrapper | None = None) -> bool:
-    """Whether a database error means the connection is gone: a SQLSTATE of class 08 or
-    57P01-57P03, a psycopg ``OperationalError`` without one (the server never answered:
-    psycopg reports a closed or broken connection so), a message saying so (also on an
-    ``InterfaceError``), or ``connection`` no longer answering. A closed *cursor* is a
-    bug in the view, not a lost connection."""
-    if not isinstance(exc, DATABASE_ERRORS):
-        return False
-    sqlstate = _sqlstate(exc)
-    if sqlstate is not None:
-        return sqlstate.startswith("08") or sqlstate in CONNECTION_LOST_SQLSTATES
-    if isinstance(exc, OperationalError) and _from_psycopg(exc):
-        return True
-    message = str(exc).lower()
-    if any(text in message for text in CONNECTION_LOST_MESSAGES):
-        return True
-    if connection is None or connection.connection is None or connection.in_atomic_block:
-        # Closed already (nothing to ask), or in a transaction that an ordinary error
-        # has aborted, where any statement fails whatever the state of the connection.
-        return False
-    return not connection.is_usable()
-
-
-def classify_database_error(
-    exc: BaseException,
-    connection: BaseDatabaseWrapper | None = None,
-    *,
-    retry_after: int = 1,
-) -> IdempotencyError | None:
-    """The answer for a database error that left an idempotent view: ``TransientConflict``
-    for a conflict with a concurrent transaction, ``DatabaseUnavailable`` for a lost
-    connection (both with ``retry_after``), or None for any other error, which is the
-    view's own and is re-raised. ``connection`` (the keys' database) is asked whether
-    it still works when the error itself does not tell."""
-    if is_transient(exc):
-        return TransientConflict(retry_after=retry_after)
-    if is_connection_lost(exc, connection):
-        return DatabaseUnavailable(retry_after=retry_after)
-    return None

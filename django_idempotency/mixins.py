@@ -15,10 +15,11 @@ from rest_framework.views import APIView
 
 from .checks import validate_view_options, view_name
 from .conf import conf
-from .errors import DATABASE_ERRORS, IdempotencyError, MisplacedIdempotencyMixin
+from .errors import IdempotencyError, MisplacedIdempotencyMixin
 from .protocol.engine import IdempotentRequest, Options, default_scope, transient_conflict_response
 from .protocol.fingerprint import preload_body
-from .protocol.responses import problem_response
+from .protocol.problems import problem_response
+from .store.errors import DATABASE_ERRORS
 
 
 class _ShortCircuit(Exception):

@@ -13,7 +13,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from django_idempotency.protocol.responses import StoredResponse
+from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.strategies.base import (
     Attempt,
     InFlight,

@@ -13,7 +13,7 @@ from django.test import AsyncClient
 
 from django_idempotency.decorators import idempotent
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.protocol.responses import REPLAYED_HEADER
+from django_idempotency.protocol.replay import REPLAYED_HEADER
 from example_project.payments.models import Charge
 
 from .factories import UserFactory

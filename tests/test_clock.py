@@ -20,7 +20,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.protocol.responses import StoredResponse
+from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.store.managers import ClaimResult, ClaimState
 
 from .factories import CompletedKeyFactory, IdempotencyKeyFactory

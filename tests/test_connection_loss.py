@@ -32,13 +32,11 @@ from django.db import (
 from django.test import Client, override_settings
 
 from django_idempotency.conf import conf
-from django_idempotency.errors import (
-    DatabaseUnavailable,
-    TransientConflict,
-    classify_database_error,
-)
+from django_idempotency.errors import DatabaseUnavailable, TransientConflict
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.protocol.responses import PROBLEM_CONTENT_TYPE, REPLAYED_HEADER
+from django_idempotency.protocol.problems import PROBLEM_CONTENT_TYPE
+from django_idempotency.protocol.replay import REPLAYED_HEADER
+from django_idempotency.store.errors import classify_database_error
 
 from .testapp import views
 from .testapp.models import SideEffect

@@ -12,7 +12,7 @@ from django.test import Client, RequestFactory, override_settings
 from django_idempotency.decorators import idempotent
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.protocol.fingerprint import fingerprint
-from django_idempotency.protocol.responses import REPLAYED_HEADER
+from django_idempotency.protocol.replay import REPLAYED_HEADER
 from example_project.payments.models import Charge, Refund
 
 from .factories import UserFactory

@@ -24,7 +24,8 @@ from django_idempotency.errors import IdempotencyError
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.protocol.engine import Options, handle
 from django_idempotency.protocol.keys import downstream_key
-from django_idempotency.protocol.responses import REPLAYED_HEADER, problem_response
+from django_idempotency.protocol.problems import problem_response
+from django_idempotency.protocol.replay import REPLAYED_HEADER
 from django_idempotency.store.managers import ClaimState
 
 from .support.assertions import assert_problem

@@ -13,7 +13,7 @@ from django.test.client import BOUNDARY, MULTIPART_CONTENT, encode_multipart
 
 from django_idempotency.errors import InvalidBody, RequestTooLarge
 from django_idempotency.protocol.fingerprint import canonical_body, fingerprint, preload_body
-from django_idempotency.protocol.responses import REPLAYED_HEADER
+from django_idempotency.protocol.replay import REPLAYED_HEADER
 
 from .testapp.models import SideEffect
 

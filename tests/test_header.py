@@ -10,7 +10,7 @@ from django.test import Client
 
 from django_idempotency.errors import InvalidKey
 from django_idempotency.protocol.header import MAX_KEY_LENGTH, parse_key
-from django_idempotency.protocol.responses import REPLAYED_HEADER
+from django_idempotency.protocol.replay import REPLAYED_HEADER
 
 from .testapp.models import SideEffect
 

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.protocol.lease import LeaseKeeper
-from django_idempotency.protocol.responses import StoredResponse
+from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.strategies.base import Attempt, Claimed
 from django_idempotency.strategies.db import DatabaseClaim, DatabaseStrategy
 

@@ -12,7 +12,7 @@ from django.db import connections, transaction
 from django.utils import timezone
 
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.protocol.responses import StoredResponse
+from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.store.managers import ClaimResult, ClaimState, KeyRow
 from django_idempotency.store.sql import statements
 

@@ -19,7 +19,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
-from django_idempotency.protocol.responses import StoredResponse
+from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.store.managers import COMPLETED, IN_PROGRESS, ClaimState
 
 from .factories import CompletedKeyFactory, IdempotencyKeyFactory

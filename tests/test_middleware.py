@@ -19,7 +19,7 @@ from rest_framework.views import APIView
 from django_idempotency.decorators import idempotency_exempt, idempotency_opt_in
 from django_idempotency.middleware import PATH, check_middleware, validate_middleware_settings
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.protocol.responses import REPLAYED_HEADER
+from django_idempotency.protocol.replay import REPLAYED_HEADER
 from example_project.payments.models import Charge
 
 from .factories import UserFactory

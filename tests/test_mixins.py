@@ -13,7 +13,7 @@ from django_idempotency.conf import conf
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.protocol.fingerprint import fingerprint
 from django_idempotency.protocol.keys import downstream_key
-from django_idempotency.protocol.responses import REPLAYED_HEADER
+from django_idempotency.protocol.replay import REPLAYED_HEADER
 from example_project.payments.models import Charge
 
 from .factories import UserFactory

@@ -23,7 +23,8 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.protocol.responses import PROBLEM_CONTENT_TYPE, REPLAYED_HEADER
+from django_idempotency.protocol.problems import PROBLEM_CONTENT_TYPE
+from django_idempotency.protocol.replay import REPLAYED_HEADER
 
 from .support.assertions import assert_problem
 from .testapp.models import SideEffect

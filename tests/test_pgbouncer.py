@@ -30,7 +30,7 @@ from django.test import override_settings
 
 from django_idempotency.protocol import waiting
 from django_idempotency.protocol.engine import handle
-from django_idempotency.protocol.responses import REPLAYED_HEADER
+from django_idempotency.protocol.replay import REPLAYED_HEADER
 from tests.testapp.models import SideEffect
 
 from .support.pgbouncer import PrivatePgBouncer

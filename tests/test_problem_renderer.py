@@ -33,7 +33,7 @@ from django_idempotency.drf import idempotent_api_view
 from django_idempotency.errors import IdempotencyError
 from django_idempotency.middleware import PATH as MIDDLEWARE_PATH
 from django_idempotency.mixins import IdempotencyMixin
-from django_idempotency.protocol.responses import problem_json
+from django_idempotency.protocol.problems import problem_json
 
 from .factories import UserFactory
 from .support.threads import in_background

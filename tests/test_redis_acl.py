@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.protocol.responses import StoredResponse
+from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.store.status import IN_PROGRESS
 from django_idempotency.strategies.hybrid import EPOCH_SUFFIX
 from django_idempotency.strategies.redis import store as redis_store

@@ -12,7 +12,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from django_idempotency.protocol.responses import StoredResponse
+from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.strategies.base import Attempt, Claimed, InFlight, Replay
 from django_idempotency.strategies.redis import store as redis_store
 from django_idempotency.strategies.redis.store import RedisStore, get_client, get_store

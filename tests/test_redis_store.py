@@ -13,7 +13,7 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from django_idempotency.protocol.responses import StoredResponse
+from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.store.status import COMPLETED, IN_PROGRESS
 from django_idempotency.strategies.redis import store as redis_store
 from django_idempotency.strategies.redis.store import (

@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.protocol.responses import PROBLEM_CONTENT_TYPE
+from django_idempotency.protocol.problems import PROBLEM_CONTENT_TYPE
 from django_idempotency.strategies.redis import store as redis_store
 from tests.testapp.models import SideEffect
 

@@ -18,7 +18,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.protocol.responses import REPLAYED_HEADER, StoredResponse
+from django_idempotency.protocol.replay import REPLAYED_HEADER, StoredResponse
 from django_idempotency.strategies import get_strategy
 from django_idempotency.strategies.advisory import AdvisoryLockStrategy, lock_name
 from django_idempotency.strategies.base import Attempt, Claimed, Mismatch, Replay

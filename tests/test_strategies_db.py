@@ -65,7 +65,7 @@ def _move_to_outbox(key: str) -> None:
     """Turn the completed key row into what the hybrid strategy leaves before the drain: an
     outbox row for (scope, key, fingerprint) with the response, and no IdempotencyKey row."""
     from django_idempotency.models import IdempotencyKey
-    from django_idempotency.protocol.responses import StoredResponse
+    from django_idempotency.protocol.replay import StoredResponse
 
     row = IdempotencyKey.objects.get(key=key)
     assert row.status == "completed"

@@ -18,7 +18,8 @@ from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
-from django_idempotency.protocol.responses import PROBLEM_CONTENT_TYPE, StoredResponse
+from django_idempotency.protocol.problems import PROBLEM_CONTENT_TYPE
+from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.store.managers import COMPLETED
 from django_idempotency.strategies import load_strategy
 from django_idempotency.strategies.base import Attempt, InFlight, Replay

@@ -18,7 +18,8 @@ from rest_framework.test import APIClient
 from django_idempotency.errors import LeaseLost, StoreUnavailable
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.protocol.lease import keeper
-from django_idempotency.protocol.responses import PROBLEM_CONTENT_TYPE, StoredResponse
+from django_idempotency.protocol.problems import PROBLEM_CONTENT_TYPE
+from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.strategies import load_strategy
 from django_idempotency.strategies.base import Attempt, Claimed, InFlight, Mismatch, Replay
 from django_idempotency.strategies.redis.store import get_store

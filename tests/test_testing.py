@@ -225,7 +225,7 @@ def test_the_db_strategy_fixture() -> None:
 
 
 def _response() -> Any:
-    from django_idempotency.protocol.responses import StoredResponse
+    from django_idempotency.protocol.replay import StoredResponse
 
     return StoredResponse(status=201, body=b"{}")
 

@@ -18,7 +18,7 @@ from django.db import connections, transaction
 from django.test import override_settings
 
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.protocol.responses import PROBLEM_CONTENT_TYPE
+from django_idempotency.protocol.problems import PROBLEM_CONTENT_TYPE
 
 from .factories import UserFactory
 from .support.api import api_client

@@ -23,7 +23,7 @@ from django_idempotency import signals
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.protocol import waiting
 from django_idempotency.protocol.engine import Options, handle
-from django_idempotency.protocol.responses import REPLAYED_HEADER
+from django_idempotency.protocol.replay import REPLAYED_HEADER
 from tests.testapp.models import SideEffect
 
 from .test_engine import request

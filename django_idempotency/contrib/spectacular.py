@@ -38,7 +38,8 @@ from ..errors import PROBLEM_BASE, IdempotencyError
 from ..mixins import IdempotencyMixin
 from ..protocol.engine import Options
 from ..protocol.header import BYTE_SEQUENCE_PATTERN, MAX_KEY_LENGTH
-from ..protocol.responses import PROBLEM_CONTENT_TYPE, REPLAYED_HEADER
+from ..protocol.problems import PROBLEM_CONTENT_TYPE
+from ..protocol.replay import REPLAYED_HEADER
 
 PROBLEM_COMPONENT = "IdempotencyProblem"
 

@@ -26,7 +26,6 @@ from django.utils.module_loading import import_string
 from .. import signals
 from ..conf import conf
 from ..errors import (
-    DATABASE_ERRORS,
     CredentialsNotAuthenticated,
     FingerprintMismatch,
     IdempotencyError,
@@ -36,8 +35,8 @@ from ..errors import (
     RequestInProgress,
     ResponseNotStored,
     TransientConflict,
-    classify_database_error,
 )
+from ..store.errors import DATABASE_ERRORS, classify_database_error
 from ..strategies import get_strategy
 from ..strategies.base import Attempt, Claimed, InFlight, Mismatch, Outcome, Replay, Strategy
 from . import waiting
@@ -46,7 +45,8 @@ from .header import parse_key
 from .keys import bounded_scope, downstream_key
 from .lease import keeper
 from .negotiation import retry_accepts
-from .responses import NotStorable, StoredResponse, capture, problem_response
+from .problems import problem_response
+from .replay import NotStorable, StoredResponse, capture
 
 logger = logging.getLogger("django_idempotency")
 
@@ -488,7 +488,7 @@ def transient_conflict_response(
 ) -> HttpResponse:
     """503 problem response for a database error that a retry gets past: a transient
     conflict in the view's transaction, or a lost connection
-    (``errors.classify_database_error``); other database errors propagate. ``request`` is
+    (``store.errors.classify_database_error``); other database errors propagate. ``request`` is
     handed to ``PROBLEM_RENDERER``. By the time this runs the claim's session has rolled
     the view's writes back and released the key (unless the database could not be reached
     for that: the key is then taken over once its lease is stale)."""

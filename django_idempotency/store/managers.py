@@ -21,7 +21,7 @@ from .status import COMPLETED, IN_PROGRESS
 
 if TYPE_CHECKING:
     from ..models import IdempotencyKey  # noqa: F401 - named in a string annotation
-    from ..protocol.responses import StoredResponse
+    from ..protocol.replay import StoredResponse
 
 __all__ = [
     "COMPLETED",

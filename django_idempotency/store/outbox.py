@@ -20,7 +20,7 @@ from .status import COMPLETED
 
 if TYPE_CHECKING:
     from ..models import IdempotencyOutbox  # noqa: F401 - named in a string annotation
-    from ..protocol.responses import StoredResponse
+    from ..protocol.replay import StoredResponse
 
 __all__ = ["DrainResult", "IdempotencyOutboxManager", "KeyRecord"]
 

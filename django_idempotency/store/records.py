@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from django.utils import timezone
 
-from ..protocol.responses import StoredResponse
+from ..protocol.replay import StoredResponse
 from .status import COMPLETED, IN_PROGRESS
 
 

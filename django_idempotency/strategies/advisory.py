@@ -20,7 +20,7 @@ from django.db.utils import OperationalError
 from ..errors import LeaseLost, StoreUnavailable
 from ..models import IdempotencyKey
 from ..protocol import waiting
-from ..protocol.responses import StoredResponse
+from ..protocol.replay import StoredResponse
 from ..store.status import COMPLETED
 from .base import (
     Attempt,

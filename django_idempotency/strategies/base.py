@@ -28,15 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections, transaction
 
-from ..errors import (
-    DatabaseMisconfigured,
-    LeaseLost,
-    StoreUnavailable,
-    is_connection_lost,
-    is_transient,
-)
+from ..errors import DatabaseMisconfigured, LeaseLost, StoreUnavailable
 from ..protocol import writeguard
-from ..protocol.responses import StoredResponse
+from ..protocol.replay import StoredResponse
+from ..store.errors import is_connection_lost, is_transient
 from ..store.sql import commits_in_statement
 from . import testcase
 

@@ -22,7 +22,7 @@ from django.db import DatabaseError, connections
 from ..errors import LeaseLost, StoreUnavailable
 from ..models import IdempotencyKey
 from ..protocol import waiting
-from ..protocol.responses import StoredResponse
+from ..protocol.replay import StoredResponse
 from ..store.records import ClaimState
 from .base import (
     Attempt,

@@ -20,7 +20,7 @@ from redis.cluster import RedisCluster
 from ..conf import conf
 from ..errors import LeaseLost, StoreUnavailable
 from ..models import IdempotencyOutbox
-from ..protocol.responses import StoredResponse
+from ..protocol.replay import StoredResponse
 from ..store.records import KeyRecord
 from .base import Attempt, Delegate, InFlight, Mismatch, Outcome, Replay, store_failed
 from .db import DatabaseClaim, DatabaseStrategy

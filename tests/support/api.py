@@ -9,7 +9,7 @@ from typing import Any
 from django.test import Client
 from rest_framework.test import APIClient
 
-from django_idempotency.protocol.responses import REPLAYED_HEADER
+from django_idempotency.protocol.replay import REPLAYED_HEADER
 from django_idempotency.strategies.redis.store import get_store
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django_idempotency.protocol.responses import PROBLEM_CONTENT_TYPE
+from django_idempotency.protocol.problems import PROBLEM_CONTENT_TYPE
 
 
 def assert_problem(response: Any, status: int, slug: str) -> dict[str, Any]:

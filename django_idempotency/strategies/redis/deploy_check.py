@@ -135,7 +135,7 @@ def _renew(store: Any, key: str, token: str) -> None:
 
 
 def _complete(store: Any, key: str, token: str) -> None:
-    from ...protocol.responses import StoredResponse
+    from ...protocol.replay import StoredResponse
 
     response = StoredResponse(status=201, headers={}, body=b"{}")
     _expect(store.complete(PROBE_SCOPE, key, token, response, 10_000))
@@ -156,7 +156,7 @@ def _release(store: Any, key: str, token: str) -> None:
 
 
 def _refill(store: Any, key: str, token: str) -> None:
-    from ...protocol.responses import StoredResponse
+    from ...protocol.replay import StoredResponse
 
     response = StoredResponse(status=201, headers={}, body=b"{}")
     store.put_completed(PROBE_SCOPE, key, "probe", response, 10_000, token=token)

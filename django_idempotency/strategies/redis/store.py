@@ -34,7 +34,7 @@ from redis.retry import Retry
 
 from ...conf import conf
 from ...errors import RedisNotConfigured
-from ...protocol.responses import StoredResponse
+from ...protocol.replay import StoredResponse
 from ...store.status import COMPLETED, IN_PROGRESS
 
 RedisClient = Union[redis.Redis, RedisCluster]  # noqa: UP007 - a runtime alias

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from ...conf import conf
 from ...errors import LeaseLost, StoreUnavailable
 from ...protocol import waiting
-from ...protocol.responses import StoredResponse
+from ...protocol.replay import StoredResponse
 from ..base import (
     NOT_STORED_DETAIL,
     Attempt,
