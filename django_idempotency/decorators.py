@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar, Unpack, overload
 
 from asgiref.sync import iscoroutinefunction
 from django.db import transaction
@@ -16,7 +16,8 @@ from django.http.response import HttpResponseBase
 
 from .checks import validate_view_options, view_name
 from .conf import conf
-from .protocol.engine import Options, ahandle, default_scope, handle
+from .protocol.engine import ahandle, default_scope, handle
+from .protocol.options import Options, ViewOptions
 
 ViewFunc = TypeVar("ViewFunc", bound=Callable[..., Any])
 
@@ -37,26 +38,16 @@ def idempotent(view: ViewFunc) -> ViewFunc: ...
 def idempotent(
     view: None = None,
     *,
-    methods: Iterable[str] | None = None,
-    required: bool | None = None,
-    ttl: float | None = None,
-    lock_timeout: float | None = None,
     scope: Callable[[HttpRequest], str] | None = None,
-    strategy: str | None = None,
-    wait: float | None = None,
+    **options: Unpack[ViewOptions],
 ) -> Callable[[ViewFunc], ViewFunc]: ...
 
 
 def idempotent(
     view: Any = None,
     *,
-    methods: Iterable[str] | None = None,
-    required: bool | None = None,
-    ttl: float | None = None,
-    lock_timeout: float | None = None,
     scope: Callable[[HttpRequest], str] | None = None,
-    strategy: str | None = None,
-    wait: float | None = None,
+    **options: Unpack[ViewOptions],
 ) -> Any:
     """Honour the Idempotency-Key header on a function view.
 
@@ -73,19 +64,12 @@ def idempotent(
     its answer is then finalized as DRF's ``dispatch()`` would (:func:`as_drf_answers`)
     before it is stored. ``@idempotent_api_view`` is the form for new DRF function views.
     """
-    options = Options(
-        methods=methods,
-        required=required,
-        ttl=ttl,
-        lock_timeout=lock_timeout,
-        strategy=strategy,
-        wait=wait,
-    )
+    declared = Options.declared("@idempotent", **options)
     scope_func = scope or default_scope
 
     def decorate(func: ViewFunc) -> ViewFunc:
         # An option the checks call an error stops the import of the view's module.
-        validate_view_options(view_name(func), **option_fields(options))
+        validate_view_options(view_name(func), **declared.as_dict())
         wrapper: Callable[..., Any]
         if iscoroutinefunction(func):
 
@@ -97,7 +81,7 @@ def idempotent(
                     request,
                     lambda: func(request, *args, **kwargs),
                     scope=scope_func,
-                    options=options,
+                    options=declared,
                 )
 
             wrapper = async_wrapper
@@ -110,7 +94,7 @@ def idempotent(
                     view = functools.partial(func, request, *args, **kwargs)
                 else:
                     view = functools.partial(as_drf_answers, drf_view, func, request, args, kwargs)
-                return handle(request, view, scope=scope_func, options=options)
+                return handle(request, view, scope=scope_func, options=declared)
 
             wrapper = sync_wrapper
         setattr(wrapper, HANDLED_ATTR, True)
@@ -119,19 +103,6 @@ def idempotent(
     if view is not None:
         return decorate(view)
     return decorate
-
-
-def option_fields(options: Options) -> dict[str, Any]:
-    """The fields of ``options``, as :func:`~django_idempotency.checks.view_option_errors`
-    takes them."""
-    return {
-        "methods": options.methods,
-        "required": options.required,
-        "ttl": options.ttl,
-        "lock_timeout": options.lock_timeout,
-        "strategy": options.strategy,
-        "wait": options.wait,
-    }
 
 
 def drf_view_of(request: HttpRequest) -> Any:
@@ -183,44 +154,24 @@ def idempotency_opt_in(view: ViewFunc) -> ViewFunc: ...
 def idempotency_opt_in(
     view: None = None,
     *,
-    methods: Iterable[str] | None = None,
-    required: bool | None = None,
-    ttl: float | None = None,
-    lock_timeout: float | None = None,
     scope: Callable[[HttpRequest], str] | None = None,
-    strategy: str | None = None,
-    wait: float | None = None,
+    **options: Unpack[ViewOptions],
 ) -> Callable[[ViewFunc], ViewFunc]: ...
 
 
 def idempotency_opt_in(
     view: Any = None,
     *,
-    methods: Iterable[str] | None = None,
-    required: bool | None = None,
-    ttl: float | None = None,
-    lock_timeout: float | None = None,
     scope: Callable[[HttpRequest], str] | None = None,
-    strategy: str | None = None,
-    wait: float | None = None,
+    **options: Unpack[ViewOptions],
 ) -> Any:
     """Have ``IdempotencyMiddleware`` protect this view, with the same options as
     ``@idempotent``. The view function is returned as it is (sync or async), with an
     attribute the middleware reads; it does nothing without the middleware."""
-    opt_in = OptIn(
-        Options(
-            methods=methods,
-            required=required,
-            ttl=ttl,
-            lock_timeout=lock_timeout,
-            strategy=strategy,
-            wait=wait,
-        ),
-        scope or default_scope,
-    )
+    opt_in = OptIn(Options.declared("@idempotency_opt_in", **options), scope or default_scope)
 
     def decorate(func: ViewFunc) -> ViewFunc:
-        validate_view_options(view_name(func), **option_fields(opt_in.options))
+        validate_view_options(view_name(func), **opt_in.options.as_dict())
         setattr(func, OPT_IN_ATTR, opt_in)
         return func
 

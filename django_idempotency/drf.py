@@ -20,15 +20,16 @@ DRF's policy decorators (``@permission_classes``, ``@authentication_classes``,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Unpack
 
 from django.http import HttpRequest
 from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
-from .mixins import IdempotencyMixin
+from .mixins import OPTION_PREFIX, IdempotencyMixin
+from .protocol.options import Options, ViewOptions
 
 __all__ = ["idempotent_api_view"]
 
@@ -36,13 +37,8 @@ __all__ = ["idempotent_api_view"]
 def idempotent_api_view(
     http_method_names: Sequence[str] | None = None,
     *,
-    methods: Iterable[str] | None = None,
-    required: bool | None = None,
-    ttl: float | None = None,
-    lock_timeout: float | None = None,
     scope: Callable[[HttpRequest], str] | None = None,
-    strategy: str | None = None,
-    wait: float | None = None,
+    **options: Unpack[ViewOptions],
 ) -> Callable[[Callable[..., Any]], Any]:
     """DRF's ``@api_view(http_method_names)`` with the Idempotency-Key protocol.
 
@@ -56,6 +52,8 @@ def idempotent_api_view(
     if isinstance(http_method_names, str):
         raise TypeError("idempotent_api_view expects a list of HTTP methods, not a string.")
 
+    declared = Options.declared("@idempotent_api_view", **options)
+
     def decorator(func: Callable[..., Any]) -> Any:
         base = api_view(list(http_method_names) if http_method_names is not None else None)(
             func
@@ -64,12 +62,7 @@ def idempotent_api_view(
             "__doc__": func.__doc__,
             "__module__": func.__module__,
             "__qualname__": getattr(func, "__qualname__", func.__name__),
-            "idempotency_methods": tuple(methods) if methods is not None else None,
-            "idempotency_required": required,
-            "idempotency_ttl": ttl,
-            "idempotency_lock_timeout": lock_timeout,
-            "idempotency_strategy": strategy,
-            "idempotency_wait": wait,
+            **{OPTION_PREFIX + name: value for name, value in declared.as_dict().items()},
         }
         if scope is not None:
             scope_func = scope

@@ -36,7 +36,8 @@ from django.utils.module_loading import import_string
 
 from .conf import conf
 from .decorators import EXEMPT_ATTR, HANDLED_ATTR, OPT_IN_ATTR, OptIn
-from .protocol.engine import Options, ahandle, default_scope, handle, takes_part
+from .protocol.engine import ahandle, default_scope, handle, takes_part
+from .protocol.options import Options
 
 PATH = "django_idempotency.middleware.IdempotencyMiddleware"
 #: The values of ``IDEMPOTENCY["MIDDLEWARE_DEFAULT"]``.

@@ -16,8 +16,9 @@ from rest_framework.views import APIView
 from .checks import validate_view_options, view_name
 from .conf import conf
 from .errors import IdempotencyError, MisplacedIdempotencyMixin
-from .protocol.engine import IdempotentRequest, Options, default_scope, transient_conflict_response
+from .protocol.engine import IdempotentRequest, default_scope, transient_conflict_response
 from .protocol.fingerprint import preload_body
+from .protocol.options import OPTION_NAMES, Options
 from .protocol.problems import problem_response
 from .store.errors import DATABASE_ERRORS
 
@@ -36,21 +37,11 @@ class IdempotencyMixin:
     The key is claimed after authentication, permission and throttling checks,
     and only when the view has a handler for the method (so a request rejected by
     those, or answered 405, is not stored); the handler runs inside the claim.
-    Override the class attributes or the ``get_*`` hooks per view.
+    Override the ``get_*`` hooks per view, or set the view's options as class attributes
+    (or ``as_view()`` keywords) named ``idempotency_`` + the option's name
+    (``idempotency_required = True``, ``idempotency_ttl``...; the options are
+    ``protocol.options.Options``'s fields, None or absent: the setting's).
     """
-
-    #: Methods that honour the header; None: ``IDEMPOTENCY["METHODS"]``.
-    idempotency_methods: tuple[str, ...] | None = None
-    #: Whether a missing header is a 400; None: ``IDEMPOTENCY["REQUIRED"]``.
-    idempotency_required: bool | None = None
-    #: Seconds a completed key is replayed; None: ``IDEMPOTENCY["TTL"]``.
-    idempotency_ttl: float | None = None
-    #: Seconds after which a lease is stale; None: ``IDEMPOTENCY["LOCK_TIMEOUT"]``.
-    idempotency_lock_timeout: float | None = None
-    #: Strategy name for this view; None: ``IDEMPOTENCY["STRATEGY"]``.
-    idempotency_strategy: str | None = None
-    #: Seconds a duplicate waits for the first request's answer; None: ``IDEMPOTENCY["WAIT"]``.
-    idempotency_wait: float | None = None
 
     _idempotency: IdempotentRequest | None
     _idempotency_stack: ExitStack | None
@@ -58,12 +49,12 @@ class IdempotencyMixin:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         check_mixin_order(cls)
-        validate_view_options(view_name(cls), **_declared_options(cls, {}))
+        validate_view_options(view_name(cls), **declared_options(cls, {}))
 
     @classmethod
     def as_view(cls, *args: Any, **kwargs: Any) -> Any:
         # as_view(idempotency_lock_timeout=...) overrides the class's options.
-        validate_view_options(view_name(cls), **_declared_options(cls, kwargs))
+        validate_view_options(view_name(cls), **declared_options(cls, kwargs))
         view = super().as_view(*args, **kwargs)  # type: ignore[misc]
         # The app runs the handler in its own transaction (which also stores the response).
         return transaction.non_atomic_requests(using=conf.DATABASE)(view)
@@ -71,14 +62,8 @@ class IdempotencyMixin:
     # -- hooks ---------------------------------------------------------------------------
 
     def get_idempotency_options(self, request: Request) -> Options:
-        return Options(
-            methods=self.idempotency_methods,
-            required=self.idempotency_required,
-            ttl=self.idempotency_ttl,
-            lock_timeout=self.idempotency_lock_timeout,
-            strategy=self.idempotency_strategy,
-            wait=self.idempotency_wait,
-        )
+        """This view's options, from its ``idempotency_<option>`` attributes."""
+        return Options(**declared_options(self, {}))
 
     def get_idempotency_scope(self, request: Request) -> str:
         """Whose key this is: the authenticated user by default. Override for tenants
@@ -157,22 +142,23 @@ class IdempotencyMixin:
         return super().handle_exception(exc)  # type: ignore[misc,no-any-return]
 
 
-#: The view options of the mixin, by the name of their ``Options`` field.
-OPTION_ATTRIBUTES = {
-    "methods": "idempotency_methods",
-    "required": "idempotency_required",
-    "ttl": "idempotency_ttl",
-    "lock_timeout": "idempotency_lock_timeout",
-    "strategy": "idempotency_strategy",
-    "wait": "idempotency_wait",
-}
+#: The prefix of the mixin's option attributes: ``idempotency_`` + the option's name.
+OPTION_PREFIX = "idempotency_"
 
 
-def _declared_options(cls: type[Any], initkwargs: dict[str, Any]) -> dict[str, Any]:
-    """The options ``cls`` declares as class attributes, or ``as_view()`` keywords."""
+# The options as class attributes, None by default (Django's as_view() takes only keywords
+# that name an attribute of the class).
+for _name in OPTION_NAMES:
+    setattr(IdempotencyMixin, OPTION_PREFIX + _name, None)
+del _name
+
+
+def declared_options(view: Any, initkwargs: dict[str, Any]) -> dict[str, Any]:
+    """The options a view class (or instance) declares as attributes, or ``as_view()``
+    keywords, by option name."""
     return {
-        field: initkwargs.get(attribute, getattr(cls, attribute, None))
-        for field, attribute in OPTION_ATTRIBUTES.items()
+        name: initkwargs.get(OPTION_PREFIX + name, getattr(view, OPTION_PREFIX + name, None))
+        for name in OPTION_NAMES
     }
 
 

@@ -22,8 +22,9 @@ from django_idempotency import signals
 from django_idempotency.conf import conf
 from django_idempotency.errors import IdempotencyError
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.protocol.engine import Options, handle
+from django_idempotency.protocol.engine import handle
 from django_idempotency.protocol.keys import downstream_key
+from django_idempotency.protocol.options import Options
 from django_idempotency.protocol.problems import problem_response
 from django_idempotency.protocol.replay import REPLAYED_HEADER
 from django_idempotency.store.managers import ClaimState

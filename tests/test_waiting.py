@@ -22,7 +22,8 @@ from django.test import override_settings
 from django_idempotency import signals
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.protocol import waiting
-from django_idempotency.protocol.engine import Options, handle
+from django_idempotency.protocol.engine import handle
+from django_idempotency.protocol.options import Options
 from django_idempotency.protocol.replay import REPLAYED_HEADER
 from tests.testapp.models import SideEffect
 

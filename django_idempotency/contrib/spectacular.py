@@ -36,8 +36,8 @@ from drf_spectacular.settings import spectacular_settings
 from ..conf import conf
 from ..errors import PROBLEM_BASE, IdempotencyError
 from ..mixins import IdempotencyMixin
-from ..protocol.engine import Options
 from ..protocol.header import BYTE_SEQUENCE_PATTERN, MAX_KEY_LENGTH
+from ..protocol.options import Options
 from ..protocol.problems import PROBLEM_CONTENT_TYPE
 from ..protocol.replay import REPLAYED_HEADER
 

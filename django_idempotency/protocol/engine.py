@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from types import TracebackType
@@ -45,6 +45,7 @@ from .header import parse_key
 from .keys import bounded_scope, downstream_key
 from .lease import keeper
 from .negotiation import retry_accepts
+from .options import Options
 from .problems import problem_response
 from .replay import NotStorable, StoredResponse, capture
 
@@ -57,43 +58,6 @@ claim_timer: ClaimTimer | None = None
 
 #: The ``salted_hmac`` salt of the scope of an anonymous request with a credential cookie.
 CREDENTIAL_SALT = "django_idempotency.engine.default_scope"
-
-
-@dataclass(frozen=True, init=False)
-class Options:
-    """Per-view settings; ``None`` fields fall back to ``settings.IDEMPOTENCY``.
-
-    ``methods`` is kept upper-cased, whatever case a view names them in.
-    """
-
-    methods: frozenset[str] | None
-    required: bool | None
-    ttl: float | None
-    lock_timeout: float | None
-    strategy: str | None
-    wait: float | None
-
-    def __init__(
-        self,
-        methods: Iterable[str] | None = None,
-        required: bool | None = None,
-        ttl: float | None = None,
-        lock_timeout: float | None = None,
-        strategy: str | None = None,
-        wait: float | None = None,
-    ) -> None:
-        # Frozen: the fields are set the way a dataclass's own __init__ sets them.
-        upper = frozenset(m.upper() for m in methods) if methods is not None else None
-        object.__setattr__(self, "methods", upper)
-        object.__setattr__(self, "required", required)
-        object.__setattr__(self, "ttl", ttl)
-        object.__setattr__(self, "lock_timeout", lock_timeout)
-        object.__setattr__(self, "strategy", strategy)
-        object.__setattr__(self, "wait", wait)
-
-    def applies_to(self, method: str | None) -> bool:
-        methods = self.methods if self.methods is not None else conf.METHODS
-        return (method or "").upper() in methods
 
 
 @dataclass(frozen=True)
