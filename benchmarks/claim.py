@@ -3,14 +3,14 @@
 Each iteration takes one fresh key, claims it and completes it with a small
 stored response. Every case is measured against a raw loop in the same run:
 
-* ``db`` on PostgreSQL and on SQLite: ``DatabaseStrategy.session()`` then
+* ``db`` on PostgreSQL and on SQLite: ``Lifecycle(DatabaseStrategy(), ...)`` then
   ``complete()``, against a raw psycopg 3 / sqlite3 loop sending the same SQL
   text with the parameters the manager passes: the autocommit ``INSERT …
   SELECT … WHERE NOT EXISTS … ON CONFLICT DO NOTHING RETURNING`` (its NOT
   EXISTS is the check of the ``hybrid`` outbox), then the completion ``UPDATE``
   in its own transaction, the two statements the strategy sends. The manager API
   (``IdempotencyKey.objects.claim``/``complete``) is measured as well.
-* ``advisory_lock`` on PostgreSQL: ``AdvisoryLockStrategy.session()`` then
+* ``advisory_lock`` on PostgreSQL: ``Lifecycle(AdvisoryLockStrategy(), ...)`` then
   ``complete()``, against (a) a raw loop replaying the very statements the
   strategy sends (recorded from it at start-up, with fresh keys, tokens and
   times) and (b) a hand-written raw loop with only the statements the protocol
@@ -153,10 +153,11 @@ def completed_rows(alias: str) -> int:
 
 
 def strategy_loop(strategy_name: str, alias: str) -> Loop:
-    """``strategy.session(attempt)`` → ``Claimed`` → ``complete(response)``."""
+    """``Lifecycle(strategy, attempt)`` → a claim → ``complete(response)``."""
+    from django_idempotency.protocol.lifecycle import Lifecycle
     from django_idempotency.protocol.replay import StoredResponse
     from django_idempotency.strategies import load_strategy
-    from django_idempotency.strategies.base import Attempt, Claimed
+    from django_idempotency.strategies.base import Attempt
 
     strategy = load_strategy(strategy_name)
     response = StoredResponse(status=201, headers=dict(HEADERS), body=BODY)
@@ -173,10 +174,10 @@ def strategy_loop(strategy_name: str, alias: str) -> Loop:
                 path=PATH,
                 database=alias,
             )
-            with strategy.session(attempt) as outcome:
-                if not isinstance(outcome, Claimed):
-                    raise RuntimeError(f"fresh key not claimed: {outcome!r}")
-                outcome.complete(response)
+            with Lifecycle(strategy, attempt) as lifecycle:
+                if not lifecycle.claimed:
+                    raise RuntimeError(f"fresh key not claimed: {lifecycle.outcome!r}")
+                lifecycle.complete(response)
 
     return run
 
@@ -351,6 +352,7 @@ def record_advisory(alias: str) -> tuple[list[tuple[str, Any]], str]:
     """The statements one advisory_lock claim + complete sends, with their parameters."""
     from django.db import connections
 
+    from django_idempotency.protocol.lifecycle import Lifecycle
     from django_idempotency.protocol.replay import StoredResponse
     from django_idempotency.strategies import load_strategy
     from django_idempotency.strategies.base import Attempt
@@ -364,8 +366,8 @@ def record_advisory(alias: str) -> tuple[list[tuple[str, Any]], str]:
     key = f"record-{uuid.uuid4().hex}"
     attempt = Attempt(SCOPE, key, FINGERPRINT, TTL, LOCK_TIMEOUT, METHOD, PATH, database=alias)
     strategy = load_strategy("advisory_lock")
-    with connections[alias].execute_wrapper(wrapper), strategy.session(attempt) as outcome:
-        outcome.complete(StoredResponse(201, dict(HEADERS), BODY))  # type: ignore[attr-defined]
+    with connections[alias].execute_wrapper(wrapper), Lifecycle(strategy, attempt) as lifecycle:
+        lifecycle.complete(StoredResponse(201, dict(HEADERS), BODY))
     return recorded, key
 
 

@@ -2,12 +2,12 @@
 
 Cases, each measured against raw loops in the same run:
 
-* ``claim+complete``: ``RedisStrategy.session()`` on a fresh key (``SET NX PX GET``),
+* ``claim+complete``: ``Lifecycle(RedisStrategy(), ...)`` on a fresh key (``SET NX PX GET``),
   then ``complete()`` (``EVALSHA`` of the compare-and-set script), one client, one
   thread. Baselines: a raw ``SET key value NX PX`` loop (one round trip: the floor any
   Redis claim pays), and a raw ``SET NX PX`` + ``SET PX`` loop (the same two round
   trips without the token check, JSON or Python around them).
-* ``replay``: ``RedisStrategy.session()`` on a completed key (the failed ``SET NX GET``
+* ``replay``: ``Lifecycle(RedisStrategy(), ...)`` on a completed key (the failed ``SET NX GET``
   returns the stored record; decoded into a ``Replay``). Baselines: a raw ``SET NX``
   loop on an existing key, and a raw ``GET`` loop of the same value.
 
@@ -79,8 +79,9 @@ def cases(url: str, cluster: bool, iterations: int) -> dict[str, Callable[[], fl
     import redis
     from redis.cluster import RedisCluster
 
+    from django_idempotency.protocol.lifecycle import Lifecycle
     from django_idempotency.protocol.replay import StoredResponse
-    from django_idempotency.strategies.base import Attempt, Claimed, Replay
+    from django_idempotency.strategies.base import Attempt, Replay
     from django_idempotency.strategies.redis.store import get_client, get_store
     from django_idempotency.strategies.redis.strategy import RedisStrategy
 
@@ -104,9 +105,9 @@ def cases(url: str, cluster: bool, iterations: int) -> dict[str, Callable[[], fl
         keys = [uuid.uuid4().hex for _ in range(iterations)]
         started = time.perf_counter()
         for key in keys:
-            with strategy.session(attempt(key)) as outcome:
-                assert isinstance(outcome, Claimed)
-                outcome.complete(response)
+            with Lifecycle(strategy, attempt(key)) as lifecycle:
+                assert lifecycle.claimed
+                lifecycle.complete(response)
         return time.perf_counter() - started
 
     def raw_set_nx() -> float:
@@ -127,9 +128,9 @@ def cases(url: str, cluster: bool, iterations: int) -> dict[str, Callable[[], fl
 
     # One completed key per client for the replay loops.
     replay_attempt = attempt("replayed-" + uuid.uuid4().hex)
-    with strategy.session(replay_attempt) as outcome:
-        assert isinstance(outcome, Claimed)
-        outcome.complete(response)
+    with Lifecycle(strategy, replay_attempt) as lifecycle:
+        assert lifecycle.claimed
+        lifecycle.complete(response)
     store = get_store()
     record_key = store.record_key(replay_attempt.scope, replay_attempt.key)
     stored_value = completed(record_key)
@@ -137,8 +138,8 @@ def cases(url: str, cluster: bool, iterations: int) -> dict[str, Callable[[], fl
     def strategy_replay() -> float:
         started = time.perf_counter()
         for _ in range(iterations):
-            with strategy.session(replay_attempt) as outcome:
-                assert isinstance(outcome, Replay)
+            with Lifecycle(strategy, replay_attempt) as lifecycle:
+                assert isinstance(lifecycle.outcome, Replay)
         return time.perf_counter() - started
 
     raw_key = f"raw:{{{uuid.uuid4().hex}}}:rec"

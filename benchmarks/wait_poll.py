@@ -35,6 +35,7 @@ def cases(strategy_name: str) -> dict[str, Callable[[], None]]:
     from django.test import override_settings
 
     from django_idempotency import strategies
+    from django_idempotency.protocol.lifecycle import Lifecycle
     from django_idempotency.protocol.replay import StoredResponse
     from django_idempotency.strategies.base import Attempt, InFlight, Replay
     from django_idempotency.strategies.redis import store as redis_store
@@ -51,19 +52,19 @@ def cases(strategy_name: str) -> dict[str, Callable[[], None]]:
         return Attempt("user:1", key, "f" * 64, ttl=3600, lock_timeout=60)
 
     held = attempt("held-" + uuid.uuid4().hex)
-    holder = strategy.session(held)
+    holder = Lifecycle(strategy, held)
     holder.__enter__()  # in progress until the end of the run
     done = attempt("done-" + uuid.uuid4().hex)
-    with strategy.session(done) as claim:
-        claim.complete(StoredResponse(201, {"Content-Type": "application/json"}, b'{"id": 1}'))
+    with Lifecycle(strategy, done) as lifecycle:
+        lifecycle.complete(StoredResponse(201, {"Content-Type": "application/json"}, b'{"id": 1}'))
 
     def poll() -> None:
-        with strategy.session(held) as outcome:
-            assert isinstance(outcome, InFlight)
+        with Lifecycle(strategy, held) as lifecycle:
+            assert isinstance(lifecycle.outcome, InFlight)
 
     def replay() -> None:
-        with strategy.session(done) as outcome:
-            assert isinstance(outcome, Replay)
+        with Lifecycle(strategy, done) as lifecycle:
+            assert isinstance(lifecycle.outcome, Replay)
 
     return {"poll": poll, "replay": replay}
 

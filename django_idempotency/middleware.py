@@ -141,7 +141,7 @@ class IdempotencyMiddleware:
                 options=opt_in.options,
             )
 
-        # A sync view on an async stack: the session and the view in one thread, as Django
+        # A sync view on an async stack: the lifecycle and the view in one thread, as Django
         # runs sync views (``sync_to_async``, thread-sensitive).
         return await sync_to_async(self._run_sync, thread_sensitive=True)(
             request, view_func, view_args, view_kwargs, opt_in

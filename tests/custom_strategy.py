@@ -2,8 +2,9 @@
 
 Its records live in the memory of one process, behind one lock: enough for a test
 settings file or a single-process deployment, and short enough to show the whole
-interface. The session protocol (transaction, pending stores, release, hooks after
-COMMIT) comes from ``Strategy.session()``; the fault matrix runs it like the built-ins.
+interface. The lifecycle (transaction, pending stores, giving the key back, hooks after
+COMMIT) is the protocol's (``protocol.lifecycle``); the fault matrix runs it like the
+built-ins.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from dataclasses import dataclass
 from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.strategies.base import (
     Attempt,
+    Claim,
     InFlight,
     Mismatch,
     Outcome,
     Replay,
     Strategy,
-    TransactionalClaim,
 )
 
 
@@ -33,7 +34,7 @@ class Record:
     response: StoredResponse | None = None
 
 
-class MemoryClaim(TransactionalClaim):
+class MemoryClaim(Claim):
     def __init__(self, strategy: MemoryStrategy, attempt: Attempt, token: str) -> None:
         super().__init__(attempt)
         self.strategy = strategy
@@ -47,7 +48,7 @@ class MemoryClaim(TransactionalClaim):
             record.until = time.monotonic() + self.attempt.lock_timeout
             return True
 
-    def _store(self, response: StoredResponse) -> None:
+    def store(self, response: StoredResponse, *, commit: bool) -> None:
         from django_idempotency.errors import LeaseLost
 
         with self.strategy.lock:
@@ -57,7 +58,7 @@ class MemoryClaim(TransactionalClaim):
             record.response = response
             record.until = time.monotonic() + self.attempt.ttl
 
-    def delete(self) -> bool:
+    def release(self) -> bool:
         with self.strategy.lock:
             record = self.strategy.mine(self.attempt, self.token)
             if record is None:

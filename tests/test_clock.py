@@ -20,6 +20,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from django_idempotency.models import IdempotencyKey
+from django_idempotency.protocol.lifecycle import Lifecycle
 from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.store.managers import ClaimResult, ClaimState
 
@@ -251,7 +252,8 @@ def test_advisory_lock_judges_expiry_on_the_database_clock() -> None:
             [row.pk],
         )
     attempt = Attempt(row.scope, row.key, PRINT, ttl=60, lock_timeout=5)
-    with app_clock(45), AdvisoryLockStrategy().session(attempt) as outcome:
+    with app_clock(45), Lifecycle(AdvisoryLockStrategy(), attempt) as outcome_life:
+        outcome = outcome_life.outcome
         assert isinstance(outcome, Replay)
 
 

@@ -13,7 +13,7 @@ from django.utils import timezone
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.protocol.lease import LeaseKeeper
 from django_idempotency.protocol.replay import StoredResponse
-from django_idempotency.strategies.base import Attempt, Claimed
+from django_idempotency.strategies.base import Attempt, Claim
 from django_idempotency.strategies.db import DatabaseClaim, DatabaseStrategy
 
 from .support.waiting import wait_until
@@ -81,7 +81,7 @@ def test_several_leases_are_renewed_independently(alias: str, keeper: LeaseKeepe
     assert not keeper._leases
 
 
-class _Flaky(Claimed):
+class _Flaky(Claim):
     """A claim whose first renewal fails (a dropped connection), to test the retry."""
 
     def __init__(self) -> None:
@@ -93,10 +93,10 @@ class _Flaky(Claimed):
             raise ConnectionError("dropped")
         return True
 
-    def complete(self, response: StoredResponse) -> None:  # pragma: no cover
+    def store(self, response: StoredResponse, *, commit: bool) -> None:  # pragma: no cover
         raise NotImplementedError
 
-    def release(self) -> None:  # pragma: no cover
+    def release(self) -> bool:  # pragma: no cover
         raise NotImplementedError
 
 

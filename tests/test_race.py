@@ -84,7 +84,7 @@ def test_view_slower_than_lock_timeout_is_not_run_twice() -> None:
     timeout gets 409 instead of taking the key over and charging again."""
     with (
         scratch_database("postgres") as db,
-        example_server(db, psp_delay_ms=3000, lock_timeout=1) as server,
+        example_server(db, psp_delay_ms=5000, lock_timeout=1) as server,
     ):
         url = server.url + "/api/charges/"
         first: list[tuple[int, Any]] = []
@@ -96,8 +96,11 @@ def test_view_slower_than_lock_timeout_is_not_run_twice() -> None:
         during = [request(url, key="slow", body=CHARGE) for _ in range(3)]
         runner.join(30)
         after = request(url, key="slow", body=CHARGE)
-        assert [status for status, _ in during] == [409, 409, 409]
-        assert all(body["_headers"].get("retry-after") for _, body in during)
+        # None took the key over. The first came while the provider call ran; on a loaded
+        # machine the later ones may come after it returned, and replay its answer.
+        assert during[0][0] == 409 and during[0][1]["_headers"].get("retry-after")
+        for status, body in during[1:]:
+            assert status == 409 or (status == 201 and is_replay((status, body)))
         assert first[0][0] == 201 and not is_replay(first[0])
         assert after[0] == 201 and is_replay(after)
         assert after[1]["id"] == first[0][1]["id"]

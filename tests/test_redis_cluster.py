@@ -12,8 +12,9 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
+from django_idempotency.protocol.lifecycle import Lifecycle
 from django_idempotency.protocol.replay import StoredResponse
-from django_idempotency.strategies.base import Attempt, Claimed, InFlight, Replay
+from django_idempotency.strategies.base import Attempt, Claim, InFlight, Replay
 from django_idempotency.strategies.redis import store as redis_store
 from django_idempotency.strategies.redis.store import RedisStore, get_client, get_store
 from django_idempotency.strategies.redis.strategy import RedisStrategy
@@ -69,13 +70,16 @@ def test_strategy_works_through_redis_cluster(
     assert isinstance(get_client(), RedisCluster)
     strategy = RedisStrategy()
     attempt = Attempt("user:1", uuid.uuid4().hex, "fp", ttl=60, lock_timeout=5, atomic=False)
-    with strategy.session(attempt) as claim:
-        assert isinstance(claim, Claimed)
+    with Lifecycle(strategy, attempt) as claim_life:
+        claim = claim_life.outcome
+        assert isinstance(claim, Claim)
         assert claim.renew()
-        with strategy.session(attempt) as duplicate:
+        with Lifecycle(strategy, attempt) as duplicate_life:
+            duplicate = duplicate_life.outcome
             assert isinstance(duplicate, InFlight)
-        claim.complete(RESPONSE)
-    with strategy.session(attempt) as replay:
+        claim_life.complete(RESPONSE)
+    with Lifecycle(strategy, attempt) as replay_life:
+        replay = replay_life.outcome
         assert isinstance(replay, Replay) and replay.response == RESPONSE
     assert 55_000 < get_store().pttl(attempt.scope, attempt.key) <= 60_000
 
@@ -88,17 +92,18 @@ def test_twenty_threads_claim_one_key_on_the_cluster(
     attempt = Attempt("user:1", uuid.uuid4().hex, "fp", ttl=60, lock_timeout=5, atomic=False)
 
     def run(_: int) -> str:
-        with strategy.session(attempt) as outcome:
-            name = type(outcome).__name__ if not isinstance(outcome, Claimed) else "Claimed"
-            if isinstance(outcome, Claimed):
+        with Lifecycle(strategy, attempt) as outcome_life:
+            outcome = outcome_life.outcome
+            name = type(outcome).__name__ if not isinstance(outcome, Claim) else "Claim"
+            if isinstance(outcome, Claim):
                 time.sleep(0.1)
-                outcome.complete(RESPONSE)
+                outcome_life.complete(RESPONSE)
         return name
 
     seen = run_at_once(20, run)  # a thread's error is re-raised here
     summary = Counter(seen)
-    assert summary["Claimed"] == 1, summary
-    assert set(summary) <= {"Claimed", "InFlight", "Replay"}, summary
+    assert summary["Claim"] == 1, summary
+    assert set(summary) <= {"Claim", "InFlight", "Replay"}, summary
     assert sum(summary.values()) == 20
 
 
@@ -113,7 +118,7 @@ def test_unreachable_cluster_is_redis_unavailable(redis_settings: Any) -> None:
     from django_idempotency.errors import StoreUnavailable
 
     attempt = Attempt("user:1", "k", "fp", ttl=60, lock_timeout=5, atomic=False)
-    with pytest.raises(StoreUnavailable), RedisStrategy().session(attempt):
+    with pytest.raises(StoreUnavailable), Lifecycle(RedisStrategy(), attempt):
         pass
 
 
@@ -159,9 +164,10 @@ def test_a_primary_killed_mid_traffic_is_failed_over_and_requests_stay_bounded(
             for i in range(30)
         ]
         for attempt in attempts:
-            with strategy.session(attempt) as claim:
-                assert isinstance(claim, Claimed)
-                claim.complete(RESPONSE)
+            with Lifecycle(strategy, attempt) as claim_life:
+                claim = claim_life.outcome
+                assert isinstance(claim, Claim)
+                claim_life.complete(RESPONSE)
         victim_port = next(p for p in cluster.primaries() if p != cluster.nodes[0].port)
         # Let a replica acknowledge every write before the crash.
         cluster.wait_replicated(victim_port)
@@ -176,7 +182,8 @@ def test_a_primary_killed_mid_traffic_is_failed_over_and_requests_stay_bounded(
             for attempt in attempts:
                 started = time.monotonic()
                 try:
-                    with strategy.session(attempt) as outcome:
+                    with Lifecycle(strategy, attempt) as outcome_life:
+                        outcome = outcome_life.outcome
                         replays += isinstance(outcome, Replay)
                 except StoreUnavailable:
                     unavailable += 1

@@ -18,10 +18,11 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from django_idempotency.models import IdempotencyKey
+from django_idempotency.protocol.lifecycle import Lifecycle
 from django_idempotency.protocol.replay import REPLAYED_HEADER, StoredResponse
 from django_idempotency.strategies import get_strategy
 from django_idempotency.strategies.advisory import AdvisoryLockStrategy, lock_name
-from django_idempotency.strategies.base import Attempt, Claimed, Mismatch, Replay
+from django_idempotency.strategies.base import Attempt, Claim, Mismatch, Replay
 
 from .factories import CompletedKeyFactory, ExpiredKeyFactory, UserFactory
 from .support.assertions import assert_problem
@@ -98,19 +99,20 @@ def attempt(key: str, fingerprint: str = PRINT) -> Attempt:
 
 def run_view(key: str, fingerprint: str = PRINT, *, doom: bool = False) -> object:
     """One request through the strategy: a SideEffect row per run of the view."""
-    with AdvisoryLockStrategy().session(attempt(key, fingerprint)) as outcome:
-        if isinstance(outcome, Claimed):
+    with Lifecycle(AdvisoryLockStrategy(), attempt(key, fingerprint)) as outcome_life:
+        outcome = outcome_life.outcome
+        if isinstance(outcome, Claim):
             SideEffect.objects.create(label=key)
             if doom:  # as DRF does after an APIException in an atomic view
                 transaction.set_rollback(True)
-            outcome.complete(RESPONSE)
+            outcome_life.complete(RESPONSE)
         return outcome
 
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_completes_then_replays_and_rejects_another_request() -> None:
-    assert isinstance(run_view("k1"), Claimed)
+    assert isinstance(run_view("k1"), Claim)
     replay = run_view("k1")
     assert isinstance(replay, Replay)
     assert replay.response == RESPONSE
@@ -124,7 +126,7 @@ def test_expired_record_runs_again_and_is_overwritten_in_place() -> None:
     old = CompletedKeyFactory(
         scope="user:1", key="k1", expires_at=timezone.now() - timedelta(seconds=1)
     )
-    assert isinstance(run_view("k1"), Claimed)
+    assert isinstance(run_view("k1"), Claim)
     row = stored("default", "k1")
     assert row["id"] == old.pk
     assert row["response_body"] == RESPONSE.body
@@ -135,7 +137,7 @@ def test_expired_record_runs_again_and_is_overwritten_in_place() -> None:
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_doomed_transaction_rolls_the_view_back_and_stores_the_response_after() -> None:
-    assert isinstance(run_view("k1", doom=True), Claimed)
+    assert isinstance(run_view("k1", doom=True), Claim)
     assert SideEffect.objects.filter(label="k1").count() == 0
     assert stored("default", "k1")["response_body"] == RESPONSE.body
     assert isinstance(run_view("k1"), Replay)

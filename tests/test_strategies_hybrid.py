@@ -18,6 +18,7 @@ from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
+from django_idempotency.protocol.lifecycle import Lifecycle
 from django_idempotency.protocol.problems import PROBLEM_CONTENT_TYPE
 from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.store.managers import COMPLETED
@@ -179,47 +180,55 @@ def _attempt(key: str, *, atomic: bool = True) -> Attempt:
 def test_a_view_that_rolls_back_has_its_response_stored_afterwards(hybrid: Any) -> None:
     strategy = load_strategy("hybrid")
     attempt = _attempt(uuid.uuid4().hex)
-    with strategy.session(attempt) as outcome:
+    with Lifecycle(strategy, attempt) as outcome_life:
+        outcome = outcome_life.outcome
         assert isinstance(outcome, HybridClaim)
         SideEffect.objects.create(label="undone")
         transaction.set_rollback(True)  # what DRF does with ATOMIC_REQUESTS on an APIException
-        outcome.complete(StoredResponse(400, {"Content-Type": "application/json"}, b"{}"))
+        outcome_life.complete(StoredResponse(400, {"Content-Type": "application/json"}, b"{}"))
     assert SideEffect.objects.count() == 0
     assert IdempotencyOutbox.objects.get(key=attempt.key).response_status == 400
-    with strategy.session(attempt) as again:
+    with Lifecycle(strategy, attempt) as again_life:
+        again = again_life.outcome
         assert isinstance(again, Replay) and again.response.status == 400
 
 
 def test_without_atomic_the_outbox_row_commits_on_its_own(hybrid: Any) -> None:
     strategy = load_strategy("hybrid")
     attempt = _attempt(uuid.uuid4().hex, atomic=False)
-    with strategy.session(attempt) as outcome:
+    with Lifecycle(strategy, attempt) as outcome_life:
+        outcome = outcome_life.outcome
         assert isinstance(outcome, HybridClaim)
         SideEffect.objects.create(label="kept")
-        outcome.complete(StoredResponse(201, {}, b"ok"))
+        outcome_life.complete(StoredResponse(201, {}, b"ok"))
     assert SideEffect.objects.count() == 1
     assert IdempotencyOutbox.objects.filter(key=attempt.key).exists()
-    with strategy.session(attempt) as again:
+    with Lifecycle(strategy, attempt) as again_life:
+        again = again_life.outcome
         assert isinstance(again, Replay) and again.response.body == b"ok"
 
 
 def test_released_claim_lets_the_next_request_run(hybrid: Any) -> None:
     strategy = load_strategy("hybrid")
     attempt = _attempt(uuid.uuid4().hex)
-    with strategy.session(attempt) as outcome:
+    with Lifecycle(strategy, attempt) as outcome_life:
+        outcome = outcome_life.outcome
         assert isinstance(outcome, HybridClaim)
         SideEffect.objects.create(label="undone")
-        outcome.release()  # e.g. a 5xx response
+        outcome_life.release()  # e.g. a 5xx response
     assert SideEffect.objects.count() == 0
     assert get_store().get(attempt.scope, attempt.key) is None
-    with strategy.session(attempt) as again:
+    with Lifecycle(strategy, attempt) as again_life:
+        again = again_life.outcome
         assert isinstance(again, HybridClaim)
-        again.release()
-    with strategy.session(attempt) as holder:
+        again_life.release()
+    with Lifecycle(strategy, attempt) as holder_life:
+        holder = holder_life.outcome
         assert isinstance(holder, HybridClaim)
-        with strategy.session(attempt) as duplicate:
+        with Lifecycle(strategy, attempt) as duplicate_life:
+            duplicate = duplicate_life.outcome
             assert isinstance(duplicate, InFlight)
-        holder.release()
+        holder_life.release()
 
 
 # -- Redis loses data ------------------------------------------------------------------------

@@ -18,10 +18,11 @@ from rest_framework.test import APIClient
 from django_idempotency.errors import LeaseLost, StoreUnavailable
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.protocol.lease import keeper
+from django_idempotency.protocol.lifecycle import Lifecycle
 from django_idempotency.protocol.problems import PROBLEM_CONTENT_TYPE
 from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.strategies import load_strategy
-from django_idempotency.strategies.base import Attempt, Claimed, InFlight, Mismatch, Replay
+from django_idempotency.strategies.base import Attempt, Claim, InFlight, Mismatch, Replay
 from django_idempotency.strategies.redis.store import get_store
 from django_idempotency.strategies.redis.strategy import RedisClaim, RedisStrategy
 from tests.testapp.models import SideEffect
@@ -114,7 +115,8 @@ def test_a_duplicate_during_the_view_gets_409(
     api: APIClient, on_shared_redis: dict[str, Any]
 ) -> None:
     key = uuid.uuid4().hex
-    runner = in_background(lambda: post_json(api, key, {"sleep": 0.8}))
+    # The view takes 3 s, so that the requests below surely arrive while it runs.
+    runner = in_background(lambda: post_json(api, key, {"sleep": 3.0}))
     deadline = time.monotonic() + 5
     prefix = on_shared_redis["REDIS_KEY_PREFIX"]
     while not list(get_store().client.scan_iter(match=f"{prefix}:*")):  # claimed
@@ -122,7 +124,7 @@ def test_a_duplicate_during_the_view_gets_409(
         time.sleep(0.02)
     other_scope = post_json(APIClient(), key, {}, "/t/fn/")  # anonymous: another scope, runs
     assert other_scope.status_code == 201
-    busy = post_json(api, key, {"sleep": 0.8})
+    busy = post_json(api, key, {"sleep": 3.0})
     first = runner.result(10)
     assert busy.status_code == 409
     assert busy["Content-Type"] == PROBLEM_CONTENT_TYPE and busy.has_header("Retry-After")
@@ -136,14 +138,20 @@ def test_a_duplicate_during_the_view_gets_409(
 def test_session_outcomes(on_shared_redis: dict[str, Any]) -> None:
     strategy = RedisStrategy()
     attempt = _attempt(uuid.uuid4().hex, atomic=False)
-    with strategy.session(attempt) as outcome:
+    with Lifecycle(strategy, attempt) as outcome_life:
+        outcome = outcome_life.outcome
         assert isinstance(outcome, RedisClaim) and not outcome.taken_over
-        with strategy.session(attempt) as duplicate:
+        with Lifecycle(strategy, attempt) as duplicate_life:
+            duplicate = duplicate_life.outcome
             assert isinstance(duplicate, InFlight)
-        with strategy.session(_attempt(attempt.key, fingerprint="other", atomic=False)) as other:
+        with Lifecycle(
+            strategy, _attempt(attempt.key, fingerprint="other", atomic=False)
+        ) as other_life:
+            other = other_life.outcome
             assert isinstance(other, Mismatch)
-        outcome.complete(StoredResponse(201, {}, b"done"))
-    with strategy.session(attempt) as replay:
+        outcome_life.complete(StoredResponse(201, {}, b"done"))
+    with Lifecycle(strategy, attempt) as replay_life:
+        replay = replay_life.outcome
         assert isinstance(replay, Replay) and replay.response.body == b"done"
     record = get_store().get(attempt.scope, attempt.key)
     assert record is not None and record.completed
@@ -154,15 +162,17 @@ def test_lease_is_lock_timeout_and_the_heartbeat_keeps_it(on_shared_redis: dict[
     strategy = RedisStrategy()
     attempt = _attempt(uuid.uuid4().hex, lock_timeout=0.4, atomic=False)
     store = get_store()
-    with strategy.session(attempt) as claim:
-        assert isinstance(claim, Claimed)
+    with Lifecycle(strategy, attempt) as claim_life:
+        claim = claim_life.outcome
+        assert isinstance(claim, Claim)
         assert 0 < store.pttl(attempt.scope, attempt.key) <= 400
         with keeper.keep(claim, 0.1) as lease:
             time.sleep(1.0)  # 2.5 leases
             assert lease.renewals >= 5 and not lease.lost
-            with strategy.session(attempt) as duplicate:
+            with Lifecycle(strategy, attempt) as duplicate_life:
+                duplicate = duplicate_life.outcome
                 assert isinstance(duplicate, InFlight)
-        claim.release()
+        claim_life.release()
     assert store.get(attempt.scope, attempt.key) is None
 
 
@@ -173,16 +183,18 @@ def test_lost_lease_is_fenced_and_the_views_writes_roll_back(
     attempt = _attempt(uuid.uuid4().hex, lock_timeout=0.1)
 
     def stale_owner() -> None:
-        with strategy.session(attempt) as claim:
+        with Lifecycle(strategy, attempt) as claim_life:
+            claim = claim_life.outcome
             assert isinstance(claim, RedisClaim)
             SideEffect.objects.create(label="stale owner")
             time.sleep(0.3)  # no heartbeat: the lease expires
-            with strategy.session(_attempt(attempt.key, atomic=False)) as second:
+            with Lifecycle(strategy, _attempt(attempt.key, atomic=False)) as second_life:
+                second = second_life.outcome
                 assert isinstance(second, RedisClaim)
                 assert not claim.renew()
-                assert not claim.delete(), "a late release does not free the new key"
-                second.complete(StoredResponse(201, {}, b"fresh"))
-            claim.complete(StoredResponse(201, {}, b"stale"))
+                assert not claim.release(), "a late release does not free the new key"
+                second_life.complete(StoredResponse(201, {}, b"fresh"))
+            claim_life.complete(StoredResponse(201, {}, b"stale"))
 
     with pytest.raises(LeaseLost):
         stale_owner()
@@ -205,21 +217,23 @@ def test_failed_commit_undoes_the_completion(on_shared_redis: dict[str, Any]) ->
     attempt = _attempt(uuid.uuid4().hex)
 
     def view() -> None:
-        with strategy.session(attempt) as claim:
+        with Lifecycle(strategy, attempt) as claim_life:
+            claim = claim_life.outcome
             assert isinstance(claim, RedisClaim)
             SideEffect.objects.create(label="doomed")
             with connection.cursor() as cursor:
                 cursor.execute("INSERT INTO deferred_check VALUES (1), (1)")
-            claim.complete(StoredResponse(201, {}, b"x"))
+            claim_life.complete(StoredResponse(201, {}, b"x"))
             assert get_store().get(attempt.scope, attempt.key).completed  # type: ignore[union-attr]
 
     with pytest.raises(IntegrityError):  # at COMMIT
         view()
     assert SideEffect.objects.count() == 0
     assert get_store().get(attempt.scope, attempt.key) is None
-    with strategy.session(attempt) as retry:
+    with Lifecycle(strategy, attempt) as retry_life:
+        retry = retry_life.outcome
         assert isinstance(retry, RedisClaim)
-        retry.release()
+        retry_life.release()
 
 
 def test_racing_sessions_have_one_owner(on_shared_redis: dict[str, Any]) -> None:
@@ -227,15 +241,16 @@ def test_racing_sessions_have_one_owner(on_shared_redis: dict[str, Any]) -> None
     attempt = _attempt(uuid.uuid4().hex, atomic=False)
 
     def run(_: int) -> Any:
-        with strategy.session(attempt) as outcome:
-            if isinstance(outcome, Claimed):
+        with Lifecycle(strategy, attempt) as outcome_life:
+            outcome = outcome_life.outcome
+            if isinstance(outcome, Claim):
                 time.sleep(0.2)
-                outcome.complete(StoredResponse(201, {}, b"once"))
+                outcome_life.complete(StoredResponse(201, {}, b"once"))
         return outcome
 
     outcomes = run_at_once(20, run)
-    assert sum(isinstance(o, Claimed) for o in outcomes) == 1
-    assert all(isinstance(o, (Claimed, InFlight, Replay)) for o in outcomes)
+    assert sum(isinstance(o, Claim) for o in outcomes) == 1
+    assert all(isinstance(o, (Claim, InFlight, Replay)) for o in outcomes)
     assert len(outcomes) == 20
 
 
@@ -304,11 +319,12 @@ def test_redis_dying_during_the_view_rolls_back_and_answers_503(
     attempt = _attempt(uuid.uuid4().hex)
 
     def view() -> None:
-        with strategy.session(attempt) as claim:
+        with Lifecycle(strategy, attempt) as claim_life:
+            claim = claim_life.outcome
             assert isinstance(claim, RedisClaim)
             SideEffect.objects.create(label="charged")
             server.kill()
-            claim.complete(StoredResponse(201, {}, b"lost"))
+            claim_life.complete(StoredResponse(201, {}, b"lost"))
 
     with pytest.raises(StoreUnavailable):
         view()

@@ -1,6 +1,6 @@
 """The protocol, in one place.
 
-    header -> key -> scope -> fingerprint -> strategy.session -> view -> store or release
+    header -> key -> scope -> fingerprint -> lifecycle (claim) -> view -> store or release
 
 The DRF mixin and the function-view decorator are thin adapters over
 :class:`IdempotentRequest`; neither knows about SQL or Redis. See docs/architecture.md.
@@ -38,12 +38,13 @@ from ..errors import (
 )
 from ..store.errors import DATABASE_ERRORS, classify_database_error
 from ..strategies import get_strategy
-from ..strategies.base import Attempt, Claimed, InFlight, Mismatch, Outcome, Replay, Strategy
+from ..strategies.base import Attempt, Claim, InFlight, Mismatch, Outcome, Replay, Strategy
 from . import waiting
 from .fingerprint import fingerprint
 from .header import parse_key
 from .keys import bounded_scope, downstream_key
 from .lease import keeper
+from .lifecycle import Lifecycle
 from .negotiation import retry_accepts
 from .options import Options
 from .problems import problem_response
@@ -126,8 +127,10 @@ class IdempotentRequest:
         self.strategy = strategy
         self.key, self.scope, self.fingerprint = attempt.key, attempt.scope, attempt.fingerprint
         self.outcome: Outcome | None = None
-        # The session, and on top of it the lease keeper: unwound in that order, so the
-        # heartbeat has stopped before the session commits or gives the key back.
+        #: The lifecycle of the attempt whose outcome this request answers with.
+        self.lifecycle: Lifecycle | None = None
+        # The lifecycle, and on top of it the lease keeper: unwound in that order, so the
+        # heartbeat has stopped before the lifecycle commits or gives the key back.
         self._stack = ExitStack()
         self._lease = ExitStack()
 
@@ -174,21 +177,21 @@ class IdempotentRequest:
         )
         return cls(request, attempt, strategy)
 
-    # -- the session: claim, lease -----------------------------------------------------------
+    # -- the lifecycle: claim, lease ---------------------------------------------------------
 
     @property
     def claimed(self) -> bool:
-        return isinstance(self.outcome, Claimed)
+        return isinstance(self.outcome, Claim)
 
     def __enter__(self) -> Outcome:
         try:
             outcome = self._claim()
             info = RequestIdempotency(self.scope, self.key, self.fingerprint)
             self.request.idempotency = info  # type: ignore[attr-defined]
-            if isinstance(outcome, Claimed):
+            if isinstance(outcome, Claim):
                 self._keep(outcome)
         except BaseException as exc:
-            # ``with`` does not call __exit__ when __enter__ raises: end the session here
+            # ``with`` does not call __exit__ when __enter__ raises: end the lifecycle here
             # (roll back its transaction, release the key) instead of leaving it to the
             # garbage collector while the traceback, and the open transaction, live on.
             self.__exit__(type(exc), exc, exc.__traceback__)
@@ -196,7 +199,7 @@ class IdempotentRequest:
         return outcome
 
     def _claim(self) -> Outcome:
-        """Enter the strategy's session, waiting for a key in progress when the attempt's
+        """Claim through a lifecycle, waiting for a key in progress when the attempt's
         ``wait`` is set; ``claim_timer``, when set, times it (waits included) by outcome."""
         timer = claim_timer
         started = time.perf_counter() if timer is not None else 0.0
@@ -205,8 +208,7 @@ class IdempotentRequest:
             if self.attempt.wait > 0 and not self.strategy.waits_in_claim:
                 outcome = self._claim_or_wait()
             else:
-                outcome = self._stack.enter_context(self.strategy.session(self.attempt))
-                self.outcome = outcome
+                outcome = self._enter(self._stack)
             label = outcome.label
         finally:
             if timer is not None:
@@ -259,15 +261,22 @@ class IdempotentRequest:
         return outcome
 
     def _claim_once(self) -> Outcome:
-        """One session; kept (in ``_stack``) unless the key was in progress."""
+        """One lifecycle; kept (in ``_stack``) unless the key was in progress."""
         with ExitStack() as stack:
-            outcome: Outcome = stack.enter_context(self.strategy.session(self.attempt))
-            self.outcome = outcome
+            outcome = self._enter(stack)
             if not isinstance(outcome, InFlight):
                 self._stack.enter_context(stack.pop_all())
         return outcome
 
-    def _keep(self, claim: Claimed) -> None:
+    def _enter(self, stack: ExitStack) -> Outcome:
+        """Claim through a new :class:`Lifecycle`, entered on ``stack``."""
+        lifecycle = stack.enter_context(Lifecycle(self.strategy, self.attempt))
+        self.lifecycle = lifecycle
+        assert lifecycle.outcome is not None
+        self.outcome = lifecycle.outcome
+        return lifecycle.outcome
+
+    def _keep(self, claim: Claim) -> None:
         """Announce the claim and keep its lease alive until ``finish()`` or the exit."""
         taken_over = claim.taken_over
         self._event(
@@ -297,11 +306,11 @@ class IdempotentRequest:
             error = raised
             raise
         finally:
-            if error is not None and isinstance(self.outcome, Claimed):
-                self._report_error(self.outcome, error)
+            if error is not None and isinstance(self.outcome, Claim):
+                self._report_error(error)
 
-    def _report_error(self, claim: Claimed, error: BaseException) -> None:
-        if claim.committed:
+    def _report_error(self, error: BaseException) -> None:
+        if self.lifecycle is not None and self.lifecycle.committed:
             self._event(
                 "committed",
                 None,
@@ -327,7 +336,7 @@ class IdempotentRequest:
     # -- the answer: short_circuit() or finish() ---------------------------------------------
 
     def short_circuit(self) -> HttpResponse:
-        """The response for an outcome other than Claimed."""
+        """The response for an outcome other than a claim."""
         outcome = self.outcome
         if isinstance(outcome, Replay):
             return self._replay(outcome.response)
@@ -381,11 +390,11 @@ class IdempotentRequest:
 
     def finish(self, response: HttpResponseBase) -> HttpResponseBase:
         """Store a storable response under the key, or release the key."""
-        claim = self.outcome
-        assert isinstance(claim, Claimed)
+        lifecycle = self.lifecycle
+        assert lifecycle is not None and lifecycle.claimed
         self._lease.close()  # the view is done: no more renewals
         if response.status_code >= 500 and not conf.STORE_SERVER_ERRORS:
-            claim.release()
+            lifecycle.release()
             self._event(
                 "released",
                 signals.key_released,
@@ -407,7 +416,7 @@ class IdempotentRequest:
                 "idempotency key %s (scope %s) completed without its response: %s",
                 exc,
             )
-        claim.complete(stored)
+        lifecycle.complete(stored)
         self._send(signals.response_stored)
         return response
 
@@ -453,7 +462,7 @@ def transient_conflict_response(
     """503 problem response for a database error that a retry gets past: a transient
     conflict in the view's transaction, or a lost connection
     (``store.errors.classify_database_error``); other database errors propagate. ``request`` is
-    handed to ``PROBLEM_RENDERER``. By the time this runs the claim's session has rolled
+    handed to ``PROBLEM_RENDERER``. By the time this runs the claim's lifecycle has rolled
     the view's writes back and released the key (unless the database could not be reached
     for that: the key is then taken over once its lease is stale)."""
     retry_after = conf.RETRY_AFTER
@@ -520,7 +529,7 @@ async def ahandle(
     """Run the async ``view`` under the Idempotency-Key protocol (async function views and
     the middleware on an async stack).
 
-    The whole session (claim, the view's transaction, completion or release) is one
+    The whole lifecycle (claim, the view's transaction, completion or release) is one
     ``sync_to_async`` call: Django's ORM and its transactions are synchronous and belong
     to one thread's connection. Inside it, the view runs back on the event loop through
     ``async_to_sync``; while it runs, that thread serves the view's thread-sensitive calls
@@ -535,7 +544,7 @@ async def ahandle(
     async def run_view() -> HttpResponseBase:
         return await view()
 
-    def session() -> HttpResponseBase:
+    def run_lifecycle() -> HttpResponseBase:
         return handle(request, async_to_sync(run_view), scope=scope, options=options)
 
-    return await sync_to_async(session, thread_sensitive=True)()
+    return await sync_to_async(run_lifecycle, thread_sensitive=True)()

@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 
 from django.db import close_old_connections, connections
 
-from ..strategies.base import Claimed
+from ..strategies.base import Claim
 
 logger = logging.getLogger("django_idempotency")
 
 
 @dataclass(eq=False)
 class Lease:
-    claim: Claimed
+    claim: Claim
     interval: float
     due: float = field(default=0.0)
     lost: bool = False
@@ -56,7 +56,7 @@ class LeaseKeeper:
         self._thread.start()
 
     @contextmanager
-    def keep(self, claim: Claimed, interval: float) -> Iterator[Lease]:
+    def keep(self, claim: Claim, interval: float) -> Iterator[Lease]:
         """Renew ``claim`` every ``interval`` seconds until the block ends."""
         lease = Lease(claim, interval, due=time.monotonic() + interval)
         if not claim.renewable or interval <= 0:

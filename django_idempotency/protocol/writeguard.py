@@ -1,18 +1,18 @@
 """The refusal of a claimed view's writes to databases other than the keys'.
 
 The view's transaction, which also stores the key's response, is opened on one alias
-(``IDEMPOTENCY["DATABASE"]``, the session's). A write the view sends to another alias (a
+(``IDEMPOTENCY["DATABASE"]``, the lifecycle's). A write the view sends to another alias (a
 ``DATABASE_ROUTERS`` router, ``.using()``, a raw cursor) commits on its own: a view that
 fails after it leaves it behind while the key is released, so the retry repeats it, and
 with ``ATOMIC_REQUESTS`` on that alias the key's response commits before the write, which
-may then fail to commit. So while a claimed view runs, the session puts a
+may then fail to commit. So while a claimed view runs, the lifecycle puts a
 :class:`WriteGuard` on this thread's connections of every other alias (not on those of
 ``UNPROTECTED_DATABASES``): reads and transaction control pass, any other statement is
-refused before it executes, and the session answers ``503 database-misconfigured`` with
+refused before it executes, and the lifecycle answers ``503 database-misconfigured`` with
 the key given back and nothing stored, even when the view caught the refusal.
 
 Only a project with several databases pays for it: with one alias no guard is made. The
-guard sees what goes through Django's cursors on the session's thread, where the view runs
+guard sees what goes through Django's cursors on the lifecycle's thread, where the view runs
 (an async view's ORM calls too: ``sync_to_async`` runs them on that thread); a write made
 on another thread, through the driver's own connection or ``callproc()``, is not seen.
 """
@@ -180,7 +180,7 @@ class WriteGuard:
 
 
 def guard(attempt: Attempt) -> WriteGuard | None:
-    """A guard on this thread's connections of every alias but the session's
+    """A guard on this thread's connections of every alias but the lifecycle's
     (``attempt.database``) and ``UNPROTECTED_DATABASES``; None when there are none, as
     in a project with one database."""
     databases = connections.settings

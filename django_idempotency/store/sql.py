@@ -385,7 +385,7 @@ class Statements:
         #: The claim in autocommit, the request path's: a transaction of its own, committed
         #: asynchronously on PostgreSQL (:data:`ASYNC_COMMIT`).
         self.claim = claim(fast)
-        #: The claim inside a transaction (the session nested in an outer ``atomic``): the
+        #: The claim inside a transaction (the lifecycle nested in an outer ``atomic``): the
         #: commit is the caller's, and keeps the caller's ``synchronous_commit``.
         self.claim_in_transaction = claim("") if fast else self.claim
         # The outbox row read as a completed key in READ_COLUMNS order, first, else the

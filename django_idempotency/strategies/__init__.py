@@ -8,7 +8,7 @@ from django.utils.module_loading import import_string
 
 from ..conf import conf
 from ..errors import ImproperlyConfiguredStrategy
-from .base import Attempt, Claimed, InFlight, Mismatch, Outcome, Replay, Strategy
+from .base import Attempt, Claim, InFlight, Mismatch, Outcome, Replay, Strategy
 
 BUILTIN = {
     "db": "django_idempotency.strategies.db.DatabaseStrategy",
@@ -58,7 +58,7 @@ def reset() -> None:
 
 __all__ = [
     "Attempt",
-    "Claimed",
+    "Claim",
     "InFlight",
     "Mismatch",
     "Outcome",

@@ -24,12 +24,12 @@ from ..protocol.replay import StoredResponse
 from ..store.status import COMPLETED
 from .base import (
     Attempt,
+    Claim,
     InFlight,
     Mismatch,
     Outcome,
     Replay,
     Strategy,
-    TransactionalClaim,
     store_failed,
 )
 
@@ -41,16 +41,15 @@ def lock_name(scope: str, key: str) -> str:
     return f"django_idempotency\x1f{scope}\x1f{key}"
 
 
-class AdvisoryClaim(TransactionalClaim):
+class AdvisoryClaim(Claim):
     renewable = False  # the transaction itself is the lock
     folds_commit = True  # on PostgreSQL: the upsert and COMMIT, one query
 
     def renew(self) -> bool:
         return True
 
-    def _store(self, response: StoredResponse) -> None:
+    def store(self, response: StoredResponse, *, commit: bool) -> None:
         # The advisory lock serialises this (scope, key), so no live record can exist.
-        commit = self.commit_with_store
         try:
             stored = self._upsert(response, commit=commit)
         except DatabaseError as exc:
@@ -80,7 +79,7 @@ class AdvisoryClaim(TransactionalClaim):
             using=attempt.database,
         )
 
-    def delete(self) -> bool:
+    def release(self) -> bool:
         # Nothing of the claim outlives its transaction's rollback.
         return False
 
@@ -122,7 +121,7 @@ class AdvisoryLockStrategy(Strategy):
     waits_in_claim = True  # with WAIT set, the lock wait is bounded by it
 
     def claim(self, attempt: Attempt) -> Outcome:
-        """Lock, then read, in the transaction the session has opened."""
+        """Lock, then read, in the transaction the lifecycle has opened."""
         try:
             lock(attempt)
         except NoWaiterSlot:

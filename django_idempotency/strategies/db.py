@@ -26,19 +26,19 @@ from ..protocol.replay import StoredResponse
 from ..store.records import ClaimState
 from .base import (
     Attempt,
+    Claim,
     InFlight,
     Mismatch,
     Outcome,
     Replay,
     Strategy,
-    TransactionalClaim,
     store_failed,
 )
 
 logger = logging.getLogger("django_idempotency")
 
 
-class DatabaseClaim(TransactionalClaim):
+class DatabaseClaim(Claim):
     """A row of IdempotencyKey in progress under ``token``; its claim has committed."""
 
     folds_commit = True  # on PostgreSQL: the fenced completion and COMMIT, one query
@@ -60,9 +60,8 @@ class DatabaseClaim(TransactionalClaim):
     def renew(self) -> bool:
         return IdempotencyKey.objects.renew(self.pk, self.token, using=self.attempt.database)
 
-    def _store(self, response: StoredResponse) -> None:
+    def store(self, response: StoredResponse, *, commit: bool) -> None:
         a = self.attempt
-        commit = self.commit_with_store
         try:
             if commit and a.wait > 0:
                 # Before the completion that commits: the waiters are woken at COMMIT
@@ -87,7 +86,7 @@ class DatabaseClaim(TransactionalClaim):
         """Wake this process's waiters for the key (the only wake-up on SQLite)."""
         waiting.hub.wake(waiting.key_digest(self.attempt.scope, self.attempt.key))
 
-    def delete(self) -> bool:
+    def release(self) -> bool:
         a = self.attempt
         try:
             released = IdempotencyKey.objects.release(self.pk, self.token, using=a.database)
@@ -112,7 +111,7 @@ class DatabaseClaim(TransactionalClaim):
 
 class DatabaseStrategy(Strategy):
     name = "db"
-    #: The Claimed class handed to the view (the hybrid strategy's fallback extends it).
+    #: The Claim class handed to the view (the hybrid strategy's fallback extends it).
     claim_class: type[DatabaseClaim] = DatabaseClaim
 
     def listener(self, attempt: Attempt) -> waiting.Listener | None:

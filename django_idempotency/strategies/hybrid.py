@@ -89,10 +89,10 @@ class OutboxDatabaseClaim(DatabaseClaim):
     #: Two statements (the outbox row, then the fenced completion): Django's COMMIT.
     folds_commit = False
 
-    def _store(self, response: StoredResponse) -> None:
+    def store(self, response: StoredResponse, *, commit: bool) -> None:
         # The key's row is this claim's own: the completion below is fenced by its token.
         with outbox_write(self.attempt, response, fenced=False):
-            super()._store(response)
+            super().store(response, commit=False)
 
     def after_commit(self) -> None:
         super().after_commit()
@@ -136,14 +136,14 @@ class HybridClaim(RedisClaim):
         found = self.strategy.lookup(self.attempt)
         if found is None:
             return None
-        return self.strategy.settle(self.store, self.attempt, found, token=self.token)
+        return self.strategy.settle(self.redis, self.attempt, found, token=self.token)
 
-    def _store(self, response: StoredResponse) -> None:
+    def store(self, response: StoredResponse, *, commit: bool) -> None:
         """Insert the outbox row in the view's transaction (Redis follows the commit),
         refused when IdempotencyKey already has the key: completed (drained earlier) or
         claimed by the ``db`` strategy. A ``db`` claim whose lease went stale (on the
         database's clock) is deleted in this transaction, which fences its owner out."""
-        with outbox_write(self.attempt, response, fenced=True, commit=self.commit_with_store):
+        with outbox_write(self.attempt, response, fenced=True, commit=commit):
             pass
         self.response = response
 
@@ -156,9 +156,9 @@ class HybridClaim(RedisClaim):
         attempt = self.attempt
         ttl_ms = to_ms(attempt.ttl)
         try:
-            if not self.store.complete(attempt.scope, attempt.key, self.token, response, ttl_ms):
+            if not self.redis.complete(attempt.scope, attempt.key, self.token, response, ttl_ms):
                 # Our lease expired or Redis lost the claim: the commit is what counts.
-                self.store.put_completed(
+                self.redis.put_completed(
                     attempt.scope,
                     attempt.key,
                     attempt.fingerprint,
@@ -180,7 +180,7 @@ class HybridClaim(RedisClaim):
 
     def discard(self) -> None:
         # Redis holds only the in-progress claim until the commit: give it back.
-        self.delete()
+        self.release()
 
     def lost(self) -> None:
         """Our commit was refused: Redis gets the record that won, or loses our claim."""
@@ -190,9 +190,9 @@ class HybridClaim(RedisClaim):
         except StoreUnavailable:
             found = None
         if found is not None and found.completed and found.response is not None:
-            self.strategy.refill(self.store, attempt, found, token=self.token)
+            self.strategy.refill(self.redis, attempt, found, token=self.token)
         else:
-            self.delete()
+            self.release()
 
 
 # -- the strategy ----------------------------------------------------------------------------
@@ -403,9 +403,6 @@ class HybridStrategy(RedisStrategy):
                 tasks.send_drain(self.drain_delay, self.drain_hold)
         except Exception:
             logger.warning("could not queue the outbox drain", exc_info=True)
-
-    def describe(self) -> str:
-        return f"hybrid (Redis, DB check: {conf.HYBRID_DB_CHECK})"
 
 
 __all__ = ["HybridClaim", "HybridStrategy", "OutboxDatabaseStrategy"]

@@ -18,13 +18,13 @@ from ...protocol.replay import StoredResponse
 from ..base import (
     NOT_STORED_DETAIL,
     Attempt,
+    Claim,
     Delegate,
     InFlight,
     Mismatch,
     Outcome,
     Replay,
     Strategy,
-    TransactionalClaim,
 )
 from ..db import DatabaseStrategy
 from .health import monitor
@@ -36,22 +36,22 @@ logger = logging.getLogger("django_idempotency")
 CLAIM_ATTEMPTS = 3
 
 
-class RedisClaim(TransactionalClaim):
+class RedisClaim(Claim):
     """A key this request holds in Redis under ``token``."""
 
-    def __init__(self, store: RedisStore, attempt: Attempt, token: str) -> None:
+    def __init__(self, redis: RedisStore, attempt: Attempt, token: str) -> None:
         super().__init__(attempt)
-        self.store = store
+        self.redis = redis
         self.token = token
 
     def renew(self) -> bool:
         a = self.attempt
-        return self.store.renew(a.scope, a.key, self.token, to_ms(a.lock_timeout))
+        return self.redis.renew(a.scope, a.key, self.token, to_ms(a.lock_timeout))
 
-    def _store(self, response: StoredResponse) -> None:
+    def store(self, response: StoredResponse, *, commit: bool) -> None:
         a = self.attempt
         try:
-            stored = self.store.complete(a.scope, a.key, self.token, response, to_ms(a.ttl))
+            stored = self.redis.complete(a.scope, a.key, self.token, response, to_ms(a.ttl))
         except RedisUnavailable as exc:
             raise StoreUnavailable(NOT_STORED_DETAIL) from exc
         if not stored:
@@ -67,17 +67,17 @@ class RedisClaim(TransactionalClaim):
         a = self.attempt
         waiting.hub.wake(waiting.key_digest(a.scope, a.key))
         try:
-            self.store.notify(a.scope, a.key)
+            self.redis.notify(a.scope, a.key)
         except RedisUnavailable:
             logger.warning("could not notify the waiters of key %s", a.key, exc_info=True)
 
-    def delete(self) -> bool:
+    def release(self) -> bool:
         """Delete this claim's in-progress record, if it is still ours."""
-        return self._redis_delete(self.store.release)
+        return self._redis_delete(self.redis.release)
 
     def discard(self) -> None:
         """The transaction did not commit: delete our record, completed or not."""
-        self._redis_delete(self.store.discard)
+        self._redis_delete(self.redis.discard)
 
     def _redis_delete(self, operation: Callable[[str, str, str], bool]) -> bool:
         a = self.attempt

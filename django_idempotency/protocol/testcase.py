@@ -7,7 +7,7 @@ COMMITs. A callback registered with ``on_commit`` there is one more in the test'
 ``captureOnCommitCallbacks()``, so :func:`defer_to_release` keeps the work on the
 connection instead and runs it when that savepoint is released, with ``on_commit``'s own
 rules: dropped when a savepoint it was registered under, or the transaction, rolls back.
-(Outside a ``TestCase`` the session registers its one ``on_commit`` callback as before.)
+(Outside a ``TestCase`` the lifecycle registers its one ``on_commit`` callback.)
 """
 
 from __future__ import annotations
