@@ -37,7 +37,7 @@ def cases(strategy_name: str) -> dict[str, Callable[[], None]]:
     from django_idempotency import strategies
     from django_idempotency.protocol.lifecycle import Lifecycle
     from django_idempotency.protocol.replay import StoredResponse
-    from django_idempotency.strategies.base import Attempt, InFlight, Replay
+    from django_idempotency.strategies.base import Attempt, InProgress, Replay
     from django_idempotency.strategies.redis import store as redis_store
 
     value = {"STRATEGY": strategy_name, "ADMIN_ENABLED": False}
@@ -60,7 +60,7 @@ def cases(strategy_name: str) -> dict[str, Callable[[], None]]:
 
     def poll() -> None:
         with Lifecycle(strategy, held) as lifecycle:
-            assert isinstance(lifecycle.outcome, InFlight)
+            assert isinstance(lifecycle.outcome, InProgress)
 
     def replay() -> None:
         with Lifecycle(strategy, done) as lifecycle:

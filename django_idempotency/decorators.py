@@ -16,8 +16,9 @@ from django.http.response import HttpResponseBase
 
 from .checks import validate_view_options, view_name
 from .conf import conf
-from .protocol.engine import ahandle, default_scope, handle
+from .protocol.engine import ahandle, handle
 from .protocol.options import Options, ViewOptions
+from .protocol.scope import default_scope
 
 ViewFunc = TypeVar("ViewFunc", bound=Callable[..., Any])
 

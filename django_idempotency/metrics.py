@@ -10,7 +10,7 @@ The app config installs them at start-up; nothing else imports this module, so
 ``django_idempotency_claim_duration_seconds{strategy, outcome}``
     the time to claim a key (for ``advisory_lock`` this includes waiting for the
     lock, and for a duplicate that waits (``WAIT``) its wait), by outcome: ``claimed``,
-    ``taken_over``, ``in_flight``, ``replay``, ``mismatch`` or ``error``.
+    ``taken_over``, ``in_progress``, ``replay``, ``mismatch`` or ``error``.
 
 ``django_idempotency_redis_fallback_requests_total{strategy}``
     requests the ``redis`` or ``hybrid`` strategy handled without Redis (the ``db``
@@ -35,7 +35,6 @@ from django.dispatch import Signal
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from . import signals
-from .protocol import engine
 from .strategies.redis import health as redis_health
 
 logger = logging.getLogger("django_idempotency")
@@ -119,22 +118,24 @@ class Metrics:
             receiver = self._receiver(event)
             self._receivers[event] = receiver
             signal.connect(receiver, weak=False, dispatch_uid=_uid(event))
-        engine.claim_timer = self.observe_claim
+        signals.claim_timed.connect(self.observe_claim, weak=False, dispatch_uid=_uid("claim"))
         redis_health.monitor.observer = self.observe_fallback
 
     def disconnect(self) -> None:
         for event, signal in EVENTS.items():
             signal.disconnect(dispatch_uid=_uid(event))
         self._receivers.clear()
-        if engine.claim_timer == self.observe_claim:
-            engine.claim_timer = None
+        signals.claim_timed.disconnect(dispatch_uid=_uid("claim"))
         if redis_health.monitor.observer == self.observe_fallback:
             redis_health.monitor.observer = None
         for collector in (self.events, self.claim_seconds, self.fallbacks, self.fallback_active):
             with contextlib.suppress(KeyError):  # already unregistered
                 self.registry.unregister(collector)
 
-    def observe_claim(self, strategy: str, outcome: str, seconds: float) -> None:
+    def observe_claim(
+        self, sender: Any, strategy: str = "", outcome: str = "", seconds: float = 0.0, **kw: Any
+    ) -> None:
+        """``signals.claim_timed``'s receiver: the claim's duration by strategy and outcome."""
         try:
             self.claim_seconds.labels(strategy=strategy or "unknown", outcome=outcome).observe(
                 seconds

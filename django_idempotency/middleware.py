@@ -36,8 +36,9 @@ from django.utils.module_loading import import_string
 
 from .conf import conf
 from .decorators import EXEMPT_ATTR, HANDLED_ATTR, OPT_IN_ATTR, OptIn
-from .protocol.engine import ahandle, default_scope, handle, takes_part
+from .protocol.engine import ahandle, handle, takes_part
 from .protocol.options import Options
+from .protocol.scope import default_scope
 
 PATH = "django_idempotency.middleware.IdempotencyMiddleware"
 #: The values of ``IDEMPOTENCY["MIDDLEWARE_DEFAULT"]``.

@@ -16,10 +16,11 @@ from rest_framework.views import APIView
 from .checks import validate_view_options, view_name
 from .conf import conf
 from .errors import IdempotencyError, MisplacedIdempotencyMixin
-from .protocol.engine import IdempotentRequest, default_scope, transient_conflict_response
+from .protocol.engine import IdempotentRequest, transient_conflict_response
 from .protocol.fingerprint import preload_body
 from .protocol.options import OPTION_NAMES, Options
 from .protocol.problems import problem_response
+from .protocol.scope import default_scope
 from .store.errors import DATABASE_ERRORS
 
 

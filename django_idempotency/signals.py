@@ -25,3 +25,7 @@ wait_started = Signal()
 wait_replayed = Signal()
 #: A waiting duplicate's wait ran out (it gets the 409).
 wait_timed_out = Signal()
+#: A claim got its outcome (waits included): sent with ``outcome`` (``claimed``,
+#: ``taken_over``, ``in_progress``, ``replay``, ``mismatch``, or ``error`` when the claim
+#: raised) and ``seconds``; only timed while a receiver is connected (metrics connect one).
+claim_timed = Signal()

@@ -18,7 +18,7 @@ from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.strategies.base import (
     Attempt,
     Claim,
-    InFlight,
+    InProgress,
     Mismatch,
     Outcome,
     Replay,
@@ -94,7 +94,7 @@ class MemoryStrategy(Strategy):
             if record.fingerprint != attempt.fingerprint:
                 return Mismatch()
             if record.response is None:
-                return InFlight()
+                return InProgress()
             return Replay(record.response)
 
     def mine(self, attempt: Attempt, token: str) -> Record | None:

@@ -25,7 +25,7 @@ from django.utils import timezone
 from django_idempotency import strategies
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.protocol.replay import StoredResponse
-from django_idempotency.store.managers import ClaimState
+from django_idempotency.store.records import ClaimState
 from django_idempotency.store.sql import ASYNC_COMMIT, statements
 
 from .factories import UserFactory

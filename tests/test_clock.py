@@ -22,7 +22,7 @@ from django.utils import timezone
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.protocol.lifecycle import Lifecycle
 from django_idempotency.protocol.replay import StoredResponse
-from django_idempotency.store.managers import ClaimResult, ClaimState
+from django_idempotency.store.records import ClaimResult, ClaimState
 
 from .factories import CompletedKeyFactory, IdempotencyKeyFactory
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from django_idempotency.protocol.keys import bounded_scope, downstream_key
+from django_idempotency.protocol.keys import downstream_key
+from django_idempotency.protocol.scope import bounded_scope
 
 
 def test_downstream_key_is_stable_per_scope_key_and_name() -> None:

@@ -16,7 +16,7 @@ from django_idempotency.models import IdempotencyKey
 from django_idempotency.protocol.lifecycle import TRANSITIONS, Lifecycle, State
 from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.store.status import COMPLETED
-from django_idempotency.strategies.base import Attempt, InFlight
+from django_idempotency.strategies.base import Attempt, InProgress
 from django_idempotency.strategies.db import DatabaseStrategy
 
 from .testapp.models import SideEffect
@@ -140,7 +140,7 @@ def test_a_duplicate_gets_the_outcome_and_no_state() -> None:
     key = uuid.uuid4().hex
     with Lifecycle(DatabaseStrategy(), attempt(key)) as first:
         with Lifecycle(DatabaseStrategy(), attempt(key)) as duplicate:
-            assert isinstance(duplicate.outcome, InFlight) and not duplicate.claimed
+            assert isinstance(duplicate.outcome, InProgress) and not duplicate.claimed
         assert duplicate.state is None
         first.complete(RESPONSE)
 

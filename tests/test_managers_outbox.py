@@ -20,7 +20,8 @@ from django.utils import timezone
 
 from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
 from django_idempotency.protocol.replay import StoredResponse
-from django_idempotency.store.managers import COMPLETED, IN_PROGRESS, ClaimState
+from django_idempotency.store.records import ClaimState
+from django_idempotency.store.status import COMPLETED, IN_PROGRESS
 
 from .factories import CompletedKeyFactory, IdempotencyKeyFactory
 

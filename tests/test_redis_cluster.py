@@ -14,7 +14,7 @@ from redis.cluster import RedisCluster
 
 from django_idempotency.protocol.lifecycle import Lifecycle
 from django_idempotency.protocol.replay import StoredResponse
-from django_idempotency.strategies.base import Attempt, Claim, InFlight, Replay
+from django_idempotency.strategies.base import Attempt, Claim, InProgress, Replay
 from django_idempotency.strategies.redis import store as redis_store
 from django_idempotency.strategies.redis.store import RedisStore, get_client, get_store
 from django_idempotency.strategies.redis.strategy import RedisStrategy
@@ -76,7 +76,7 @@ def test_strategy_works_through_redis_cluster(
         assert claim.renew()
         with Lifecycle(strategy, attempt) as duplicate_life:
             duplicate = duplicate_life.outcome
-            assert isinstance(duplicate, InFlight)
+            assert isinstance(duplicate, InProgress)
         claim_life.complete(RESPONSE)
     with Lifecycle(strategy, attempt) as replay_life:
         replay = replay_life.outcome
@@ -103,7 +103,7 @@ def test_twenty_threads_claim_one_key_on_the_cluster(
     seen = run_at_once(20, run)  # a thread's error is re-raised here
     summary = Counter(seen)
     assert summary["Claim"] == 1, summary
-    assert set(summary) <= {"Claim", "InFlight", "Replay"}, summary
+    assert set(summary) <= {"Claim", "InProgress", "Replay"}, summary
     assert sum(summary.values()) == 20
 
 

@@ -23,7 +23,7 @@ from django_idempotency.errors import (
 )
 from django_idempotency.mixins import IdempotencyMixin
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.protocol.engine import default_scope
+from django_idempotency.protocol.scope import default_scope
 
 from .factories import UserFactory
 from .support.api import post_json, replayed, token_client

@@ -21,9 +21,9 @@ from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
 from django_idempotency.protocol.lifecycle import Lifecycle
 from django_idempotency.protocol.problems import PROBLEM_CONTENT_TYPE
 from django_idempotency.protocol.replay import StoredResponse
-from django_idempotency.store.managers import COMPLETED
+from django_idempotency.store.status import COMPLETED
 from django_idempotency.strategies import load_strategy
-from django_idempotency.strategies.base import Attempt, InFlight, Replay
+from django_idempotency.strategies.base import Attempt, InProgress, Replay
 from django_idempotency.strategies.hybrid import EPOCH_SUFFIX, HybridClaim, HybridStrategy
 from django_idempotency.strategies.redis.store import get_client, get_store
 from example_project.payments.models import Charge
@@ -227,7 +227,7 @@ def test_released_claim_lets_the_next_request_run(hybrid: Any) -> None:
         assert isinstance(holder, HybridClaim)
         with Lifecycle(strategy, attempt) as duplicate_life:
             duplicate = duplicate_life.outcome
-            assert isinstance(duplicate, InFlight)
+            assert isinstance(duplicate, InProgress)
         holder_life.release()
 
 

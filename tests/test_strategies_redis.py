@@ -22,7 +22,7 @@ from django_idempotency.protocol.lifecycle import Lifecycle
 from django_idempotency.protocol.problems import PROBLEM_CONTENT_TYPE
 from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.strategies import load_strategy
-from django_idempotency.strategies.base import Attempt, Claim, InFlight, Mismatch, Replay
+from django_idempotency.strategies.base import Attempt, Claim, InProgress, Mismatch, Replay
 from django_idempotency.strategies.redis.store import get_store
 from django_idempotency.strategies.redis.strategy import RedisClaim, RedisStrategy
 from tests.testapp.models import SideEffect
@@ -143,7 +143,7 @@ def test_session_outcomes(on_shared_redis: dict[str, Any]) -> None:
         assert isinstance(outcome, RedisClaim) and not outcome.taken_over
         with Lifecycle(strategy, attempt) as duplicate_life:
             duplicate = duplicate_life.outcome
-            assert isinstance(duplicate, InFlight)
+            assert isinstance(duplicate, InProgress)
         with Lifecycle(
             strategy, _attempt(attempt.key, fingerprint="other", atomic=False)
         ) as other_life:
@@ -171,7 +171,7 @@ def test_lease_is_lock_timeout_and_the_heartbeat_keeps_it(on_shared_redis: dict[
             assert lease.renewals >= 5 and not lease.lost
             with Lifecycle(strategy, attempt) as duplicate_life:
                 duplicate = duplicate_life.outcome
-                assert isinstance(duplicate, InFlight)
+                assert isinstance(duplicate, InProgress)
         claim_life.release()
     assert store.get(attempt.scope, attempt.key) is None
 
@@ -250,7 +250,7 @@ def test_racing_sessions_have_one_owner(on_shared_redis: dict[str, Any]) -> None
 
     outcomes = run_at_once(20, run)
     assert sum(isinstance(o, Claim) for o in outcomes) == 1
-    assert all(isinstance(o, (Claim, InFlight, Replay)) for o in outcomes)
+    assert all(isinstance(o, (Claim, InProgress, Replay)) for o in outcomes)
     assert len(outcomes) == 20
 
 

@@ -21,7 +21,7 @@ from django.conf import settings as django_settings
 from django.db import connection
 
 from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
-from django_idempotency.store.managers import COMPLETED
+from django_idempotency.store.status import COMPLETED
 from django_idempotency.strategies import load_strategy
 from django_idempotency.tasks import (
     DRAIN_TASK,

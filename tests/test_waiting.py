@@ -23,6 +23,7 @@ from django_idempotency import signals
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.protocol import waiting
 from django_idempotency.protocol.engine import handle
+from django_idempotency.protocol.keys import key_digest
 from django_idempotency.protocol.options import Options
 from django_idempotency.protocol.replay import REPLAYED_HEADER
 from tests.testapp.models import SideEffect
@@ -178,7 +179,7 @@ def test_the_postgres_listener_delivers_a_notify_from_another_connection() -> No
         pytest.skip("needs PostgreSQL")
     listener = waiting.postgres_listener("default")
     assert listener.ensure(5)
-    digest = waiting.key_digest("anonymous", uuid.uuid4().hex)
+    digest = key_digest("anonymous", uuid.uuid4().hex)
     params = dict(connections["default"].get_connection_params())
     for name in ("cursor_factory", "context", "prepare_threshold"):
         params.pop(name, None)
@@ -198,13 +199,14 @@ def test_the_redis_listener_delivers_a_publish(redis_settings: Any, shared_redis
     listener = waiting.redis_listener(store)
     assert listener.ensure(5)
     key = uuid.uuid4().hex
-    with waiting.hub.subscribe(waiting.key_digest("user:1", key)) as woken:
+    with waiting.hub.subscribe(key_digest("user:1", key)) as woken:
         store.notify("user:1", key)
         assert woken.wait(3)
 
 
 def test_options_and_the_attempt_carry_the_wait() -> None:
-    from django_idempotency.protocol.engine import IdempotentRequest, default_scope
+    from django_idempotency.protocol.engine import IdempotentRequest
+    from django_idempotency.protocol.scope import default_scope
 
     with override_settings(IDEMPOTENCY={"WAIT": 2}):
         idem = IdempotentRequest.from_request(request("k-opt"), default_scope, Options())
@@ -226,6 +228,6 @@ def test_the_redis_listener_on_a_cluster(
     assert listener.ensure(10)
     for _ in range(5):  # keys in different slots
         key = uuid.uuid4().hex
-        with waiting.hub.subscribe(waiting.key_digest("user:1", key)) as woken:
+        with waiting.hub.subscribe(key_digest("user:1", key)) as woken:
             store.notify("user:1", key)
             assert woken.wait(3)

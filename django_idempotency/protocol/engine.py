@@ -20,13 +20,10 @@ from django.db import DatabaseError, InterfaceError, connections
 from django.dispatch import Signal
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
-from django.utils.crypto import salted_hmac
-from django.utils.module_loading import import_string
 
 from .. import signals
 from ..conf import conf
 from ..errors import (
-    CredentialsNotAuthenticated,
     FingerprintMismatch,
     IdempotencyError,
     LeaseLost,
@@ -38,27 +35,20 @@ from ..errors import (
 )
 from ..store.errors import DATABASE_ERRORS, classify_database_error
 from ..strategies import get_strategy
-from ..strategies.base import Attempt, Claim, InFlight, Mismatch, Outcome, Replay, Strategy
+from ..strategies.base import Attempt, Claim, InProgress, Mismatch, Outcome, Replay, Strategy
 from . import waiting
 from .fingerprint import fingerprint
 from .header import parse_key
-from .keys import bounded_scope, downstream_key
+from .keys import downstream_key, key_digest
 from .lease import keeper
 from .lifecycle import Lifecycle
 from .negotiation import retry_accepts
 from .options import Options
 from .problems import problem_response
 from .replay import NotStorable, StoredResponse, capture
+from .scope import bounded_scope, default_scope
 
 logger = logging.getLogger("django_idempotency")
-
-#: ``(strategy name, outcome, seconds)``, called after each claim when set
-#: (``django_idempotency.metrics`` sets it). None keeps the claim path free of timing.
-ClaimTimer = Callable[[str, str, float], None]
-claim_timer: ClaimTimer | None = None
-
-#: The ``salted_hmac`` salt of the scope of an anonymous request with a credential cookie.
-CREDENTIAL_SALT = "django_idempotency.engine.default_scope"
 
 
 @dataclass(frozen=True)
@@ -74,36 +64,6 @@ class RequestIdempotency:
         """A key for an outside service (e.g. a payment provider's Idempotency-Key),
         the same for every retry of this request."""
         return downstream_key(conf.DOWNSTREAM_KEY_SECRET, self.scope, self.key, name)
-
-
-def default_scope(request: HttpRequest) -> str:
-    """``SCOPE_FUNCTION``'s result when set; else ``user:<pk>`` for an authenticated user.
-
-    An anonymous request never shares the scope ``anonymous`` with other callers while it
-    carries a credential: one of ``CREDENTIAL_HEADERS`` (credentials that were not
-    authenticated before the claim) raises ``CredentialsNotAuthenticated``; one of
-    ``CREDENTIAL_COOKIES`` (an anonymous session) scopes it by a keyed hash of the cookie.
-    Only a request with neither is ``anonymous``.
-    """
-    path = conf.SCOPE_FUNCTION
-    if path:
-        func: Callable[[HttpRequest], str] = import_string(path)
-        return str(func(request))
-    user = getattr(request, "user", None)
-    if user is not None and getattr(user, "is_authenticated", False):
-        return f"user:{user.pk}"
-    for header in conf.CREDENTIAL_HEADERS:
-        if request.headers.get(header):
-            raise CredentialsNotAuthenticated(
-                f"The request carries an {header} header, but it was not authenticated "
-                "before the Idempotency-Key was claimed, so the request was not processed."
-            )
-    for name in conf.CREDENTIAL_COOKIES:
-        value = request.COOKIES.get(name)
-        if value:
-            digest = salted_hmac(CREDENTIAL_SALT, f"{name}\x00{value}", algorithm="sha256")
-            return "anonymous:" + digest.hexdigest()
-    return "anonymous"
 
 
 class IdempotentRequest:
@@ -200,9 +160,10 @@ class IdempotentRequest:
 
     def _claim(self) -> Outcome:
         """Claim through a lifecycle, waiting for a key in progress when the attempt's
-        ``wait`` is set; ``claim_timer``, when set, times it (waits included) by outcome."""
-        timer = claim_timer
-        started = time.perf_counter() if timer is not None else 0.0
+        ``wait`` is set. While a receiver listens to ``signals.claim_timed`` (metrics), the
+        claim is timed (waits included) and sent with its outcome."""
+        timed = bool(signals.claim_timed.receivers)
+        started = time.perf_counter() if timed else 0.0
         label = "error"
         try:
             if self.attempt.wait > 0 and not self.strategy.waits_in_claim:
@@ -211,8 +172,9 @@ class IdempotentRequest:
                 outcome = self._enter(self._stack)
             label = outcome.label
         finally:
-            if timer is not None:
-                timer(self.strategy.name, label, time.perf_counter() - started)
+            if timed:
+                seconds = time.perf_counter() - started
+                self._send(signals.claim_timed, outcome=label, seconds=seconds)
         return outcome
 
     def _claim_or_wait(self) -> Outcome:
@@ -227,9 +189,9 @@ class IdempotentRequest:
         listener = self.strategy.listener(attempt)
         if listener is not None:
             listener.ensure()  # not ready (store unreachable): the waiter polls
-        with waiting.hub.subscribe(waiting.key_digest(self.scope, self.key)) as woken:
+        with waiting.hub.subscribe(key_digest(self.scope, self.key)) as woken:
             outcome = self._claim_once()
-            if not isinstance(outcome, InFlight) or not waiting.slots.acquire():
+            if not isinstance(outcome, InProgress) or not waiting.slots.acquire():
                 return outcome  # past WAIT_MAX_WAITERS: the 409 at once
             try:
                 self._event(
@@ -240,7 +202,7 @@ class IdempotentRequest:
                     attempt.wait,
                 )
                 poll = max(conf.WAIT_POLL_INTERVAL, 0.01)
-                while isinstance(outcome, InFlight):
+                while isinstance(outcome, InProgress):
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         self._event(
@@ -264,7 +226,7 @@ class IdempotentRequest:
         """One lifecycle; kept (in ``_stack``) unless the key was in progress."""
         with ExitStack() as stack:
             outcome = self._enter(stack)
-            if not isinstance(outcome, InFlight):
+            if not isinstance(outcome, InProgress):
                 self._stack.enter_context(stack.pop_all())
         return outcome
 
@@ -348,7 +310,7 @@ class IdempotentRequest:
                 "idempotency key %s (scope %s) reused with a different request",
             )
             raise FingerprintMismatch()
-        if isinstance(outcome, InFlight):
+        if isinstance(outcome, InProgress):
             self._event(
                 "conflict",
                 signals.request_conflict,
@@ -446,13 +408,14 @@ class IdempotentRequest:
             stacklevel=2,
         )
 
-    def _send(self, signal: Signal) -> None:
+    def _send(self, signal: Signal, **more: object) -> None:
         signal.send(
             sender=type(self.strategy),
             request=self.request,
             scope=self.scope,
             key=self.key,
             strategy=self.strategy.name,
+            **more,
         )
 
 

@@ -93,7 +93,7 @@ class Lifecycle:
             if lifecycle.claimed:
                 lifecycle.complete(capture(view()))  # or lifecycle.release()
             else:
-                ...  # lifecycle.outcome: InFlight, Replay or Mismatch
+                ...  # lifecycle.outcome: InProgress, Replay or Mismatch
 
     ``__enter__`` claims; for a claim it has opened the view's transaction, and the view
     runs in the ``with`` block. ``__exit__`` ends the transaction and moves the claim to

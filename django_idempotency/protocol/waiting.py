@@ -17,7 +17,6 @@ reconnecting, and SQLite, which has no notifications. See docs/waiting.md.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import threading
@@ -28,17 +27,12 @@ from typing import Any
 from django.db import connections
 
 from ..conf import conf
+from .keys import key_digest
 
 logger = logging.getLogger("django_idempotency")
 
 #: The PostgreSQL channel (and the suffix of the Redis channel) of the wake-ups.
 CHANNEL = "django_idempotency"
-
-
-def key_digest(scope: str, key: str) -> str:
-    """What a notification carries: a hash of (scope, key), never the key itself (the
-    same digest names the key's record in Redis)."""
-    return hashlib.sha256(scope.encode() + b"\x00" + key.encode()).hexdigest()[:32]
 
 
 class Hub:

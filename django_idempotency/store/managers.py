@@ -13,29 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections, models
 
-from .outbox import IdempotencyOutboxManager
 from .purge import PurgeQuerySet
-from .records import ClaimResult, ClaimState, DrainResult, KeyRecord, KeyRow
-from .sql import Statements, clock_in_sql, database, statements
-from .status import COMPLETED, IN_PROGRESS
+from .records import ClaimResult, ClaimState, KeyRow
+from .sql import Statements, database, statements
+from .status import IN_PROGRESS
 
 if TYPE_CHECKING:
     from ..models import IdempotencyKey  # noqa: F401 - named in a string annotation
     from ..protocol.replay import StoredResponse
-
-__all__ = [
-    "COMPLETED",
-    "IN_PROGRESS",
-    "ClaimResult",
-    "ClaimState",
-    "DrainResult",
-    "IdempotencyKeyManager",
-    "IdempotencyKeyQuerySet",
-    "IdempotencyOutboxManager",
-    "KeyRecord",
-    "KeyRow",
-    "clock_in_sql",
-]
 
 
 class KeyStatements:

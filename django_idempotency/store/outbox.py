@@ -22,8 +22,6 @@ if TYPE_CHECKING:
     from ..models import IdempotencyOutbox  # noqa: F401 - named in a string annotation
     from ..protocol.replay import StoredResponse
 
-__all__ = ["DrainResult", "IdempotencyOutboxManager", "KeyRecord"]
-
 
 class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
     """The outbox of the ``hybrid`` strategy: add a row, look a key up, drain in batches.

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from enum import Enum
 from typing import NamedTuple
 
 from django.utils import timezone
 
 from ..protocol.replay import StoredResponse
-from .status import COMPLETED, IN_PROGRESS
+from .status import COMPLETED
 
 
 class ClaimState(Enum):
@@ -119,17 +119,6 @@ class KeyRecord:
         Redis refill: a clock that is off shortens or lengthens that copy's life by as
         much, and the database record stays the authority)."""
         return max((self.expires_at - (now or timezone.now())).total_seconds(), 0.0)
-
-    def is_stale(self, lock_timeout: float, now: datetime | None = None) -> bool:
-        """An in-progress claim whose lease was not renewed for ``lock_timeout`` seconds,
-        by this process's clock: for display only. Whether a lease may be taken over is
-        decided on the database's clock (:meth:`IdempotencyKeyManager.claim`,
-        :meth:`IdempotencyKeyManager.fence_stale_claim`)."""
-        if self.status != IN_PROGRESS:
-            return False
-        return lease_lapsed(
-            self.locked_at, (now or timezone.now()) - timedelta(seconds=lock_timeout)
-        )
 
 
 @dataclass(frozen=True)

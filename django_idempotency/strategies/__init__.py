@@ -8,7 +8,7 @@ from django.utils.module_loading import import_string
 
 from ..conf import conf
 from ..errors import ImproperlyConfiguredStrategy
-from .base import Attempt, Claim, InFlight, Mismatch, Outcome, Replay, Strategy
+from .base import Strategy
 
 BUILTIN = {
     "db": "django_idempotency.strategies.db.DatabaseStrategy",
@@ -54,17 +54,3 @@ def reset() -> None:
     conf.reload()
     with _lock:
         _loaded.clear()
-
-
-__all__ = [
-    "Attempt",
-    "Claim",
-    "InFlight",
-    "Mismatch",
-    "Outcome",
-    "Replay",
-    "Strategy",
-    "get_strategy",
-    "load_strategy",
-    "reset",
-]

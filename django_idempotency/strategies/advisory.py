@@ -25,7 +25,7 @@ from ..store.status import COMPLETED
 from .base import (
     Attempt,
     Claim,
-    InFlight,
+    InProgress,
     Mismatch,
     Outcome,
     Replay,
@@ -125,11 +125,11 @@ class AdvisoryLockStrategy(Strategy):
         try:
             lock(attempt)
         except NoWaiterSlot:
-            return InFlight()
+            return InProgress()
         except OperationalError as exc:
             if getattr(getattr(exc, "__cause__", None), "sqlstate", None) == "55P03":
                 # lock_not_available: another request has held the key past the lock timeout
-                return InFlight()
+                return InProgress()
             raise StoreUnavailable() from exc
         try:
             row = IdempotencyKey.objects.read(
@@ -142,5 +142,5 @@ class AdvisoryLockStrategy(Strategy):
         if row.fingerprint != attempt.fingerprint:
             return Mismatch()
         if row.status != COMPLETED:
-            return InFlight()
+            return InProgress()
         return Replay(row.stored_response())

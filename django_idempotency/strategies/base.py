@@ -5,7 +5,7 @@ returns an outcome:
 
 * a :class:`Claim` — this request owns the key; the view runs, and the claim stores
   its response or gives the key back;
-* :class:`InFlight` — another request holds the key (409);
+* :class:`InProgress` — another request holds the key (409);
 * :class:`Replay` — the key completed; here is the stored response;
 * :class:`Mismatch` — the key was used for a different request (422);
 * :class:`Delegate` — another strategy handles this attempt (a fallback).
@@ -78,16 +78,16 @@ class Outcome:
     @property
     def label(self) -> str:
         """The outcome's name in metrics and logs: ``claimed``, ``taken_over``,
-        ``in_flight``, ``replay``, ``mismatch``; ``error`` for one the engine does not
+        ``in_progress``, ``replay``, ``mismatch``; ``error`` for one the engine does not
         handle. Subclasses override it with a class attribute (unannotated: not a field),
         or with a property where it depends on the claim."""
         return "error"
 
 
 @dataclass(frozen=True)
-class InFlight(Outcome):
+class InProgress(Outcome):
     retry_after: int = 1
-    label = "in_flight"
+    label = "in_progress"
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,13 @@ from django.db import DatabaseError, connections
 from ..errors import LeaseLost, StoreUnavailable
 from ..models import IdempotencyKey
 from ..protocol import waiting
+from ..protocol.keys import key_digest
 from ..protocol.replay import StoredResponse
 from ..store.records import ClaimState
 from .base import (
     Attempt,
     Claim,
-    InFlight,
+    InProgress,
     Mismatch,
     Outcome,
     Replay,
@@ -84,7 +85,7 @@ class DatabaseClaim(Claim):
 
     def wake_local(self) -> None:
         """Wake this process's waiters for the key (the only wake-up on SQLite)."""
-        waiting.hub.wake(waiting.key_digest(self.attempt.scope, self.attempt.key))
+        waiting.hub.wake(key_digest(self.attempt.scope, self.attempt.key))
 
     def release(self) -> bool:
         a = self.attempt
@@ -139,6 +140,6 @@ class DatabaseStrategy(Strategy):
         if result.state is ClaimState.MISMATCH:
             return Mismatch()
         if result.state is ClaimState.IN_PROGRESS:
-            return InFlight()
+            return InProgress()
         assert result.response is not None
         return Replay(result.response)

@@ -22,7 +22,7 @@ from ..errors import LeaseLost, StoreUnavailable
 from ..models import IdempotencyOutbox
 from ..protocol.replay import StoredResponse
 from ..store.records import KeyRecord
-from .base import Attempt, Delegate, InFlight, Mismatch, Outcome, Replay, store_failed
+from .base import Attempt, Delegate, InProgress, Mismatch, Outcome, Replay, store_failed
 from .db import DatabaseClaim, DatabaseStrategy
 from .redis.store import (
     LossCheckDenied,
@@ -275,7 +275,7 @@ class HybridStrategy(RedisStrategy):
             return Mismatch()
         if found.completed and found.response is not None:
             return Replay(found.response)
-        return InFlight()
+        return InProgress()
 
     def lookup(self, attempt: Attempt) -> KeyRecord | None:
         """The key's live record in the outbox or IdempotencyKey (one statement)."""

@@ -24,7 +24,7 @@ from django_idempotency.conf import conf
 from django_idempotency.decorators import idempotent
 from django_idempotency.mixins import IdempotencyMixin
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.store.managers import ClaimResult
+from django_idempotency.store.records import ClaimResult
 
 from ..testapp.models import SideEffect
 from .threads import in_background

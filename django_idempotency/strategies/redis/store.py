@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -34,6 +33,7 @@ from redis.retry import Retry
 
 from ...conf import conf
 from ...errors import RedisNotConfigured
+from ...protocol.keys import key_digest
 from ...protocol.replay import StoredResponse
 from ...store.status import COMPLETED, IN_PROGRESS
 
@@ -413,8 +413,7 @@ class RedisStore:
     # keys
 
     def record_key(self, scope: str, key: str) -> str:
-        digest = hashlib.sha256(scope.encode() + b"\x00" + key.encode()).hexdigest()[:32]
-        return f"{self.prefix}:{{{digest}}}:rec"
+        return f"{self.prefix}:{{{key_digest(scope, key)}}}:rec"
 
     @property
     def wake_channel(self) -> str:
@@ -424,9 +423,8 @@ class RedisStore:
     def notify(self, scope: str, key: str) -> None:
         """Wake the key's waiting duplicates in every process: one ``PUBLISH`` of the
         digest that names the record."""
-        digest = hashlib.sha256(scope.encode() + b"\x00" + key.encode()).hexdigest()[:32]
         try:
-            self.client.publish(self.wake_channel, digest)
+            self.client.publish(self.wake_channel, key_digest(scope, key))
         except REDIS_ERRORS as exc:
             raise RedisUnavailable(str(exc)) from exc
 

@@ -14,13 +14,14 @@ from collections.abc import Callable
 from ...conf import conf
 from ...errors import LeaseLost, StoreUnavailable
 from ...protocol import waiting
+from ...protocol.keys import key_digest
 from ...protocol.replay import StoredResponse
 from ..base import (
     NOT_STORED_DETAIL,
     Attempt,
     Claim,
     Delegate,
-    InFlight,
+    InProgress,
     Mismatch,
     Outcome,
     Replay,
@@ -65,7 +66,7 @@ class RedisClaim(Claim):
     def wake(self) -> None:
         """Wake the key's waiting duplicates (in every process through Redis); never raises."""
         a = self.attempt
-        waiting.hub.wake(waiting.key_digest(a.scope, a.key))
+        waiting.hub.wake(key_digest(a.scope, a.key))
         try:
             self.redis.notify(a.scope, a.key)
         except RedisUnavailable:
@@ -101,7 +102,7 @@ def outcome_for(record: RedisRecord, attempt: Attempt) -> Outcome:
         return Mismatch()
     if record.completed and record.response is not None:
         return Replay(record.response)
-    return InFlight()
+    return InProgress()
 
 
 #: ``(scope, key, fingerprint, token, lease_ms) -> (won, record)``, as ``RedisStore.claim``.
@@ -126,7 +127,7 @@ def redis_claim(
         if record is not None:
             return outcome_for(record, attempt), record
     # The holder kept finishing between our SET and GET: report it as busy.
-    return InFlight(), None
+    return InProgress(), None
 
 
 class RedisStrategy(Strategy):
