@@ -17,54 +17,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connections
 from django.utils import timezone
 
 from django_idempotency.models import IdempotencyKey
 from tests.factories import CompletedKeyFactory, ExpiredKeyFactory, StaleKeyFactory
-from tests.support import services
+from tests.support.browser import browser_page
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 DOCS_IMG = Path(__file__).resolve().parent.parent / "docs" / "img"
 #: The width of the browser window: a laptop's, where the list used to scroll sideways.
 WIDTH = 1400
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 @pytest.fixture
 def page(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    # Playwright's sync API keeps an event loop running in this thread; the ORM calls
-    # this test makes between browser steps are still plain synchronous code.
+    # The ORM calls this test makes between browser steps are plain synchronous code.
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    executable = services.chromium()
-    assert executable is not None
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=executable, headless=True, args=CHROMIUM_ARGS
-        )
-        context = browser.new_context(viewport={"width": WIDTH, "height": 900})
-        context.set_default_timeout(15_000)
-        try:
-            yield context.new_page()
-        finally:
-            context.close()
-            browser.close()
-            # While Playwright's loop runs, Django keeps this thread's connections in
-            # context-local storage, apart from the test's usual ones: close them here,
-            # or the test database cannot be dropped at the end of the run.
-            connections.close_all()
+    with browser_page(WIDTH) as page:
+        yield page
 
 
 def screenshot(page: Any, tmp_path: Path, name: str) -> None:
