@@ -122,18 +122,20 @@ def seed() -> tuple[IdempotencyKey, IdempotencyKey]:
     return stuck, shown
 
 
-def test_admin_list_filter_detail_and_release(
-    page: Any, live_server: Any, admin_user: Any, tmp_path: Path
-) -> None:
-    stuck, shown = seed()
-    base = live_server.url
+CHANGELIST = "/admin/django_idempotency/idempotencykey/"
 
-    # Log in.
-    page.goto(f"{base}/admin/login/?next=/admin/django_idempotency/idempotencykey/")
+
+def log_in(page: Any, base: str) -> None:
+    """As the admin, onto the list of keys."""
+    page.goto(f"{base}/admin/login/?next={CHANGELIST}")
     page.fill("#id_username", "admin")
     page.fill("#id_password", "password")
     page.click("input[type=submit]")
     page.wait_for_selector("#result_list")
+
+
+def check_the_list(page: Any) -> None:
+    """Every key, nothing scrolling sideways, the app named once, the ages in words."""
     assert page.locator("#result_list tbody tr").count() == 9
     assert_fits(page)
     assert words(page.locator(".breadcrumbs").inner_text()) == (
@@ -143,7 +145,6 @@ def test_admin_list_filter_detail_and_release(
     sidebar = page.locator("#nav-sidebar .app-django_idempotency")
     assert words(sidebar.locator("caption").text_content() or "") == "Idempotency"
     assert words(sidebar.locator("tbody").inner_text()) == "Idempotency keys"
-
     # Ages in words; the exact time on hover.
     assert cell(page, "order-1001-charge", "age") == "7 minutes"
     assert cell(page, "order-1001-charge", "expires") == "in 23 hours"
@@ -155,27 +156,29 @@ def test_admin_list_filter_detail_and_release(
     created = timezone.localtime(IdempotencyKey.objects.get(key="order-1001-charge").created_at)
     assert (title.get_attribute("title") or "").startswith(f"{created:%Y-%m-%d %H:%M:%S}")
 
-    screenshot(page, tmp_path, "admin.png")
 
-    # Filters: status, then expired, then the response class.
+def check_the_filters(page: Any, base: str) -> None:
+    """Status, then expired, then the response class."""
     page.click("#changelist-filter a:text-is('in progress')")
     page.wait_for_url("**status__exact=in_progress**")
     rows = page.locator("#result_list tbody tr")
     assert rows.count() == 1
     assert "order-1007-charge" in rows.first.inner_text()
 
-    page.goto(f"{base}/admin/django_idempotency/idempotencykey/")
+    page.goto(f"{base}{CHANGELIST}")
     page.click("#changelist-filter details:has(summary:text-is(' By expired ')) a:text-is('Yes')")
     page.wait_for_url("**expired=yes**")
     assert page.locator("#result_list tbody tr").count() == 1
     assert "order-0917-charge" in page.locator("#result_list").inner_text()
 
-    page.goto(f"{base}/admin/django_idempotency/idempotencykey/?response_class=4xx")
+    page.goto(f"{base}{CHANGELIST}?response_class=4xx")
     assert page.locator("#result_list tbody tr").count() == 1
     assert "order-1006-charge" in page.locator("#result_list").inner_text()
 
-    # Search, and open one key: headers and the indented JSON body.
-    page.goto(f"{base}/admin/django_idempotency/idempotencykey/")
+
+def check_a_key(page: Any, base: str, shown: IdempotencyKey, tmp_path: Path) -> None:
+    """Search, and open one key: headers and the indented JSON body."""
+    page.goto(f"{base}{CHANGELIST}")
     page.fill("#searchbar", "order-1001")
     page.press("#searchbar", "Enter")
     page.wait_for_url("**q=order-1001**")
@@ -192,14 +195,15 @@ def test_admin_list_filter_detail_and_release(
     assert_fits(page)
     screenshot(page, tmp_path, "admin-detail.png")
 
-    # The stuck key's lease, in words.
-    page.goto(f"{base}/admin/django_idempotency/idempotencykey/{stuck.pk}/change/")
+
+def check_the_release(page: Any, base: str, stuck: IdempotencyKey, tmp_path: Path) -> None:
+    """The stuck key's lease in words; its release through the confirmation page."""
+    page.goto(f"{base}{CHANGELIST}{stuck.pk}/change/")
     lease = page.locator(".field-lease .readonly").inner_text()
     assert words(lease) == "renewed 1 hour ago (stale: older than LOCK_TIMEOUT, 60 seconds)"
     assert_fits(page)
 
-    # Release the stuck key through its confirmation page.
-    page.goto(f"{base}/admin/django_idempotency/idempotencykey/?status__exact=in_progress")
+    page.goto(f"{base}{CHANGELIST}?status__exact=in_progress")
     page.check(f"input[name=_selected_action][value='{stuck.pk}']")
     page.select_option("select[name=action]", "release_stuck_keys")
     page.click("button[name=index]")
@@ -219,6 +223,19 @@ def test_admin_list_filter_detail_and_release(
     page.wait_for_selector("ul.messagelist")
     assert "Released 1 in-progress key." in page.locator("ul.messagelist").inner_text()
     assert not IdempotencyKey.objects.filter(pk=stuck.pk).exists()
+
+
+def test_admin_list_filter_detail_and_release(
+    page: Any, live_server: Any, admin_user: Any, tmp_path: Path
+) -> None:
+    stuck, shown = seed()
+    base = live_server.url
+    log_in(page, base)
+    check_the_list(page)
+    screenshot(page, tmp_path, "admin.png")
+    check_the_filters(page, base)
+    check_a_key(page, base, shown, tmp_path)
+    check_the_release(page, base, stuck, tmp_path)
     assert IdempotencyKey.objects.count() == 8
 
 
@@ -231,16 +248,12 @@ def test_releasing_several_keys_is_asked_in_the_plural(
     first = StaleKeyFactory(scope="tenant:" + "x" * 248, key=longest)
     second = StaleKeyFactory(scope="user:43", key="order-2002-charge")
     base = live_server.url
-    page.goto(f"{base}/admin/login/?next=/admin/django_idempotency/idempotencykey/")
-    page.fill("#id_username", "admin")
-    page.fill("#id_password", "password")
-    page.click("input[type=submit]")
-    page.wait_for_selector("#result_list")
+    log_in(page, base)
     assert_fits(page)
     assert longest in words(page.locator("#result_list").inner_text()).replace(" ", "")
-    page.goto(f"{base}/admin/django_idempotency/idempotencykey/{first.pk}/change/")
+    page.goto(f"{base}{CHANGELIST}{first.pk}/change/")
     assert_fits(page)
-    page.goto(f"{base}/admin/django_idempotency/idempotencykey/")
+    page.goto(f"{base}{CHANGELIST}")
     page.check("#action-toggle")  # every key on the page
     page.select_option("select[name=action]", "release_stuck_keys")
     page.click("button[name=index]")
