@@ -149,7 +149,7 @@ def assert_page(
     assert response.status_code == error.status, response.content[:300]
     assert response["Content-Type"] == HTML
     assert b'<div class="response-info"' in response.content  # DRF's browsable API page
-    assert b'id="post-generic-content-form"' in response.content  # with its forms
+    assert b'-generic-content-form"' in response.content  # with its forms
     page = page_text(response)
     assert f"HTTP {error.status} " in page
     problem = error()
@@ -179,6 +179,18 @@ def test_the_raw_data_form_gets_the_page_too(browser: Client) -> None:
     response = send_json(browser, VIEWSET, accept=AJAX)
     assert_page(response, MissingKey)
     assert "Vary" in response and "Accept" in response["Vary"]
+
+
+def test_a_patch_without_a_key_on_a_detail_page(browser: Client) -> None:
+    """The detail page's forms (PUT, PATCH, DELETE) are built around the problem too."""
+    created = send_json(browser, VIEWSET, accept="application/json", key="k-detail")
+    detail = f"{VIEWSET}{created.json()['id']}/"
+    response = browser.patch(
+        detail, json.dumps({"amount": 9}), content_type="application/json", headers={"Accept": AJAX}
+    )
+    assert_page(response, MissingKey)
+    assert b'id="put-object-form"' in response.content
+    assert Charge.objects.get().amount == 500
 
 
 def test_each_problem_of_the_request_path_is_shown(browser: Client, alice: Any) -> None:
