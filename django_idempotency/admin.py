@@ -2,8 +2,10 @@
 
 Nobody adds or edits a key here: the list and the detail page need the *view*
 permission; the two actions (release stuck in-progress keys, purge expired keys)
-need the *delete* permission and go through the manager's methods.
-``IDEMPOTENCY["ADMIN_ENABLED"] = False`` leaves the models unregistered.
+need the *delete* permission and go through the manager's methods. Times are shown as
+ages in words ("7 minutes", "in 23 hours"), with the exact time on hover. The outbox is
+listed only where it can hold rows. ``IDEMPOTENCY["ADMIN_ENABLED"] = False`` leaves the
+models unregistered.
 """
 
 from __future__ import annotations
@@ -19,19 +21,22 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.models import DELETION, LogEntry
 from django.contrib.contenttypes.models import ContentType
+from django.core.exceptions import ImproperlyConfigured
 from django.db import models
 from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
-from django.utils.html import format_html, format_html_join
+from django.utils.html import avoid_wrapping, format_html, format_html_join
 from django.utils.safestring import SafeString
+from django.utils.timesince import timesince
+from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
-from django.utils.translation import ngettext
 
 from . import models as idempotency_models
 from .conf import conf
 from .models import IdempotencyKey
+from .strategies import get_strategy
 
 #: Characters of a stored body shown on the detail page; the rest is cut off.
 BODY_DISPLAY_LIMIT = 64 * 1024
@@ -142,6 +147,54 @@ def body_html(body: bytes | memoryview | None, headers: Any) -> SafeString:
     )
 
 
+# -- times in words ---------------------------------------------------------------------------
+
+
+def human_age(age: timedelta, depth: int = 2) -> str:
+    """``age`` in words, in the active language: under a minute in seconds ("12 seconds"),
+    else Django's ``timesince`` ("10 minutes", "1 hour, 5 minutes"), with up to ``depth``
+    adjacent units. A negative age is "0 seconds". Each number and its unit are kept
+    together by a non-breaking space, as ``timesince`` does."""
+    seconds = max(int(age.total_seconds()), 0)
+    if seconds < 60:
+        return avoid_wrapping(
+            ngettext("%(count)d second", "%(count)d seconds", seconds) % {"count": seconds}
+        )
+    now = timezone.now()
+    return timesince(now - timedelta(seconds=seconds), now, depth=depth)
+
+
+def seconds_text(seconds: float) -> str:
+    """A setting's number of seconds as written ("60 seconds", "0.5 seconds")."""
+    return avoid_wrapping(
+        ngettext("%(count)s second", "%(count)s seconds", 1 if seconds == 1 else 2)
+        % {"count": f"{seconds:g}"}
+    )
+
+
+def exact_time(moment: Any) -> str:
+    """``moment`` to the second, in the current time zone, for a title to hover on."""
+    if timezone.is_aware(moment):
+        moment = timezone.localtime(moment)
+    return f"{moment:%Y-%m-%d %H:%M:%S %Z}".rstrip()
+
+
+def timed(moment: Any, text: str) -> SafeString:
+    """``text`` (an age in words) as an HTML ``<time>`` with the exact ``moment`` in its
+    ``datetime`` and, to hover on, its ``title``."""
+    return format_html(
+        '<time datetime="{}" title="{}">{}</time>', moment.isoformat(), exact_time(moment), text
+    )
+
+
+def expiry_text(expires_at: Any, depth: int = 1) -> str:
+    """ "in 23 hours", or "expired 2 days ago"."""
+    now = timezone.now()
+    if expires_at <= now:
+        return gettext("expired %(age)s ago") % {"age": human_age(now - expires_at, depth)}
+    return gettext("in %(age)s") % {"age": human_age(expires_at - now, depth)}
+
+
 # -- list filters -----------------------------------------------------------------------------
 
 
@@ -208,9 +261,8 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "key",
         "status",
         "response_status",
-        "created_at",
-        "expires_at",
-        "expired",
+        "age",
+        "expires",
     )
     list_display_links = ("key",)
     list_filter = ("status", ExpiredFilter, ResponseClassFilter)
@@ -230,7 +282,10 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             _("Stored response"),
             {"fields": ("response_status", "stored_headers", "stored_body")},
         ),
-        (_("Times"), {"fields": ("created_at", "locked_at", "completed_at", "expires_at")}),
+        (
+            _("Times"),
+            {"fields": ("created_at", "age", "locked_at", "completed_at", "expires_at", "expires")},
+        ),
     )
     readonly_fields = (
         "scope",
@@ -249,7 +304,12 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "locked_at",
         "completed_at",
         "expires_at",
+        "age",
+        "expires",
     )
+
+    class Media:
+        css = {"all": ["django_idempotency/admin.css"]}
 
     # -- permissions: read-only; the actions need "delete" ---------------------------------
 
@@ -276,6 +336,14 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     @admin.display(boolean=True, description=_("expired"), ordering="expires_at")
     def expired(self, obj: IdempotencyKey) -> bool:
         return obj.is_expired
+
+    @admin.display(description=_("age"), ordering="created_at")
+    def age(self, obj: IdempotencyKey) -> SafeString:
+        return timed(obj.created_at, human_age(timezone.now() - obj.created_at, depth=1))
+
+    @admin.display(description=_("expires"), ordering="expires_at")
+    def expires(self, obj: IdempotencyKey) -> SafeString:
+        return timed(obj.expires_at, expiry_text(obj.expires_at))
 
     @admin.display(description=_("lease"))
     def lease(self, obj: IdempotencyKey) -> str:
@@ -330,16 +398,35 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 messages.SUCCESS if released else messages.WARNING,
             )
             return None
-        skipped = queryset.exclude(status=IdempotencyKey.Status.IN_PROGRESS).count()
+        return self._release_confirmation(request, queryset, stuck)
+
+    def _release_confirmation(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[IdempotencyKey],
+        stuck: list[IdempotencyKey],
+    ) -> TemplateResponse:
+        """The page that asks, of one key or of several, before anything is released."""
+        count = len(stuck)
+        if count:
+            title = ngettext(
+                "Release this in-progress key?", "Release these %(count)d in-progress keys?", count
+            ) % {"count": count}
+        else:
+            title = gettext("Nothing to release")
         opts = self.model._meta
         context = {
             **self.admin_site.each_context(request),
-            "title": _("Release stuck idempotency keys?"),
+            "title": title,
             "subtitle": None,
+            "breadcrumb": ngettext(
+                "Release an in-progress key", "Release in-progress keys", max(count, 1)
+            ),
+            "confirm": ngettext("Yes, release it", "Yes, release them", count),
             "opts": opts,
             "app_label": opts.app_label,
-            "stuck": [(obj, _lease_text(obj)) for obj in stuck],
-            "skipped": skipped,
+            "stuck": [(obj, _lease_text(obj), self.age(obj)) for obj in stuck],
+            "skipped": queryset.exclude(status=IdempotencyKey.Status.IN_PROGRESS).count(),
             "queryset": queryset,
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
             "action_name": "release_stuck_keys",
@@ -399,14 +486,16 @@ def _log_summary(request: HttpRequest, message: str) -> None:
 
 
 def _lease_text(obj: IdempotencyKey) -> str:
-    """How old the in-progress lease is, and whether it counts as abandoned."""
+    """How long ago the in-progress lease was renewed ("renewed 12 seconds ago"), and
+    whether that counts as abandoned."""
     if obj.locked_at is None:
         return str(_("no lease"))
     age = timezone.now() - obj.locked_at
-    seconds = max(int(age.total_seconds()), 0)
-    text = f"renewed {timedelta(seconds=seconds)} ago"
+    text = gettext("renewed %(age)s ago") % {"age": human_age(age)}
     if age.total_seconds() >= conf.LOCK_TIMEOUT:
-        text += f" (stale: older than LOCK_TIMEOUT = {conf.LOCK_TIMEOUT:g}s)"
+        text += " " + gettext("(stale: older than LOCK_TIMEOUT, %(timeout)s)") % {
+            "timeout": seconds_text(conf.LOCK_TIMEOUT)
+        }
     return text
 
 
@@ -454,6 +543,30 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return False
 
 
+class OutboxAdmin(ReadOnlyAdmin):
+    """The hybrid strategy's outbox, read-only. It is listed (on the admin's index, the
+    app's page and the sidebar) only where it can hold rows: under a strategy that writes
+    it, or while it does. Its pages answer at their URLs in any case."""
+
+    def get_model_perms(self, request: HttpRequest) -> dict[str, bool]:
+        perms = super().get_model_perms(request)
+        if any(perms.values()) and not outbox_in_use(self.get_queryset(request)):
+            return dict.fromkeys(perms, False)
+        return perms
+
+
+def outbox_in_use(rows: QuerySet[Any]) -> bool:
+    """Whether the configured strategy writes the outbox (``hybrid``, or one built on it),
+    or ``rows`` holds some (left by a view's own ``strategy="hybrid"``, or by an earlier
+    configuration)."""
+    try:
+        if get_strategy().uses_outbox:
+            return True
+    except ImproperlyConfigured:
+        pass  # check E006 reports the strategy; the rows still decide
+    return rows.exists()
+
+
 def outbox_model() -> type[models.Model] | None:
     """``IdempotencyOutbox`` if this version of the models has it."""
     model = getattr(idempotency_models, "IdempotencyOutbox", None)
@@ -469,7 +582,7 @@ def register(site: admin.AdminSite) -> None:
     site.register(IdempotencyKey, IdempotencyKeyAdmin)
     outbox = outbox_model()
     if outbox is not None:
-        site.register(outbox, ReadOnlyAdmin)
+        site.register(outbox, OutboxAdmin)
 
 
 register(admin.site)

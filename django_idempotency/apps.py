@@ -1,3 +1,6 @@
+"""The app's configuration: its name in the admin, the system checks it registers, and the
+settings it validates when each process starts."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -9,7 +12,8 @@ from django.utils.translation import gettext_lazy as _
 
 class IdempotencyConfig(AppConfig):
     name = "django_idempotency"
-    verbose_name = _("Idempotency keys")
+    # Not the model's plural: the admin's breadcrumb reads "Idempotency > Idempotency keys".
+    verbose_name = _("Idempotency")
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:

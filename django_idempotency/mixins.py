@@ -13,13 +13,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from .browsable import drf_problem_response, render_problem_page
 from .checks import validate_view_options, view_name
 from .conf import conf
 from .errors import IdempotencyError, MisplacedIdempotencyMixin
-from .protocol.engine import IdempotentRequest, transient_conflict_response
+from .protocol.engine import IdempotentRequest, transient_conflict_error
 from .protocol.fingerprint import preload_body
 from .protocol.options import OPTION_NAMES, Options
-from .protocol.problems import problem_response
 from .protocol.scope import default_scope
 from .store.errors import DATABASE_ERRORS
 
@@ -92,14 +92,17 @@ class IdempotencyMixin:
                 if idem is not None and idem.claimed:
                     response = idem.finish(response)
         except IdempotencyError as error:
-            return problem_response(error, request=getattr(self, "request", request))
+            response = drf_problem_response(error, getattr(self, "request", request))
         except DATABASE_ERRORS as exc:
             # Raised by the handler and past DRF: the claim's context has rolled back.
             # A transient conflict or a lost connection is a 503; others propagate.
-            return transient_conflict_response(exc, getattr(self, "request", request))
+            conflict = transient_conflict_error(exc)
+            response = drf_problem_response(conflict, getattr(self, "request", request))
         finally:
             self._idempotency_stack = None
-        return response
+        # A problem for the browsable API is rendered here, once the claim's session has
+        # ended: a page that cannot be built is answered problem+json, never a 500.
+        return render_problem_page(response, self)
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)  # type: ignore[misc]
@@ -124,7 +127,7 @@ class IdempotencyMixin:
                 return
             raise _ShortCircuit(idem.short_circuit())
         except IdempotencyError as error:
-            raise _ShortCircuit(problem_response(error, request=request)) from error
+            raise _ShortCircuit(drf_problem_response(error, request)) from error
 
     def _idempotency_has_handler(self, request: Request) -> bool:
         """Whether ``dispatch()`` will find a handler for the method (as DRF looks it up)."""

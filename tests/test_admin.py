@@ -2,23 +2,32 @@
 
 from __future__ import annotations
 
+import html
 import json
+import re
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.apps import apps
 from django.contrib import admin
 from django.contrib.admin.models import DELETION, LogEntry
 from django.contrib.auth.models import Permission
 from django.test import Client, RequestFactory, override_settings
 from django.urls import reverse
-from django.utils import timezone
+from django.utils import timezone, translation
 
 from django_idempotency import admin as idem_admin
 from django_idempotency import models as idem_models
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.protocol.fingerprint import fingerprint
-from tests.factories import CompletedKeyFactory, ExpiredKeyFactory, IdempotencyKeyFactory
+from django_idempotency.strategies.hybrid import HybridStrategy
+from tests.factories import (
+    CompletedKeyFactory,
+    ExpiredKeyFactory,
+    IdempotencyKeyFactory,
+    IdempotencyOutboxFactory,
+)
 from tests.testapp.models import SideEffect
 
 pytestmark = pytest.mark.django_db
@@ -42,6 +51,28 @@ def staff_client(django_user_model: Any, *codenames: str) -> Client:
 def run_action(client: Client, action: str, keys: list[IdempotencyKey], **extra: str) -> Any:
     data = {"action": action, "_selected_action": [str(k.pk) for k in keys], **extra}
     return client.post(reverse(CHANGELIST), data, follow=True)
+
+
+def text(fragment: str) -> str:
+    """The visible text of an HTML fragment: tags dropped, entities decoded, whitespace
+    (non-breaking spaces too) collapsed to one space."""
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", fragment)).split())
+
+
+def cells(page: str, column: str) -> list[str]:
+    """The text of each changelist cell of ``column`` (``field-<name>``), top to bottom."""
+    found = re.findall(rf'<t[dh] class="field-{column}"[^>]*>(.*?)</t[dh]>', page, re.S)
+    return [text(cell) for cell in found]
+
+
+def trail(*crumbs: str) -> str:
+    """A breadcrumb as the admin writes it: the crumbs joined by a single right-pointing
+    angle quotation mark."""
+    return " \u203a ".join(crumbs)
+
+
+def breadcrumbs(page: str) -> str:
+    return text(page.split('<div class="breadcrumbs">', 1)[1].split("</div>", 1)[0])
 
 
 # -- registration ---------------------------------------------------------------------------
@@ -79,6 +110,60 @@ def test_outbox_is_registered_read_only_when_the_model_exists(
     assert not model_admin.has_change_permission(request)
     assert not model_admin.has_delete_permission(request)
     assert model_admin.get_readonly_fields(request) == ["id", "label", "created_at"]
+
+
+def test_the_app_is_named_apart_from_its_model(admin_client: Client) -> None:
+    """The breadcrumb reads "Home > Idempotency > Idempotency keys", not the model's
+    plural twice."""
+    config = apps.get_app_config("django_idempotency")
+    assert str(config.verbose_name) == "Idempotency"
+    assert str(config.verbose_name).lower() != str(IdempotencyKey._meta.verbose_name_plural)
+    page = admin_client.get(reverse(CHANGELIST)).content.decode()
+    assert breadcrumbs(page) == trail("Home", "Idempotency", "Idempotency keys")
+    key = CompletedKeyFactory(key="k-1")
+    page = admin_client.get(reverse(CHANGE, args=[key.pk])).content.decode()
+    assert breadcrumbs(page) == trail(
+        "Home", "Idempotency", "Idempotency keys", f"{key.scope} / k-1"
+    )
+    index = admin_client.get(reverse("admin:index")).content.decode()
+    assert '<a href="/admin/django_idempotency/" class="section"' in index
+    assert "Models in the Idempotency application" in index
+
+
+OUTBOX_LINK = 'href="/admin/django_idempotency/idempotencyoutbox/"'
+
+
+class OutboxStrategy(HybridStrategy):
+    """A project's own strategy built on ``hybrid``: it writes the outbox too."""
+
+
+def test_the_outbox_is_listed_only_where_it_can_hold_rows(admin_client: Client) -> None:
+    """Under ``db`` (which never writes it) an empty outbox is not listed on the index,
+    the app's page or the sidebar; under ``hybrid``, or once it holds rows, it is. Its
+    pages answer at their URL either way."""
+    pages = [reverse("admin:index"), "/admin/django_idempotency/", reverse(CHANGELIST)]
+    outbox = reverse("admin:django_idempotency_idempotencyoutbox_changelist")
+
+    def listed() -> list[bool]:
+        return [OUTBOX_LINK in admin_client.get(url).content.decode() for url in pages]
+
+    assert listed() == [False, False, False]
+    assert admin_client.get(outbox).status_code == 200
+    with override_settings(IDEMPOTENCY={"STRATEGY": "hybrid"}):
+        assert listed() == [True, True, True]
+    with override_settings(IDEMPOTENCY={"STRATEGY": "tests.test_admin.OutboxStrategy"}):
+        assert listed() == [True, True, True]  # a strategy built on hybrid's
+    with override_settings(IDEMPOTENCY={"STRATEGY": "advisory_lock"}):
+        assert listed() == [False, False, False]
+    IdempotencyOutboxFactory()
+    assert listed() == [True, True, True]  # rows left by hybrid: they are shown
+
+
+def test_the_outbox_stays_hidden_from_who_may_not_see_it(django_user_model: Any) -> None:
+    client = staff_client(django_user_model, "view_idempotencykey")
+    IdempotencyOutboxFactory()
+    with override_settings(IDEMPOTENCY={"STRATEGY": "hybrid"}):
+        assert OUTBOX_LINK not in client.get(reverse("admin:index")).content.decode()
 
 
 # -- permissions ----------------------------------------------------------------------------
@@ -155,14 +240,59 @@ def test_list_columns_filters_and_search(admin_client: Client) -> None:
         "column-key",
         "column-status",
         "column-response_status",
-        "column-created_at",
-        "column-expires_at",
-        "column-expired",
+        "column-age",
+        "column-expires",
     ):
         assert column in page
     assert '<nav class="toplinks">' in page  # the date hierarchy
     assert 'id="changelist-search"' in page
-    assert 'alt="True"' in page  # the expired column of key-4xx
+    assert "expired 1\xa0day ago" in html.unescape(page)  # the expires column of key-4xx
+
+
+def test_ages_and_expiry_are_human(admin_client: Client) -> None:
+    """The list says how old a key is and when it expires ("7 minutes", "in 23 hours",
+    "expired 1 day ago"), with the exact time on hover, and sorts by the times."""
+    now = timezone.now()
+    CompletedKeyFactory(
+        key="k-new",
+        created_at=now - timedelta(seconds=20),
+        expires_at=now + timedelta(hours=23, minutes=50),
+    )
+    CompletedKeyFactory(
+        key="k-week",
+        created_at=now - timedelta(days=8, hours=2),
+        expires_at=now + timedelta(days=20),
+    )
+    ExpiredKeyFactory(key="k-gone", created_at=now - timedelta(days=2, minutes=3))
+    page = admin_client.get(reverse(CHANGELIST)).content.decode()
+    assert cells(page, "key") == ["k-new", "k-gone", "k-week"]  # the newest first
+    (new_age, gone_age, week_age) = cells(page, "age")
+    assert re.fullmatch(r"2[0-4] seconds", new_age), new_age
+    assert [gone_age, week_age] == ["2 days", "1 week"]
+    assert cells(page, "expires") == ["in 23 hours", "expired 1 day ago", "in 2 weeks"]
+    # The exact time is the cell's title, in the admin's format and time zone.
+    created = timezone.localtime(IdempotencyKey.objects.get(key="k-week").created_at)
+    assert f'title="{created:%Y-%m-%d %H:%M:%S}' in page
+    # "expires" sorts by expires_at: the soonest first.
+    index = [column for column in idem_admin.IdempotencyKeyAdmin.list_display].index("expires")
+    ordered = admin_client.get(reverse(CHANGELIST), {"o": str(index + 1)}).content.decode()
+    assert cells(ordered, "key") == ["k-gone", "k-new", "k-week"]
+
+
+def test_human_ages_are_localized() -> None:
+    """Minutes and longer are Django's own words (``timesince``), translated with the active
+    language; under a minute the age counts seconds."""
+    assert idem_admin.human_age(timedelta(seconds=1)) == "1\xa0second"
+    assert idem_admin.human_age(timedelta(seconds=59.9)) == "59\xa0seconds"
+    assert idem_admin.human_age(timedelta(seconds=-3)) == "0\xa0seconds"
+    assert idem_admin.human_age(timedelta(minutes=10, seconds=10)) == "10\xa0minutes"
+    assert idem_admin.human_age(timedelta(hours=1, minutes=5)) == "1\xa0hour, 5\xa0minutes"
+    assert idem_admin.human_age(timedelta(hours=1, minutes=5), depth=1) == "1\xa0hour"
+    with translation.override("de"):
+        assert idem_admin.human_age(timedelta(minutes=10)) == "10\xa0Minuten"
+        assert idem_admin.human_age(timedelta(days=3), depth=1) == "3\xa0Tage"
+    with translation.override("fr"):
+        assert idem_admin.human_age(timedelta(hours=2)) == "2\xa0heures"
 
 
 def test_date_hierarchy_drills_down(admin_client: Client) -> None:
@@ -188,6 +318,23 @@ def test_detail_shows_headers_and_indented_json(admin_client: Client) -> None:
     assert "{\n  &quot;id&quot;: 7,\n  &quot;amount&quot;: 1250,\n  &quot;nested&quot;: {" in page
     assert "JSON, 43 bytes" in page
     assert 'name="_save"' not in page  # read-only: no save button
+
+
+def test_detail_shows_the_lease_as_a_human_age(admin_client: Client) -> None:
+    now = timezone.now()
+    fresh = IdempotencyKeyFactory(locked_at=now - timedelta(seconds=12))
+    stale = IdempotencyKeyFactory(locked_at=now - timedelta(minutes=10, seconds=10))
+
+    def lease(key: IdempotencyKey) -> str:
+        page = admin_client.get(reverse(CHANGE, args=[key.pk])).content.decode()
+        (shown,) = re.findall(r'<div class="readonly">(renewed .*?)</div>', page)
+        return text(shown)
+
+    assert re.fullmatch(r"renewed 1[2-6] seconds ago", lease(fresh)), lease(fresh)
+    assert lease(stale) == ("renewed 10 minutes ago (stale: older than LOCK_TIMEOUT, 60 seconds)")
+    page = admin_client.get(reverse(CHANGE, args=[stale.pk])).content.decode()
+    assert "0:10:10" not in page
+    assert re.search(r"10\xa0minutes ago", html.unescape(page))
 
 
 def test_detail_escapes_everything(admin_client: Client) -> None:
@@ -263,7 +410,14 @@ def test_release_action_asks_then_releases_only_in_progress_keys(admin_client: C
     assert "&lt;stuck&gt;" in page
     assert "<stuck>" not in page
     assert "stale: older than LOCK_TIMEOUT" in page
+    assert "renewed 10\xa0minutes ago" in html.unescape(page)
     assert "1 selected key is not in progress and will be left alone." in page
+    assert "<h1>Release this in-progress key?</h1>" in page
+    assert 'value="Yes, release it"' in page
+    assert "release them" not in page and "these" not in page
+    assert breadcrumbs(page) == (
+        trail("Home", "Idempotency", "Idempotency keys", "Release an in-progress key")
+    )
     assert IdempotencyKey.objects.filter(pk=stuck.pk).exists()  # nothing yet
 
     done_page = run_action(admin_client, "release_stuck_keys", [stuck, done], post="yes")
@@ -277,10 +431,28 @@ def test_release_action_asks_then_releases_only_in_progress_keys(admin_client: C
     assert entry.get_change_message() == "Released a stuck in-progress key (admin action)."
 
 
+def test_release_confirmation_of_several_keys_speaks_in_the_plural(admin_client: Client) -> None:
+    stuck = IdempotencyKeyFactory.create_batch(3, locked_at=timezone.now() - timedelta(minutes=5))
+    page = run_action(admin_client, "release_stuck_keys", stuck).content.decode()
+    assert "<h1>Release these 3 in-progress keys?</h1>" in page
+    assert 'value="Yes, release them"' in page
+    assert "release it" not in page and "this in-progress key" not in page
+    assert "not in progress" not in page
+    assert breadcrumbs(page).endswith(trail("Idempotency keys", "Release in-progress keys"))
+    with translation.override("de"):
+        page = run_action(admin_client, "release_stuck_keys", stuck).content.decode()
+    # Django's own words are translated in the active language: the ages, the admin's.
+    assert html.unescape(page).count("5\xa0Minuten") == 3
+    assert "Nein, bitte abbrechen" in page
+    assert IdempotencyKey.objects.count() == 3
+
+
 def test_release_confirmation_with_nothing_to_release(admin_client: Client) -> None:
     done = CompletedKeyFactory()
     page = run_action(admin_client, "release_stuck_keys", [done]).content.decode()
     assert "nothing to release" in page
+    assert "<h1>Nothing to release</h1>" in page
+    assert "Yes, release" not in page
     assert IdempotencyKey.objects.filter(pk=done.pk).exists()
 
 

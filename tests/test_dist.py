@@ -93,6 +93,7 @@ def test_the_wheel_carries_the_package_with_its_data(dist: Path) -> None:
         "py.typed",
         "migrations/0001_initial.py",
         "templates/admin/django_idempotency/idempotencykey/release_confirmation.html",
+        "static/django_idempotency/admin.css",
     ):
         assert f"{PACKAGE}/{needed}" in package
 

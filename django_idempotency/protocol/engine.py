@@ -422,12 +422,19 @@ class IdempotentRequest:
 def transient_conflict_response(
     exc: DatabaseError | InterfaceError, request: HttpRequest
 ) -> HttpResponse:
-    """503 problem response for a database error that a retry gets past: a transient
-    conflict in the view's transaction, or a lost connection
-    (``store.errors.classify_database_error``); other database errors propagate. ``request`` is
-    handed to ``PROBLEM_RENDERER``. By the time this runs the claim's lifecycle has rolled
-    the view's writes back and released the key (unless the database could not be reached
-    for that: the key is then taken over once its lease is stale)."""
+    """503 problem response for a database error that a retry gets past (see
+    :func:`transient_conflict_error`); other database errors propagate. ``request`` is
+    handed to ``PROBLEM_RENDERER``."""
+    return problem_response(transient_conflict_error(exc), request=request)
+
+
+def transient_conflict_error(exc: DatabaseError | InterfaceError) -> IdempotencyError:
+    """The 503 problem for a database error that a retry gets past: a transient conflict
+    in the view's transaction, or a lost connection
+    (``store.errors.classify_database_error``), logged; other database errors are raised
+    again. By the time this runs the claim's lifecycle has rolled the view's writes back and
+    released the key (unless the database could not be reached for that: the key is then
+    taken over once its lease is stale)."""
     retry_after = conf.RETRY_AFTER
     error = classify_database_error(
         exc, connections[conf.DATABASE], retry_after=1 if retry_after is None else retry_after
@@ -442,7 +449,7 @@ def transient_conflict_response(
             exc,
             exc_info=exc,
         )
-    return problem_response(error, request=request)
+    return error
 
 
 def handle(

@@ -136,9 +136,10 @@ def specificity(media_range: MediaType, offered: MediaType) -> int:
     return level + len(media_range.params)
 
 
-def quality(ranges: Sequence[MediaRange], offered: MediaType) -> float:
-    """The q the most specific matching range gives ``offered`` (the highest among
-    equally specific ones), 0 when none matches."""
+def preference(ranges: Sequence[MediaRange], offered: MediaType) -> tuple[float, int]:
+    """``(q, specificity)`` of the most specific range that matches ``offered`` (the
+    highest q among equally specific ones); ``(0.0, -1)`` when none matches. Of two types
+    with the same q, the one a client named is preferred to one it reaches by a wildcard."""
     best, q = -1, 0.0
     for media_range in ranges:
         level = specificity(media_range.media, offered)
@@ -146,7 +147,13 @@ def quality(ranges: Sequence[MediaRange], offered: MediaType) -> float:
             best, q = level, media_range.q
         elif level == best and level >= 0:
             q = max(q, media_range.q)
-    return q
+    return q, best
+
+
+def quality(ranges: Sequence[MediaRange], offered: MediaType) -> float:
+    """The q the most specific matching range gives ``offered`` (the highest among
+    equally specific ones), 0 when none matches."""
+    return preference(ranges, offered)[0]
 
 
 def accepts(header: str | None, content_type: str) -> bool:

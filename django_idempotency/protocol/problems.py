@@ -33,11 +33,11 @@ def problem_response(
     return problem_json(error, extra=extra)
 
 
-def problem_json(
+def problem_document(
     error: IdempotencyError, *, extra: Mapping[str, object] | None = None
-) -> HttpResponse:
-    """An RFC 9457 ``application/problem+json`` response for ``error`` (with its
-    ``Retry-After``)."""
+) -> dict[str, object]:
+    """The members of ``error``'s problem document: ``type``, ``title``, ``status``,
+    ``detail`` and its extension members."""
     payload: dict[str, object] = {
         "type": error.type_uri,
         "title": error.title,
@@ -48,6 +48,15 @@ def problem_json(
         payload.update(error.extra)
     if extra:
         payload.update(extra)
+    return payload
+
+
+def problem_json(
+    error: IdempotencyError, *, extra: Mapping[str, object] | None = None
+) -> HttpResponse:
+    """An RFC 9457 ``application/problem+json`` response for ``error`` (with its
+    ``Retry-After``)."""
+    payload = problem_document(error, extra=extra)
     response = HttpResponse(
         json.dumps(payload), status=error.status, content_type=PROBLEM_CONTENT_TYPE
     )

@@ -193,6 +193,10 @@ class Strategy(abc.ABC):
         """Claim ``attempt``'s key (see the module doc); ``StoreUnavailable`` when the
         store cannot be reached."""
 
+    #: Completed responses pass through ``IdempotencyOutbox`` (``hybrid``); the admin lists
+    #: the outbox only under such a strategy, or while it holds rows.
+    uses_outbox: bool = False
+
     #: The claim itself waits for the key's holder (``advisory_lock``: the lock wait,
     #: bounded by ``attempt.wait``); the engine then does not wait again after it.
     waits_in_claim: bool = False

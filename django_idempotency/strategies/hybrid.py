@@ -202,6 +202,7 @@ class HybridStrategy(RedisStrategy):
     """Redis on the hot path, PostgreSQL authoritative; see docs/hybrid.md."""
 
     name = "hybrid"
+    uses_outbox = True
 
     #: Seconds between a commit and the drain it queues; commits in between share it.
     drain_delay: float = 1.0

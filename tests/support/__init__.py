@@ -13,7 +13,8 @@
 * ``waiting``: polling until a condition holds;
 * ``threads``: threads released together by a barrier, and work in a background thread;
 * ``api``: API clients and the requests the strategy tests send;
-* ``assertions``: the problem+json checks.
+* ``assertions``: the problem+json checks;
+* ``browser``: headless Chromium through Playwright, for the browser tests.
 
 Nothing here imports Django at import time except ``api``, ``assertions`` and ``gates``,
 so that the benchmarks can use the rest without settings.

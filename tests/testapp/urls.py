@@ -1,9 +1,9 @@
-from django.urls import path
+from django.urls import include, path
 
 from example_project.urls import urlpatterns as example_urls
 
 from ..examples import async_views as docs_async
-from ..examples import drf_class_view, drf_function_view, plain_view, receipt_views
+from ..examples import drf_class_view, drf_function_view, drf_viewset, plain_view, receipt_views
 from ..examples import middleware_views as docs_middleware
 from . import views
 
@@ -26,6 +26,7 @@ urlpatterns = [
     path("ex/drf-class/", drf_class_view.ChargeCreateView.as_view(), name="ex-drf-class"),
     path("ex/drf-function/", drf_function_view.create_charge, name="ex-drf-function"),
     path("ex/plain/", plain_view.create_charge, name="ex-plain"),
+    path("ex/viewset/", include(drf_viewset.router.urls)),
     path("t/drf-hook/", views.OnCommitView.as_view(), name="t-drf-hook"),
     path("t/fn-hook/", views.on_commit_function, name="t-fn-hook"),
     path("ex/receipt/drf/", receipt_views.ReceiptChargeView.as_view(), name="ex-receipt-drf"),
