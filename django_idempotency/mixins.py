@@ -100,7 +100,7 @@ class IdempotencyMixin:
             response = drf_problem_response(conflict, getattr(self, "request", request))
         finally:
             self._idempotency_stack = None
-        # A problem for the browsable API is rendered here, once the claim's session has
+        # A problem for the browsable API is rendered here, once the claim's lifecycle has
         # ended: a page that cannot be built is answered problem+json, never a 500.
         return render_problem_page(response, self)
 
