@@ -244,12 +244,12 @@ class IdempotencySchemaMixin:
                     "schema": ref,
                     "examples": {
                         error.slug: {
-                            "summary": error.title,
+                            "summary": str(error.title),
                             "value": {
                                 "type": error().type_uri,
-                                "title": error.title,
+                                "title": str(error.title),
                                 "status": status,
-                                "detail": error.default_detail,
+                                "detail": str(error.default_detail),
                             },
                         }
                         for error in errors

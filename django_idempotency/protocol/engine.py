@@ -22,6 +22,8 @@ from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from django.utils.crypto import salted_hmac
 from django.utils.module_loading import import_string
+from django.utils.text import format_lazy
+from django.utils.translation import gettext_lazy as _
 
 from .. import signals
 from ..conf import conf
@@ -94,8 +96,14 @@ def default_scope(request: HttpRequest) -> str:
     for header in conf.CREDENTIAL_HEADERS:
         if request.headers.get(header):
             raise CredentialsNotAuthenticated(
-                f"The request carries an {header} header, but it was not authenticated "
-                "before the Idempotency-Key was claimed, so the request was not processed."
+                format_lazy(
+                    _(
+                        "The request carries an {header} header, but it was not authenticated "
+                        "before the Idempotency-Key was claimed, so the request was not "
+                        "processed."
+                    ),
+                    header=header,
+                )
             )
     for name in conf.CREDENTIAL_COOKIES:
         value = request.COOKIES.get(name)
@@ -140,7 +148,9 @@ class IdempotentRequest:
         if raw is None:
             required = options.required if options.required is not None else conf.REQUIRED
             if required:
-                raise MissingKey(f"This endpoint requires an {conf.HEADER} header.")
+                raise MissingKey(
+                    format_lazy(_("This endpoint requires an {header} header."), header=conf.HEADER)
+                )
             return None
         return parse_key(raw)
 

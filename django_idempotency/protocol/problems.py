@@ -1,11 +1,13 @@
 """RFC 9457 problem details: the response for every ``errors.IdempotencyError``,
-``application/problem+json`` or ``IDEMPOTENCY["PROBLEM_RENDERER"]``'s."""
+``application/problem+json`` or ``IDEMPOTENCY["PROBLEM_RENDERER"]``'s. The title and the
+detail are translated here, into the language active when the answer is rendered."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
 
+from django.core.serializers.json import DjangoJSONEncoder
 from django.http import HttpRequest, HttpResponse
 from django.utils.module_loading import import_string
 
@@ -37,19 +39,22 @@ def problem_json(
     error: IdempotencyError, *, extra: Mapping[str, object] | None = None
 ) -> HttpResponse:
     """An RFC 9457 ``application/problem+json`` response for ``error`` (with its
-    ``Retry-After``)."""
+    ``Retry-After``), its ``title`` and ``detail`` in the active language (lazy translations
+    in ``extra`` too: ``DjangoJSONEncoder`` turns them into text)."""
     payload: dict[str, object] = {
         "type": error.type_uri,
-        "title": error.title,
+        "title": str(error.title),
         "status": error.status,
-        "detail": error.detail,
+        "detail": str(error.detail),
     }
     if error.extra:
         payload.update(error.extra)
     if extra:
         payload.update(extra)
     response = HttpResponse(
-        json.dumps(payload), status=error.status, content_type=PROBLEM_CONTENT_TYPE
+        json.dumps(payload, cls=DjangoJSONEncoder),
+        status=error.status,
+        content_type=PROBLEM_CONTENT_TYPE,
     )
     if error.retry_after is not None:
         response["Retry-After"] = str(error.retry_after)

@@ -27,6 +27,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections, transaction
+from django.utils.translation import gettext_lazy as _
 
 from ..errors import DatabaseMisconfigured, LeaseLost, StoreUnavailable
 from ..protocol import writeguard
@@ -61,7 +62,7 @@ class Attempt:
 
 
 #: The detail of a 503 for a response that could not be stored.
-NOT_STORED_DETAIL = (
+NOT_STORED_DETAIL = _(
     "The response could not be stored, so this request's changes were rolled back. "
     "Retry with the same Idempotency-Key."
 )
