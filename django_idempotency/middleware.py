@@ -112,7 +112,7 @@ class IdempotencyMiddleware:
         view_kwargs: dict[str, Any],
     ) -> HttpResponseBase | None:
         opt_in = protection(view_func)
-        if opt_in is None or not takes_part(request, opt_in.options):
+        if opt_in is None or not takes_part(request, opt_in.options, opt_in.key):
             return None
         # An async view on a sync stack: Django would run it with async_to_sync too.
         call = async_to_sync(view_func) if iscoroutinefunction(view_func) else view_func
@@ -121,6 +121,7 @@ class IdempotencyMiddleware:
             lambda: call(request, *view_args, **view_kwargs),
             scope=opt_in.scope,
             options=opt_in.options,
+            key=opt_in.key,
         )
 
     async def _aprocess_view(
@@ -131,7 +132,7 @@ class IdempotencyMiddleware:
         view_kwargs: dict[str, Any],
     ) -> HttpResponseBase | None:
         opt_in = protection(view_func)
-        if opt_in is None or not takes_part(request, opt_in.options):
+        if opt_in is None or not takes_part(request, opt_in.options, opt_in.key):
             return None
         if iscoroutinefunction(view_func):
             return await ahandle(
@@ -139,6 +140,7 @@ class IdempotencyMiddleware:
                 lambda: view_func(request, *view_args, **view_kwargs),
                 scope=opt_in.scope,
                 options=opt_in.options,
+                key=opt_in.key,
             )
 
         # A sync view on an async stack: the session and the view in one thread, as Django
@@ -160,6 +162,7 @@ class IdempotencyMiddleware:
             lambda: view_func(request, *view_args, **view_kwargs),
             scope=opt_in.scope,
             options=opt_in.options,
+            key=opt_in.key,
         )
 
 
