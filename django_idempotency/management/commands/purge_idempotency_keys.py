@@ -112,14 +112,14 @@ class Command(BaseCommand):
                 ) from exc
             if verbosity >= 1:
                 message = ngettext(
-                    "Would delete %(count)d expired idempotency key",
-                    "Would delete %(count)d expired idempotency keys",
+                    "Would delete %(count)d expired idempotency key%(which)s from database "
+                    "%(database)s.",
+                    "Would delete %(count)d expired idempotency keys%(which)s from database "
+                    "%(database)s.",
                     count,
-                ) % {"count": count}
-                self.stdout.write(
-                    _("%(would_delete)s%(which)s from database %(database)s.")
-                    % {"would_delete": message, "which": which(older_than), "database": repr(using)}
                 )
+                values = {"count": count, "which": which(older_than), "database": repr(using)}
+                self.stdout.write(message % values)
             return
         self.purge(using, older_than, options["batch_size"], verbosity, options["progress_every"])
 
