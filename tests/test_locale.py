@@ -34,7 +34,7 @@ def parse_po(text: str) -> dict[Key, tuple[list[str], set[str]]]:
     current = ""
 
     def flush() -> None:
-        if "msgid" in fields and fields["msgid"]:
+        if fields.get("msgid"):
             key = (fields.get("msgctxt"), fields["msgid"], fields.get("msgid_plural"))
             strs = [v for k, v in sorted(fields.items()) if k.startswith("msgstr")]
             entries[key] = (strs, set(flags))

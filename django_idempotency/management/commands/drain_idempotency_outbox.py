@@ -31,7 +31,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, InterfaceError, connections
 from django.utils.formats import number_format
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy, ngettext, pgettext_lazy
+from django.utils.translation import gettext_noop, ngettext, pgettext_lazy
 
 from ...conf import conf
 from ...models import IdempotencyOutbox
@@ -76,11 +76,15 @@ def stop_on_signals(stop: threading.Event) -> Iterator[None]:
 
 
 class Command(BaseCommand):
-    help = gettext_lazy(  # type: ignore[assignment]  # translated when --help is printed
+    help = gettext_noop(  # translated by create_parser(), into the language active then
         "Move the hybrid strategy's outbox rows into IdempotencyKey, in batches of one "
         "transaction each, without Celery: until the outbox is empty, for --duration, or "
         "with --loop until SIGTERM or SIGINT."
     )
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        self.help = _(type(self).help)
+        return super().create_parser(prog_name, subcommand, **kwargs)
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(

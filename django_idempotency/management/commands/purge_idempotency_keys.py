@@ -23,7 +23,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 from django.utils.formats import number_format
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy, ngettext, pgettext_lazy
+from django.utils.translation import gettext_noop, ngettext, pgettext_lazy
 
 from ...conf import conf
 from ...models import IdempotencyKey
@@ -56,10 +56,14 @@ def duration(value: str) -> timedelta:
 
 
 class Command(BaseCommand):
-    help = gettext_lazy(  # type: ignore[assignment]  # translated when --help is printed
+    help = gettext_noop(  # translated by create_parser(), into the language active then
         "Delete expired idempotency keys in batches of short transactions. "
         "Expired keys are no longer replayed, so deleting them changes no response."
     )
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        self.help = _(type(self).help)
+        return super().create_parser(prog_name, subcommand, **kwargs)
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
