@@ -365,6 +365,16 @@ def test_a_hook_view_that_requires_a_key(entry: str) -> None:
     assert runs(entry, hook=True) == 0
 
 
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_hook_that_cannot_parse_the_body_is_no_500(entry: str) -> None:
+    """The hook parses a body that is not JSON: DRF's parse error is DRF's 400, a plain
+    view's hook finds no key; nothing is claimed either way."""
+    with entry_point(entry, KEY_BODY_FIELD=None):
+        response = send(entry, None, raw=b'{"meta": ', hook=True)
+    assert response.status_code == (400 if entry in DRF else 201), response.content
+    assert not IdempotencyKey.objects.exists()
+
+
 def test_a_key_hook_must_be_callable() -> None:
     for decorate in (
         lambda: idempotent(key="meta.request_id"),  # type: ignore[call-overload]
