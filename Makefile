@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test matrix lint typecheck docs bench clean services browser pgbouncer
+.PHONY: run test matrix lint typecheck docs bench clean services browser pgbouncer gettext messages
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,7 +33,7 @@ run: $(VENV)/.example
 ## tests wait on servers, threads and sleeps rather than the CPU; WORKERS=0 runs in this process.
 COVERAGE ?= --cov=django_idempotency --cov-branch --cov-report=term-missing:skip-covered
 WORKERS ?= 3
-test: $(VENV)/.test browser pgbouncer
+test: $(VENV)/.test browser pgbouncer gettext
 	$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope --durations=15 $(COVERAGE) $(PYTEST_ARGS)
 
 ## The version matrix (noxfile.py): the smoke subset on every supported combination of Python
@@ -56,6 +56,19 @@ browser:
 pgbouncer:
 	@command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || [ "$$(id -u)" != 0 ] || \
 		{ (apt-get update -qq && apt-get install -y -qq pgbouncer) >/dev/null 2>&1 || echo "could not install pgbouncer"; }
+
+## Debian's GNU gettext (msgfmt, xgettext, msgmerge): Django's makemessages and
+## compilemessages run it, and tests/test_locale.py checks the catalogs with it
+gettext:
+	@command -v msgfmt >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
+		{ (apt-get update -qq && apt-get install -y -qq gettext) >/dev/null 2>&1 || echo "could not install gettext"; }
+
+## The translation catalogs after a change of a marked string: every locale's django.po
+## updated from the package's strings (new ones empty, removed ones dropped), then compiled
+## to django.mo. Translate the new entries, run it again, and commit both files.
+messages: $(VENV)/.test gettext
+	cd django_idempotency && $(abspath $(BIN))/django-admin makemessages --all --add-location=file --no-obsolete
+	cd django_idempotency && $(abspath $(BIN))/django-admin compilemessages
 
 ## The pre-commit hooks on every file (.pre-commit-config.yaml): whitespace, YAML and TOML,
 ## django-upgrade, ruff check and format, mypy over the package and the tests. They call the

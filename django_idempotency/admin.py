@@ -104,7 +104,7 @@ def render_body(body: bytes | memoryview | None, headers: Any = None) -> tuple[s
         try:
             # Incremental: a multi-byte character cut at the end of ``head`` is not an error.
             text = codecs.getincrementaldecoder("utf-8")().decode(head, final=len(head) == size)
-            kind = "text"
+            kind = gettext("text")
             truncated = len(head) < size
         except UnicodeDecodeError:
             text = None
@@ -112,15 +112,18 @@ def render_body(body: bytes | memoryview | None, headers: Any = None) -> tuple[s
             text = None  # valid UTF-8, but control characters: show it as binary
     if text is None:
         shown = data[:BINARY_DISPLAY_LIMIT]
-        note = f"binary, {size} bytes"
         if size > len(shown):
-            note += f", first {len(shown)} shown"
-        return (note, _hexdump(shown))
-    note = f"{kind}, {size} bytes"
+            note = gettext("binary, %(size)d bytes, first %(shown)d shown")
+        else:
+            note = gettext("binary, %(size)d bytes")
+        return (note % {"size": size, "shown": len(shown)}, _hexdump(shown))
+    values = {"kind": kind, "size": size, "limit": BODY_DISPLAY_LIMIT}
     if truncated or len(text) > BODY_DISPLAY_LIMIT:
         text = text[:BODY_DISPLAY_LIMIT]
-        note += f", truncated to the first {BODY_DISPLAY_LIMIT} characters"
-    return (note, text)
+        note = gettext("%(kind)s, %(size)d bytes, truncated to the first %(limit)d characters")
+    else:
+        note = gettext("%(kind)s, %(size)d bytes")
+    return (note % values, text)
 
 
 def headers_html(headers: Any) -> SafeString | str:
@@ -385,7 +388,7 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             _log_deletions(
                 request,
                 [obj for obj in stuck if obj.pk not in left],
-                "Released a stuck in-progress key (admin action).",
+                gettext("Released a stuck in-progress key (admin action)."),
             )
             self.message_user(
                 request,
@@ -445,7 +448,15 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         deleted = IdempotencyKey.objects.delete_expired_pks(pks, using=queryset.db)
         kept = len(pks) - deleted
         if deleted:
-            _log_summary(request, f"Purged {deleted} expired idempotency keys (admin action).")
+            _log_summary(
+                request,
+                ngettext(
+                    "Purged %(count)d expired idempotency key (admin action).",
+                    "Purged %(count)d expired idempotency keys (admin action).",
+                    deleted,
+                )
+                % {"count": deleted},
+            )
         text = ngettext(
             "Purged %(count)d expired key.", "Purged %(count)d expired keys.", deleted
         ) % {"count": deleted}

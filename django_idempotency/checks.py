@@ -357,6 +357,30 @@ def _check_header() -> list[CheckMessage]:
     ]
 
 
+#: The longest ``KEY_BODY_FIELD``.
+MAX_FIELD_NAME = 255
+
+
+def _check_key_body_field() -> list[CheckMessage]:
+    """E022: KEY_BODY_FIELD is None or the name of a JSON field: a string of 1 to 255
+    characters, none of them a control character. Any other never matches a body's field
+    (every key sent there would be ignored) or cannot be named in a problem's detail."""
+    field = _raw("KEY_BODY_FIELD")
+    if field is None or (
+        isinstance(field, str) and 0 < len(field) <= MAX_FIELD_NAME and field.isprintable()
+    ):
+        return []
+    return [
+        Error(
+            f"IDEMPOTENCY['KEY_BODY_FIELD'] is {field!r}, which is not the name of a JSON field.",
+            hint="Name a top-level field of the JSON request body, such as 'idempotency_key' "
+            f"(1 to {MAX_FIELD_NAME} printable characters), or set None to read the key "
+            "from the header only.",
+            id=ID + "E022",
+        )
+    ]
+
+
 def _check_booleans() -> list[CheckMessage]:
     return [
         message
@@ -674,6 +698,7 @@ SETTINGS_VALIDATORS: list[Callable[[], list[CheckMessage]]] = [
     _check_metrics,
     _check_wait,
     _check_header,
+    _check_key_body_field,
     _check_booleans,
     _check_retry_after,
     _check_name_lists,

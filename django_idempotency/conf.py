@@ -28,6 +28,9 @@ DEFAULTS: Mapping[str, Any] = {
     "UNPROTECTED_DATABASES": (),
     # The request header that carries the key.
     "HEADER": "Idempotency-Key",
+    # A top-level field of a JSON request body that carries the key too ("idempotency_key",
+    # as Square's API takes it); None: the key is read from the header only.
+    "KEY_BODY_FIELD": None,
     # HTTP methods that honour the header, unless a view says otherwise.
     "METHODS": ("POST", "PATCH"),
     # Whether a missing header is a 400 on those methods.
@@ -173,6 +176,11 @@ class IdempotencySettings:
     @cached_property
     def HEADER(self) -> str:
         return str(self._get("HEADER"))
+
+    @cached_property
+    def KEY_BODY_FIELD(self) -> str | None:
+        value = self._get("KEY_BODY_FIELD")
+        return None if value is None else str(value)
 
     @cached_property
     def METHODS(self) -> frozenset[str]:

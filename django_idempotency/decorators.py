@@ -17,6 +17,7 @@ from django.http.response import HttpResponseBase
 from .checks import validate_view_options, view_name
 from .conf import conf
 from .protocol.engine import ahandle, handle
+from .protocol.keysource import KeyFunc
 from .protocol.options import Options, ViewOptions
 from .protocol.scope import default_scope
 
@@ -40,6 +41,7 @@ def idempotent(
     view: None = None,
     *,
     scope: Callable[[HttpRequest], str] | None = None,
+    key: KeyFunc | None = None,
     **options: Unpack[ViewOptions],
 ) -> Callable[[ViewFunc], ViewFunc]: ...
 
@@ -48,13 +50,16 @@ def idempotent(
     view: Any = None,
     *,
     scope: Callable[[HttpRequest], str] | None = None,
+    key: KeyFunc | None = None,
     **options: Unpack[ViewOptions],
 ) -> Any:
     """Honour the Idempotency-Key header on a function view.
 
     ``@idempotent`` or ``@idempotent(required=True, methods=["POST"], ttl=3600)``;
-    ``scope`` is a ``(request) -> str`` callable (default: the user); ``wait`` the seconds
-    a duplicate waits for the first request's answer (default: ``IDEMPOTENCY["WAIT"]``).
+    ``scope`` is a ``(request) -> str`` callable (default: the user); ``key`` a
+    ``(request) -> str | None`` callable that finds the key where the client sends it
+    (default: the ``HEADER`` header, or the ``KEY_BODY_FIELD`` of a JSON body); ``wait`` the
+    seconds a duplicate waits for the first request's answer (default: ``IDEMPOTENCY["WAIT"]``).
     The view is exempt from ``ATOMIC_REQUESTS``: the app runs it in its own
     transaction, which also stores the response.
 
@@ -67,6 +72,7 @@ def idempotent(
     """
     declared = Options.declared("@idempotent", **options)
     scope_func = scope or default_scope
+    check_key_hook("@idempotent", key)
 
     def decorate(func: ViewFunc) -> ViewFunc:
         # An option the checks call an error stops the import of the view's module.
@@ -83,6 +89,7 @@ def idempotent(
                     lambda: func(request, *args, **kwargs),
                     scope=scope_func,
                     options=declared,
+                    key=key,
                 )
 
             wrapper = async_wrapper
@@ -95,7 +102,7 @@ def idempotent(
                     view = functools.partial(func, request, *args, **kwargs)
                 else:
                     view = functools.partial(as_drf_answers, drf_view, func, request, args, kwargs)
-                return handle(request, view, scope=scope_func, options=declared)
+                return handle(request, view, scope=scope_func, options=declared, key=key)
 
             wrapper = sync_wrapper
         setattr(wrapper, HANDLED_ATTR, True)
@@ -139,12 +146,20 @@ def as_drf_answers(
     return finalized
 
 
+def check_key_hook(where: str, key: object) -> None:
+    """``TypeError`` (naming ``where``) unless ``key`` is None or a callable: a view must not
+    be served with a key hook that fails every request."""
+    if key is not None and not callable(key):
+        raise TypeError(f"{where}: key must be a callable (request) -> str | None, not {key!r}.")
+
+
 @dataclass(frozen=True)
 class OptIn:
-    """What ``@idempotency_opt_in`` asked for: the view's options and scope."""
+    """What ``@idempotency_opt_in`` asked for: the view's options, scope and key hook."""
 
     options: Options
     scope: Callable[[HttpRequest], str] = default_scope
+    key: KeyFunc | None = None
 
 
 @overload
@@ -156,6 +171,7 @@ def idempotency_opt_in(
     view: None = None,
     *,
     scope: Callable[[HttpRequest], str] | None = None,
+    key: KeyFunc | None = None,
     **options: Unpack[ViewOptions],
 ) -> Callable[[ViewFunc], ViewFunc]: ...
 
@@ -164,12 +180,14 @@ def idempotency_opt_in(
     view: Any = None,
     *,
     scope: Callable[[HttpRequest], str] | None = None,
+    key: KeyFunc | None = None,
     **options: Unpack[ViewOptions],
 ) -> Any:
-    """Have ``IdempotencyMiddleware`` protect this view, with the same options as
-    ``@idempotent``. The view function is returned as it is (sync or async), with an
-    attribute the middleware reads; it does nothing without the middleware."""
-    opt_in = OptIn(Options.declared("@idempotency_opt_in", **options), scope or default_scope)
+    """Have ``IdempotencyMiddleware`` protect this view, with the same options (and ``scope``
+    and ``key``) as ``@idempotent``. The view function is returned as it is (sync or async),
+    with an attribute the middleware reads; it does nothing without the middleware."""
+    check_key_hook("@idempotency_opt_in", key)
+    opt_in = OptIn(Options.declared("@idempotency_opt_in", **options), scope or default_scope, key)
 
     def decorate(func: ViewFunc) -> ViewFunc:
         validate_view_options(view_name(func), **opt_in.options.as_dict())

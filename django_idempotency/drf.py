@@ -28,7 +28,9 @@ from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
+from .decorators import check_key_hook
 from .mixins import OPTION_PREFIX, IdempotencyMixin
+from .protocol.keysource import KeyFunc
 from .protocol.options import Options, ViewOptions
 
 __all__ = ["idempotent_api_view"]
@@ -38,6 +40,7 @@ def idempotent_api_view(
     http_method_names: Sequence[str] | None = None,
     *,
     scope: Callable[[HttpRequest], str] | None = None,
+    key: KeyFunc | None = None,
     **options: Unpack[ViewOptions],
 ) -> Callable[[Callable[..., Any]], Any]:
     """DRF's ``@api_view(http_method_names)`` with the Idempotency-Key protocol.
@@ -46,13 +49,16 @@ def idempotent_api_view(
     ``@api_view``); ``methods`` those that honour the header (default
     ``IDEMPOTENCY["METHODS"]``). ``required``, ``ttl``, ``lock_timeout``, ``strategy`` and
     ``wait`` are ``@idempotent``'s; ``scope`` is a ``(request) -> str`` callable given DRF's
-    authenticated request (default: the user).
+    authenticated request (default: the user), ``key`` a ``(request) -> str | None`` callable
+    given the same request that finds the key (default: the header, or ``KEY_BODY_FIELD``),
+    the view's ``get_idempotency_key``.
     """
     # A string would be split into letters by api_view's method loop.
     if isinstance(http_method_names, str):
         raise TypeError("idempotent_api_view expects a list of HTTP methods, not a string.")
 
     declared = Options.declared("@idempotent_api_view", **options)
+    check_key_hook("@idempotent_api_view", key)
 
     def decorator(func: Callable[..., Any]) -> Any:
         base = api_view(list(http_method_names) if http_method_names is not None else None)(
@@ -71,6 +77,13 @@ def idempotent_api_view(
                 return scope_func(request)
 
             attrs["get_idempotency_scope"] = get_idempotency_scope
+        if key is not None:
+            key_func = key
+
+            def get_idempotency_key(self: IdempotencyMixin, request: Request) -> Any:
+                return key_func(request)
+
+            attrs["get_idempotency_key"] = get_idempotency_key
         view_class: type[APIView] = type(base.__name__, (IdempotencyMixin, base), attrs)
         return view_class.as_view()
 

@@ -1,14 +1,23 @@
 """Every error this app answers with, one class each.
 
 Each carries its HTTP status and an RFC 9457 problem type; ``protocol.problems.problem_response``
-turns one into an ``application/problem+json`` response.
+turns one into an ``application/problem+json`` response. The ``title`` and the ``detail`` are
+lazy translations (``gettext_lazy``): they are in the language active when the problem is
+rendered, the request's with ``LocaleMiddleware``; ``str()`` turns one into text.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.text import format_lazy
+from django.utils.translation import gettext_lazy as _
 
 from .conf import DEFAULTS, conf
+
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
 
 #: The default of ``IDEMPOTENCY["PROBLEM_BASE_URI"]``: this documentation's problem pages.
 PROBLEM_BASE = str(DEFAULTS["PROBLEM_BASE_URI"])
@@ -19,14 +28,19 @@ class IdempotencyError(Exception):
 
     status: int = 400
     slug: str = "idempotency-error"
-    title: str = "Idempotency error"
-    default_detail: str = "The request could not be processed."
+    title: StrOrPromise = _("Idempotency error")
+    default_detail: StrOrPromise = _("The request could not be processed.")
 
     #: Extension members of the problem document (RFC 9457 section 3.2).
     extra: dict[str, object] | None = None
 
-    def __init__(self, detail: str | None = None, *, retry_after: int | None = None) -> None:
-        self.detail = detail or self.default_detail
+    def __init__(
+        self, detail: StrOrPromise | None = None, *, retry_after: int | None = None
+    ) -> None:
+        # Not ``detail or``: that would translate a lazy detail now, not when it is rendered.
+        if detail is None or (isinstance(detail, str) and not detail):
+            detail = self.default_detail
+        self.detail: StrOrPromise = detail
         self.retry_after = retry_after
         super().__init__(self.detail)
 
@@ -47,8 +61,8 @@ class MissingKey(IdempotencyError):
 
     status = 400
     slug = "missing-key"
-    title = "Idempotency-Key header required"
-    default_detail = "This endpoint requires an Idempotency-Key header."
+    title = _("Idempotency-Key header required")
+    default_detail = _("This endpoint requires an Idempotency-Key header.")
 
 
 class InvalidKey(IdempotencyError):
@@ -60,8 +74,8 @@ class InvalidKey(IdempotencyError):
 
     status = 400
     slug = "invalid-key"
-    title = "Invalid Idempotency-Key"
-    default_detail = "The Idempotency-Key must be 1 to 255 visible ASCII characters."
+    title = _("Invalid Idempotency-Key")
+    default_detail = _("The Idempotency-Key must be 1 to 255 visible ASCII characters.")
 
 
 class InvalidBody(IdempotencyError):
@@ -72,8 +86,8 @@ class InvalidBody(IdempotencyError):
 
     status = 400
     slug = "invalid-body"
-    title = "Unreadable request body"
-    default_detail = (
+    title = _("Unreadable request body")
+    default_detail = _(
         "The request body could not be parsed (a malformed multipart body, or too many "
         "fields or files), so it cannot be fingerprinted."
     )
@@ -91,8 +105,8 @@ class CredentialsNotAuthenticated(IdempotencyError):
 
     status = 400
     slug = "credentials-not-authenticated"
-    title = "Credentials were not authenticated"
-    default_detail = (
+    title = _("Credentials were not authenticated")
+    default_detail = _(
         "The request carries credentials, but they were not authenticated before the "
         "Idempotency-Key was claimed, so the request was not processed."
     )
@@ -106,8 +120,8 @@ class RequestTooLarge(IdempotencyError):
 
     status = 413
     slug = "request-too-large"
-    title = "Request body too large"
-    default_detail = "The request body is larger than this server accepts."
+    title = _("Request body too large")
+    default_detail = _("The request body is larger than this server accepts.")
 
 
 class RequestInProgress(IdempotencyError):
@@ -119,8 +133,8 @@ class RequestInProgress(IdempotencyError):
 
     status = 409
     slug = "request-in-progress"
-    title = "A request with this Idempotency-Key is in progress"
-    default_detail = (
+    title = _("A request with this Idempotency-Key is in progress")
+    default_detail = _(
         "A request with the same Idempotency-Key is still being processed. "
         "Retry after the interval given in Retry-After."
     )
@@ -135,8 +149,8 @@ class LeaseLost(IdempotencyError):
 
     status = 409
     slug = "lease-lost"
-    title = "Idempotency-Key claim lost"
-    default_detail = (
+    title = _("Idempotency-Key claim lost")
+    default_detail = _(
         "Another request took over this Idempotency-Key before this one finished; "
         "this request's changes were rolled back. Retry to receive the stored result."
     )
@@ -151,8 +165,8 @@ class FingerprintMismatch(IdempotencyError):
 
     status = 422
     slug = "key-reused"
-    title = "Idempotency-Key reused with a different request"
-    default_detail = (
+    title = _("Idempotency-Key reused with a different request")
+    default_detail = _(
         "This Idempotency-Key was already used with a different request "
         "(method, path, query or body). Use a new key for a new request."
     )
@@ -167,25 +181,28 @@ class ResponseNotStored(IdempotencyError):
 
     status = 409
     slug = "response-not-stored"
-    title = "The response to this Idempotency-Key was not stored"
-    default_detail = (
+    title = _("The response to this Idempotency-Key was not stored")
+    default_detail = _(
         "The request with this Idempotency-Key has completed, but its response was not "
         "stored, so it cannot be sent again. Do not repeat the request: look its result up."
     )
 
     def __init__(
         self,
-        detail: str | None = None,
+        detail: StrOrPromise | None = None,
         *,
         retry_after: int | None = None,
         original_status: int | None = None,
     ) -> None:
         if detail is None and original_status is not None:
-            detail = (
-                f"The request with this Idempotency-Key has completed with status "
-                f"{original_status}, but its response was not stored (streamed, a file, or "
-                "too large), so it cannot be sent again. Do not repeat the request: look its "
-                "result up."
+            detail = format_lazy(
+                _(
+                    "The request with this Idempotency-Key has completed with status "
+                    "{status}, but its response was not stored (streamed, a file, or too "
+                    "large), so it cannot be sent again. Do not repeat the request: look its "
+                    "result up."
+                ),
+                status=original_status,
             )
         super().__init__(detail, retry_after=retry_after)
         if original_status is not None:
@@ -206,8 +223,8 @@ class ReplayNotAcceptable(IdempotencyError):
 
     status = 406
     slug = "replay-not-acceptable"
-    title = "The stored response is not in a media type this request accepts"
-    default_detail = (
+    title = _("The stored response is not in a media type this request accepts")
+    default_detail = _(
         "The request with this Idempotency-Key has completed, but its stored response is "
         "in a media type this request does not accept. Do not repeat the request under a "
         "new key: retry with this key accepting that media type, or look the result up."
@@ -215,19 +232,23 @@ class ReplayNotAcceptable(IdempotencyError):
 
     def __init__(
         self,
-        detail: str | None = None,
+        detail: StrOrPromise | None = None,
         *,
         retry_after: int | None = None,
         original_status: int | None = None,
         original_content_type: str | None = None,
     ) -> None:
         if detail is None and original_status is not None and original_content_type:
-            detail = (
-                f"The request with this Idempotency-Key has completed with status "
-                f"{original_status}; its stored response is {original_content_type}, which "
-                "this request's Accept header (or format) does not accept. Do not repeat the "
-                "request under a new key: retry with this key accepting "
-                f"{original_content_type}, or look the result up."
+            detail = format_lazy(
+                _(
+                    "The request with this Idempotency-Key has completed with status "
+                    "{status}; its stored response is {media_type}, which this request's "
+                    "Accept header (or format) does not accept. Do not repeat the request "
+                    "under a new key: retry with this key accepting {media_type}, or look "
+                    "the result up."
+                ),
+                status=original_status,
+                media_type=original_content_type,
             )
         super().__init__(detail, retry_after=retry_after)
         extra: dict[str, object] = {}
@@ -247,8 +268,8 @@ class StoreUnavailable(IdempotencyError):
 
     status = 503
     slug = "store-unavailable"
-    title = "Idempotency store unavailable"
-    default_detail = (
+    title = _("Idempotency store unavailable")
+    default_detail = _(
         "The idempotency store cannot be reached, so the request was not processed. "
         "Retry with the same Idempotency-Key."
     )
@@ -262,8 +283,8 @@ class TransientConflict(IdempotencyError):
 
     status = 503
     slug = "transient-conflict"
-    title = "Temporary database conflict"
-    default_detail = (
+    title = _("Temporary database conflict")
+    default_detail = _(
         "The request collided with a concurrent one in the database and was rolled back; "
         "nothing was stored. Retry with the same Idempotency-Key."
     )
@@ -280,8 +301,8 @@ class DatabaseUnavailable(IdempotencyError):
 
     status = 503
     slug = "database-unavailable"
-    title = "Database connection lost"
-    default_detail = (
+    title = _("Database connection lost")
+    default_detail = _(
         "The connection to the database was lost while the request was processed. "
         "Retry with the same Idempotency-Key: a request whose changes were rolled back "
         "runs again, one that was committed is replayed."
@@ -300,8 +321,8 @@ class DatabaseMisconfigured(IdempotencyError):
 
     status = 503
     slug = "database-misconfigured"
-    title = "Server database configuration error"
-    default_detail = (
+    title = _("Server database configuration error")
+    default_detail = _(
         "This server's database configuration does not let the request's changes be made "
         "safely under its Idempotency-Key, so the request was refused: nothing was changed "
         "or stored. Retry later with the same Idempotency-Key."

@@ -113,7 +113,7 @@ class IdempotencyMiddleware:
         view_kwargs: dict[str, Any],
     ) -> HttpResponseBase | None:
         opt_in = protection(view_func)
-        if opt_in is None or not takes_part(request, opt_in.options):
+        if opt_in is None or not takes_part(request, opt_in.options, opt_in.key):
             return None
         # An async view on a sync stack: Django would run it with async_to_sync too.
         call = async_to_sync(view_func) if iscoroutinefunction(view_func) else view_func
@@ -122,6 +122,7 @@ class IdempotencyMiddleware:
             lambda: call(request, *view_args, **view_kwargs),
             scope=opt_in.scope,
             options=opt_in.options,
+            key=opt_in.key,
         )
 
     async def _aprocess_view(
@@ -132,7 +133,7 @@ class IdempotencyMiddleware:
         view_kwargs: dict[str, Any],
     ) -> HttpResponseBase | None:
         opt_in = protection(view_func)
-        if opt_in is None or not takes_part(request, opt_in.options):
+        if opt_in is None or not takes_part(request, opt_in.options, opt_in.key):
             return None
         if iscoroutinefunction(view_func):
             return await ahandle(
@@ -140,6 +141,7 @@ class IdempotencyMiddleware:
                 lambda: view_func(request, *view_args, **view_kwargs),
                 scope=opt_in.scope,
                 options=opt_in.options,
+                key=opt_in.key,
             )
 
         # A sync view on an async stack: the lifecycle and the view in one thread, as Django
@@ -161,6 +163,7 @@ class IdempotencyMiddleware:
             lambda: view_func(request, *view_args, **view_kwargs),
             scope=opt_in.scope,
             options=opt_in.options,
+            key=opt_in.key,
         )
 
 

@@ -19,6 +19,7 @@ from .conf import conf
 from .errors import IdempotencyError, MisplacedIdempotencyMixin
 from .protocol.engine import IdempotentRequest, transient_conflict_error
 from .protocol.fingerprint import preload_body
+from .protocol.keysource import KeyFunc, may_carry_body_key, request_key
 from .protocol.options import OPTION_NAMES, Options
 from .protocol.scope import default_scope
 from .store.errors import DATABASE_ERRORS
@@ -71,14 +72,28 @@ class IdempotencyMixin:
         or API clients; requests of different scopes never see each other's keys."""
         return default_scope(request)
 
+    def get_idempotency_key(self, request: Request) -> str | None:
+        """The request's key as the client sent it, or None. By default the ``HEADER``
+        header's, or the ``KEY_BODY_FIELD`` of a JSON body's (both validated; they must be
+        the same key when both are sent). Override to read the key from elsewhere; what
+        it returns is checked as a key is (1 to 255 visible ASCII characters, else a 400
+        invalid-key), and None is no key (a 400 missing-key when the view requires one).
+        The body is read into memory before it is called, so ``request.data`` is safe."""
+        return request_key(request)
+
     # -- the request path ------------------------------------------------------------------
 
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         self._idempotency = None
         try:
             options = self.get_idempotency_options(request)  # type: ignore[arg-type]
-            if conf.HEADER in request.headers and options.applies_to(request.method):
-                # Keep the body for the fingerprint before DRF's parsers consume the stream.
+            if options.applies_to(request.method) and (
+                self._idempotency_key_hook() is not None
+                or conf.HEADER in request.headers
+                or may_carry_body_key(request)
+            ):
+                # Keep the body for the key and the fingerprint before DRF's parsers (or a
+                # permission class reading request.data) consume the stream.
                 preload_body(request)
             # The claim's context (transaction, lease) is entered in initial() and left
             # here; an error from finish() passes through it first, so the view's writes
@@ -118,6 +133,7 @@ class IdempotencyMixin:
                 request,
                 self.get_idempotency_scope,  # type: ignore[arg-type]
                 self.get_idempotency_options(request),
+                self._idempotency_key_hook(),
             )
             if idem is None:
                 return
@@ -128,6 +144,14 @@ class IdempotencyMixin:
             raise _ShortCircuit(idem.short_circuit())
         except IdempotencyError as error:
             raise _ShortCircuit(drf_problem_response(error, request)) from error
+
+    def _idempotency_key_hook(self) -> KeyFunc | None:
+        """The view's own ``get_idempotency_key``, None when it keeps the default one (the
+        engine then reads the header and the body field itself)."""
+        if type(self).get_idempotency_key is IdempotencyMixin.get_idempotency_key:
+            return None
+        hook: KeyFunc = self.get_idempotency_key  # type: ignore[assignment]
+        return hook
 
     def _idempotency_has_handler(self, request: Request) -> bool:
         """Whether ``dispatch()`` will find a handler for the method (as DRF looks it up)."""

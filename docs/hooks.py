@@ -47,6 +47,13 @@ log = logging.getLogger("mkdocs.hooks.django_idempotency")
 if Path(django_idempotency.__file__ or "").resolve().parent != ROOT / "django_idempotency":
     log.warning("the docs describe %s, not this checkout's package", django_idempotency.__file__)
 
+from django.conf import settings  # noqa: E402 - after the checkout's package is first
+
+if not settings.configured:
+    # The problem classes' titles and details are lazy translations: without settings
+    # they could not be read. Without translations they are the English they are written in.
+    settings.configure(USE_I18N=False)
+
 
 def problem_classes() -> list[type[Any]]:
     from django_idempotency import errors
@@ -72,9 +79,9 @@ def problem_page(cls: type[Any]) -> str:
     error = cls()
     body = {
         "type": error.type_uri,
-        "title": cls.title,
+        "title": str(cls.title),
         "status": cls.status,
-        "detail": error.detail,
+        "detail": str(error.detail),
     }
     doc = own_doc(cls)
     if not doc:

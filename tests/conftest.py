@@ -33,6 +33,7 @@ _CHECKS: dict[str, Callable[[], bool]] = {
     "redis_tls": lambda: services.redis_server_has_tls() and services.which("openssl") is not None,
     "browser": lambda: services.chromium() is not None,
     "pgbouncer": lambda: pgbouncer_binary() is not None,
+    "gettext": lambda: all(services.which(tool) for tool in ("msgfmt", "xgettext", "msgmerge")),
 }
 _results: dict[str, bool] = {}
 

@@ -479,7 +479,7 @@ def test_purge_action_deletes_only_expired_keys(django_user_model: Any) -> None:
     assert "Purged 1 expired key. 1 key has not expired and was kept." in page
     entry = LogEntry.objects.get()
     assert entry.action_flag == DELETION
-    assert entry.change_message == "Purged 1 expired idempotency keys (admin action)."
+    assert entry.change_message == "Purged 1 expired idempotency key (admin action)."
     assert not IdempotencyKey.objects.filter(pk=old.pk).exists()
     assert IdempotencyKey.objects.filter(pk=live.pk).exists()
 

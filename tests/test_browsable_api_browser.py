@@ -58,7 +58,7 @@ def assert_problem_page(page: Any) -> None:
     info = page.locator(".response-info").inner_text()
     assert "HTTP 400 Bad Request" in info
     assert MissingKey().type_uri in info
-    assert MissingKey.title in info
+    assert str(MissingKey.title) in info
     assert page.url.endswith(LIST)
     assert page.locator("#post-generic-content-form").count() == 1  # the page, with its forms
     assert not Charge.objects.exists()

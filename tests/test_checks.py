@@ -364,6 +364,26 @@ def test_e016_accepts_none_and_whole_seconds() -> None:
     assert run({"RETRY_AFTER": None}) == run({"RETRY_AFTER": 0}) == run({"RETRY_AFTER": 3}) == []
 
 
+@pytest.mark.parametrize(
+    "value", ["", 42, ["idempotency_key"], "idempotency\nkey", "k" * 256, b"idempotency_key"]
+)
+def test_e022_key_body_field_must_name_a_json_field(value: Any) -> None:
+    """Anything else never matches a body's field, and every key sent there is ignored;
+    the process does not start with it."""
+    message = only(run({"KEY_BODY_FIELD": value}), "E022")
+    assert isinstance(message, Error) and "KEY_BODY_FIELD" in message.msg
+    with (
+        override_settings(IDEMPOTENCY={"KEY_BODY_FIELD": value}),
+        pytest.raises(ImproperlyConfigured, match=r"django_idempotency\.E022"),
+    ):
+        conf.ensure_valid()
+
+
+@pytest.mark.parametrize("value", [None, "idempotency_key", "Idempotency Key", "k" * 255])
+def test_e022_accepts_none_and_field_names(value: Any) -> None:
+    assert run({"KEY_BODY_FIELD": value}) == []
+
+
 @pytest.mark.parametrize("name", NAME_LIST_SETTINGS)
 @pytest.mark.parametrize("value", ["Set-Cookie", 5, [""], [None]])
 def test_e017_header_and_cookie_lists(name: str, value: Any) -> None:

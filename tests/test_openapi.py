@@ -404,6 +404,19 @@ def test_the_header_name_setting(schema: dict[str, Any]) -> None:
     assert "Idempotency-Key" not in names
 
 
+def test_with_a_key_body_field_the_header_is_optional_and_the_field_named() -> None:
+    """A client that sends the key in the body sends no header: a schema that required it
+    would call a valid request invalid."""
+    idempotency = {"KEY_BODY_FIELD": "idempotency_key"}
+    with override_settings(REST_FRAMEWORK=SPECTACULAR, IDEMPOTENCY=idempotency):
+        found = generate(build_urls())
+    parameter = key_parameter(found["paths"]["/charges/"]["post"])
+    assert parameter is not None
+    assert parameter["required"] is False
+    assert '"idempotency_key" field of a JSON body' in parameter["description"]
+    assert "required" in parameter["description"]
+
+
 def test_the_problem_examples_follow_the_base_uri_setting() -> None:
     """The examples' ``type`` URIs are the ones the responses carry."""
     base = "https://errors.example.com/idempotency/"

@@ -204,20 +204,30 @@ class IdempotencySchemaMixin:
             for p in parameters
         ):
             return  # documented by hand already
+        field = conf.KEY_BODY_FIELD
+        description = (
+            "A unique key per operation (a UUID, for example), sent again unchanged "
+            "with every retry of the same request. The first request with a key runs; "
+            "a retry gets the stored response (with Idempotent-Replayed: true); a "
+            "concurrent duplicate gets 409; the same key with a different request "
+            "gets 422."
+        )
+        if field is not None:
+            # The body may carry the key instead: the header alone is never required.
+            description += (
+                f' The key may be sent in the "{field}" field of a JSON body instead (the same '
+                "key in both, if both are sent)"
+                + ("; one of the two is required." if required else ".")
+            )
+        if not required:
+            description += " Optional: without it the request is not deduplicated."
         parameters.append(
             {
                 "in": "header",
                 "name": header,
-                "required": required,
+                "required": required and field is None,
                 "schema": copy.deepcopy(KEY_SCHEMA),
-                "description": (
-                    "A unique key per operation (a UUID, for example), sent again unchanged "
-                    "with every retry of the same request. The first request with a key runs; "
-                    "a retry gets the stored response (with Idempotent-Replayed: true); a "
-                    "concurrent duplicate gets 409; the same key with a different request "
-                    "gets 422."
-                    + ("" if required else " Optional: without it the request is not deduplicated.")
-                ),
+                "description": description,
             }
         )
 
@@ -244,12 +254,12 @@ class IdempotencySchemaMixin:
                     "schema": ref,
                     "examples": {
                         error.slug: {
-                            "summary": error.title,
+                            "summary": str(error.title),
                             "value": {
                                 "type": error().type_uri,
-                                "title": error.title,
+                                "title": str(error.title),
                                 "status": status,
-                                "detail": error.default_detail,
+                                "detail": str(error.default_detail),
                             },
                         }
                         for error in errors

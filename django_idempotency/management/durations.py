@@ -1,9 +1,12 @@
-"""Parsing short human durations such as ``90s``, ``2h``, ``7d`` or ``1h30m``."""
+"""Parsing short human durations such as ``90s``, ``2h``, ``7d`` or ``1h30m`` (the units are
+symbols, the same in every language; the error messages are translated)."""
 
 from __future__ import annotations
 
 import re
 from datetime import timedelta
+
+from django.utils.translation import gettext as _
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
@@ -17,7 +20,7 @@ def parse_duration(text: str) -> timedelta:
     """
     value = text.strip().lower()
     if not value:
-        raise ValueError("empty duration; use e.g. 90s, 30m, 2h, 7d or 1w")
+        raise ValueError(_("empty duration; use e.g. 90s, 30m, 2h, 7d or 1w"))
     if re.fullmatch(r"\d+(?:\.\d+)?", value):
         return timedelta(seconds=float(value))
     position = 0
@@ -28,14 +31,20 @@ def parse_duration(text: str) -> timedelta:
             break
         number, unit = match.groups()
         if unit in seen:
-            raise ValueError(f"unit {unit!r} given twice in duration {text!r}")
+            raise ValueError(
+                _("unit %(unit)s given twice in duration %(text)s")
+                % {"unit": repr(unit), "text": repr(text)}
+            )
         seen.add(unit)
         seconds += float(number) * UNITS[unit]
         position = match.end()
     if position != len(value) or not seen:
         raise ValueError(
-            f"invalid duration {text!r}; use a number followed by s, m, h, d or w "
-            "(e.g. 90s, 30m, 2h, 7d, 1h30m)"
+            _(
+                "invalid duration %(text)s; use a number followed by s, m, h, d or w "
+                "(e.g. 90s, 30m, 2h, 7d, 1h30m)"
+            )
+            % {"text": repr(text)}
         )
     return timedelta(seconds=seconds)
 

@@ -1,8 +1,8 @@
 """Progress lines of the long-running management commands, as Django's own commands do.
 
 Nothing at ``-v 0``; at ``-v 1`` and above, while a run lasts, at most one line every
-``every`` seconds with the rows done, the rate and the time left. The rows left are
-counted once, when the first line is due, so that a short run costs no ``COUNT``.
+``every`` seconds with the rows done, the rate and the time left, in the active language. The
+rows left are counted once, when the first line is due, so that a short run costs no ``COUNT``.
 """
 
 from __future__ import annotations
@@ -10,24 +10,31 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from django.core.management.base import BaseCommand
 from django.db import DatabaseError
+from django.utils.formats import number_format
+from django.utils.translation import gettext as _
 
 from .durations import format_duration
+
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
 
 #: Seconds between two progress lines, by default.
 DEFAULT_EVERY = 5.0
 
 
 class Progress:
-    """Reports ``done`` rows now and then; ``remaining()`` counts the rows still to do."""
+    """Reports ``done`` rows now and then; ``remaining()`` counts the rows still to do.
+    ``verb`` says what happens to the rows, translated (``pgettext_lazy("progress", ...)``)."""
 
     def __init__(
         self,
         command: BaseCommand,
         *,
-        verb: str,
+        verb: StrOrPromise,
         verbosity: int,
         every: float = DEFAULT_EVERY,
         remaining: Callable[[], int] | None = None,
@@ -55,15 +62,26 @@ class Progress:
                 self.total = done + self.remaining()
             except DatabaseError:  # an estimate only: the run goes on without it
                 self.remaining = None
-        elapsed = max(now - self.started, 1e-9)
-        rate = done / elapsed
-        line = f"{self.verb} {done:,}"
-        if self.total is not None:
-            line += f" of about {max(self.total, done):,}"
-        line += f" rows, {rate:,.0f} rows/s"
-        if self.total is not None and rate > 0:
-            left = max(self.total - done, 0) / rate
-            line += f", about {format_duration(timedelta(seconds=round(left)))} left"
-        self.command.stdout.write(line)
+        self.command.stdout.write(self.line(done, now))
         self.command.stdout.flush()
         self.lines += 1
+
+    def line(self, done: int, now: float) -> str:
+        """The progress line, in the active language, its numbers grouped as it groups them."""
+        rate = done / max(now - self.started, 1e-9)
+        values = {"verb": self.verb, "done": _number(done), "rate": _number(round(rate))}
+        if self.total is None:
+            return _("%(verb)s %(done)s rows, %(rate)s rows/s") % values
+        values["total"] = _number(max(self.total, done))
+        if rate <= 0:
+            return _("%(verb)s %(done)s of about %(total)s rows, %(rate)s rows/s") % values
+        left = max(self.total - done, 0) / rate
+        values["left"] = format_duration(timedelta(seconds=round(left)))
+        return (
+            _("%(verb)s %(done)s of about %(total)s rows, %(rate)s rows/s, about %(left)s left")
+            % values
+        )
+
+
+def _number(value: int) -> str:
+    return number_format(value, force_grouping=True)

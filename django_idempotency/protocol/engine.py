@@ -37,9 +37,9 @@ from ..store.errors import DATABASE_ERRORS, classify_database_error
 from ..strategies import get_strategy
 from ..strategies.base import Attempt, Claim, InProgress, Mismatch, Outcome, Replay, Strategy
 from . import waiting
-from .fingerprint import fingerprint
-from .header import parse_key
+from .fingerprint import fingerprint, preload_body
 from .keys import downstream_key, key_digest
+from .keysource import KeyFunc, check_key, may_carry_body_key, missing_detail, request_key
 from .lease import keeper
 from .lifecycle import Lifecycle
 from .negotiation import retry_accepts
@@ -94,36 +94,48 @@ class IdempotentRequest:
         self._stack = ExitStack()
         self._lease = ExitStack()
 
-    # -- header -> key -> scope -> fingerprint -----------------------------------------------
+    # -- key -> scope -> fingerprint ---------------------------------------------------------
 
     @staticmethod
-    def header_key(request: HttpRequest, options: Options) -> str | None:
-        """The validated key, None when absent and optional; raises 400 errors."""
-        raw = request.headers.get(conf.HEADER)
-        if raw is None:
+    def read_key(request: HttpRequest, options: Options, key: KeyFunc | None = None) -> str | None:
+        """The validated key: the view's ``key`` hook's, else the header's or the JSON body's
+        (``keysource.request_key``); None when absent and optional; raises 400 errors. The
+        body is read into memory first, so that a hook that parses it leaves it for the
+        fingerprint."""
+        if key is None:
+            found = request_key(request)
+        else:
+            preload_body(request)
+            raw = key(request)
+            found = None if raw is None else check_key(raw)
+        if found is None:
             required = options.required if options.required is not None else conf.REQUIRED
             if required:
-                raise MissingKey(f"This endpoint requires an {conf.HEADER} header.")
-            return None
-        return parse_key(raw)
+                raise MissingKey(missing_detail(hook=key is not None))
+        return found
 
     @classmethod
     def from_request(
-        cls, request: HttpRequest, scope: Callable[[HttpRequest], str], options: Options
+        cls,
+        request: HttpRequest,
+        scope: Callable[[HttpRequest], str],
+        options: Options,
+        key: KeyFunc | None = None,
     ) -> IdempotentRequest | None:
         """None when the request does not take part (method, or no key and not required).
+        ``key`` is the view's own key hook (None: the header and ``KEY_BODY_FIELD``).
         Raises ``InvalidConfiguration`` first when the settings have an error."""
         conf.ensure_valid()
         if not options.applies_to(request.method):
             return None
-        key = cls.header_key(request, options)
-        if key is None:
+        found = cls.read_key(request, options, key)
+        if found is None:
             return None
         bounded = bounded_scope(scope(request))
         strategy = get_strategy(options.strategy)
         attempt = Attempt(
             scope=bounded,
-            key=key,
+            key=found,
             fingerprint=fingerprint(request),
             ttl=options.ttl if options.ttl is not None else conf.TTL,
             lock_timeout=(
@@ -458,11 +470,13 @@ def handle(
     *,
     scope: Callable[[HttpRequest], str] = default_scope,
     options: Options | None = None,
+    key: KeyFunc | None = None,
 ) -> HttpResponseBase:
-    """Run ``view`` under the Idempotency-Key protocol (the function-view path)."""
+    """Run ``view`` under the Idempotency-Key protocol (the function-view path); ``key`` is
+    the view's own key hook (None: the header and ``KEY_BODY_FIELD``)."""
     options = options or Options()
     try:
-        idem = IdempotentRequest.from_request(request, scope, options)
+        idem = IdempotentRequest.from_request(request, scope, options, key)
         if idem is None:
             return view()
         with idem:
@@ -478,15 +492,18 @@ def handle(
 # -- the async path ---------------------------------------------------------------------------
 
 
-def takes_part(request: HttpRequest, options: Options) -> bool:
+def takes_part(request: HttpRequest, options: Options, key: KeyFunc | None = None) -> bool:
     """Whether ``handle`` would do more than call the view: the method honours the header,
-    and the header is there or required. Reads the request line and headers only (no
-    database, no ``request.user``), so it is safe on the event loop."""
+    and a key is required, or may be there (the header, a JSON body with ``KEY_BODY_FIELD``
+    set, or a view with its own ``key`` hook). Reads the request line and headers only (no
+    body, no database, no ``request.user``), so it is safe on the event loop."""
     conf.ensure_valid()
     if not options.applies_to(request.method):
         return False
     required = options.required if options.required is not None else conf.REQUIRED
-    return required or conf.HEADER in request.headers
+    return (
+        required or key is not None or conf.HEADER in request.headers or may_carry_body_key(request)
+    )
 
 
 async def ahandle(
@@ -495,6 +512,7 @@ async def ahandle(
     *,
     scope: Callable[[HttpRequest], str] = default_scope,
     options: Options | None = None,
+    key: KeyFunc | None = None,
 ) -> HttpResponseBase:
     """Run the async ``view`` under the Idempotency-Key protocol (async function views and
     the middleware on an async stack).
@@ -508,13 +526,13 @@ async def ahandle(
     not take part) awaits the view directly. See docs/async.md.
     """
     options = options or Options()
-    if not takes_part(request, options):
+    if not takes_part(request, options, key):
         return await view()
 
     async def run_view() -> HttpResponseBase:
         return await view()
 
     def run_lifecycle() -> HttpResponseBase:
-        return handle(request, async_to_sync(run_view), scope=scope, options=options)
+        return handle(request, async_to_sync(run_view), scope=scope, options=options, key=key)
 
     return await sync_to_async(run_lifecycle, thread_sensitive=True)()

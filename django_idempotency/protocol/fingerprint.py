@@ -20,6 +20,7 @@ from django.http.multipartparser import MultiPartParser, MultiPartParserError
 from django.http.request import RawPostDataException
 from django.utils.datastructures import MultiValueDict
 
+from ..conf import conf
 from ..errors import InvalidBody, RequestTooLarge
 from .negotiation import format_parameter
 
@@ -27,7 +28,9 @@ from .negotiation import format_parameter
 MAX_JSON_DEPTH = 64
 
 
-def _is_json(content_type: str) -> bool:
+def is_json(content_type: str) -> bool:
+    """Whether ``content_type`` (a header value, parameters and all) is JSON: ``application/json``
+    or a ``+json`` type."""
     media = content_type.split(";", 1)[0].strip().lower()
     return media == "application/json" or media.endswith("+json")
 
@@ -89,12 +92,27 @@ def _write_json(value: Any, out: list[str], depth: int) -> None:
         out.append("false")
 
 
-def canonical_json(body: bytes) -> bytes | None:
+def parse_json(body: bytes) -> Any:
+    """The JSON value of ``body`` (UTF-8), its objects as lists of ``(name, value)`` pairs in
+    the order they were sent, repeated names too; numbers as the text they were sent as.
+    ``ValueError`` (or ``RecursionError``, nested too deep for Python) when it is not JSON."""
+    return _JSON_DECODER.decode(body.decode("utf-8"))
+
+
+def is_object(value: Any) -> bool:
+    """Whether ``value`` (from :func:`parse_json`) is a JSON object."""
+    return type(value) is _Object
+
+
+def canonical_json(body: bytes, without: str | None = None) -> bytes | None:
     """``body`` with object members sorted by name and no whitespace, numbers and
     strings as they were meant; None when it cannot be canonicalised: not UTF-8,
-    not JSON, or nested deeper than ``MAX_JSON_DEPTH``."""
+    not JSON, or nested deeper than ``MAX_JSON_DEPTH``. ``without`` names a member of the
+    top-level object that is left out (the key's field, ``KEY_BODY_FIELD``)."""
     try:
-        parsed = _JSON_DECODER.decode(body.decode("utf-8"))
+        parsed = parse_json(body)
+        if without is not None and is_object(parsed):
+            parsed = _Object(member for member in parsed if member[0] != without)
         out: list[str] = []
         _write_json(parsed, out, 0)
     except (ValueError, RecursionError, _TooDeep):
@@ -113,17 +131,17 @@ def _canonical_pairs(encoded: str, without: str | None = None) -> bytes:
     return json.dumps(pairs, separators=(",", ":")).encode()
 
 
-def canonical_body(content_type: str, body: bytes) -> bytes:
+def canonical_body(content_type: str, body: bytes, without: str | None = None) -> bytes:
     """Bytes that differ only when the body's meaning differs.
 
     JSON is re-serialised with sorted object members and no whitespace, keeping
-    the text of numbers; form bodies are sorted by field name, keeping the order
-    of a repeated field's values. Anything else, and JSON that cannot be
-    canonicalised, is taken byte for byte.
+    the text of numbers, and without the top-level member ``without`` names (the key's own
+    field); form bodies are sorted by field name, keeping the order of a repeated field's
+    values. Anything else, and JSON that cannot be canonicalised, is taken byte for byte.
     """
     media = content_type.split(";", 1)[0].strip().lower()
-    if body and _is_json(media):
-        canonical = canonical_json(body)
+    if body and is_json(media):
+        canonical = canonical_json(body, without=without)
         return body if canonical is None else canonical
     if body and media == "application/x-www-form-urlencoded":
         try:
@@ -250,11 +268,12 @@ def _body_digest(request: HttpRequest) -> bytes:
         return _form_digest(django_request.POST, django_request.FILES)
     if _is_multipart(django_request):
         return _multipart_digest(django_request, body)
-    return hashlib.sha256(canonical_body(content_type, body)).digest()
+    return hashlib.sha256(canonical_body(content_type, body, conf.KEY_BODY_FIELD)).digest()
 
 
 def fingerprint(request: HttpRequest) -> str:
-    """SHA-256 (hex) over method, path, canonical query string and canonical body.
+    """SHA-256 (hex) over method, path, canonical query string and canonical body (a JSON
+    body without its ``KEY_BODY_FIELD``: where the key is sent is not part of the request).
 
     On a DRF view the URL format override (``?format=``) is left out of the query: it
     picks the representation, which a replay is checked against instead

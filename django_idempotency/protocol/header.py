@@ -5,8 +5,15 @@ from __future__ import annotations
 
 import re
 import string
+from typing import TYPE_CHECKING
+
+from django.utils.text import format_lazy
+from django.utils.translation import gettext_lazy as _
 
 from ..errors import InvalidKey
+
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
 
 MAX_KEY_LENGTH = 255
 
@@ -32,27 +39,48 @@ def parse_key(raw: str) -> str:
         raise InvalidKey(_LIST_OF_KEYS)
     elif ";" in value:
         raise InvalidKey(
-            "A bare Idempotency-Key may not contain ';'. Parameters are accepted only "
-            'after a quoted key ("key";name=value).'
+            _(
+                "A bare Idempotency-Key may not contain ';'. Parameters are accepted only "
+                'after a quoted key ("key";name=value).'
+            )
         )
     if not value:
-        raise InvalidKey("The Idempotency-Key header is empty.")
+        raise InvalidKey(_("The Idempotency-Key header is empty."))
     if len(value) > MAX_KEY_LENGTH:
-        raise InvalidKey(f"The Idempotency-Key is longer than {MAX_KEY_LENGTH} characters.")
+        raise InvalidKey(
+            format_lazy(
+                _("The Idempotency-Key is longer than {max_length} characters."),
+                max_length=MAX_KEY_LENGTH,
+            )
+        )
     if not _is_visible_ascii(value):
         raise InvalidKey(
-            "The Idempotency-Key may only contain visible ASCII characters "
-            "(no spaces or control characters)."
+            _(
+                "The Idempotency-Key may only contain visible ASCII characters "
+                "(no spaces or control characters)."
+            )
         )
     return value
 
 
-_LIST_OF_KEYS = (
+_LIST_OF_KEYS = _(
     "The Idempotency-Key header holds a list of keys (it was sent more than once, or its "
     "value contains a comma); send exactly one key."
 )
-_KEY = "The quoted Idempotency-Key"
-_PARAMETER = "A parameter of the Idempotency-Key"
+#: The subjects of the sf-string messages: the key itself, or a parameter's string value.
+_KEY = "key"
+_PARAMETER = "parameter"
+#: What is wrong with an sf-string, by subject: whole sentences, for the translations.
+_SF_STRING_ERRORS = {
+    (_KEY, "escape"): _("The quoted Idempotency-Key has an invalid escape."),
+    (_KEY, "not-ascii"): _("The quoted Idempotency-Key contains a character that is not ASCII."),
+    (_KEY, "unclosed"): _("The quoted Idempotency-Key has no closing quote."),
+    (_PARAMETER, "escape"): _("A parameter of the Idempotency-Key has an invalid escape."),
+    (_PARAMETER, "not-ascii"): _(
+        "A parameter of the Idempotency-Key contains a character that is not ASCII."
+    ),
+    (_PARAMETER, "unclosed"): _("A parameter of the Idempotency-Key has no closing quote."),
+}
 
 # RFC 8941 section 3.1.2 (parameter names) and 3.3 (bare items).
 _DIGITS = frozenset(string.digits)
@@ -76,7 +104,7 @@ def _parse_sf_item(value: str) -> str:
     parameters are checked and ignored (the header defines none)."""
     key, i = _parse_sf_string(value, 0, _KEY)
     n = len(value)
-    after = "closing quote"
+    after = _("The quoted Idempotency-Key has text after its closing quote.")
     while i < n and value[i] == ";":
         i += 1
         while i < n and value[i] == " ":
@@ -84,11 +112,11 @@ def _parse_sf_item(value: str) -> str:
         i = _skip_parameter_name(value, i)
         if i < n and value[i] == "=":
             i = _skip_bare_item(value, i + 1)
-        after = "parameters"
+        after = _("The quoted Idempotency-Key has text after its parameters.")
     if i < n:
         if value[i:].lstrip(" \t").startswith(","):
             raise InvalidKey(_LIST_OF_KEYS)
-        raise InvalidKey(f"{_KEY} has text after its {after}.")
+        raise InvalidKey(after)
     return key
 
 
@@ -102,26 +130,28 @@ def _parse_sf_string(value: str, i: int, subject: str) -> tuple[str, int]:
         ch = value[i]
         if ch == "\\":
             if i + 1 >= n or value[i + 1] not in '"\\':
-                raise InvalidKey(f"{subject} has an invalid escape.")
+                raise InvalidKey(_SF_STRING_ERRORS[subject, "escape"])
             out.append(value[i + 1])
             i += 2
             continue
         if ch == '"':
             return "".join(out), i + 1
         if not 0x20 <= ord(ch) <= 0x7E:
-            raise InvalidKey(f"{subject} contains a character that is not ASCII.")
+            raise InvalidKey(_SF_STRING_ERRORS[subject, "not-ascii"])
         out.append(ch)
         i += 1
-    raise InvalidKey(f"{subject} has no closing quote.")
+    raise InvalidKey(_SF_STRING_ERRORS[subject, "unclosed"])
 
 
-def _malformed(what: str) -> InvalidKey:
-    return InvalidKey(f"The Idempotency-Key has a malformed parameter: {what}.")
+def _malformed(what: StrOrPromise) -> InvalidKey:
+    return InvalidKey(
+        format_lazy(_("The Idempotency-Key has a malformed parameter: {what}."), what=what)
+    )
 
 
 def _skip_parameter_name(value: str, i: int) -> int:
     if i >= len(value) or value[i] not in _PARAM_NAME_START:
-        raise _malformed("a parameter name starts with a lowercase letter or '*'")
+        raise _malformed(_("a parameter name starts with a lowercase letter or '*'"))
     i += 1
     while i < len(value) and value[i] in _PARAM_NAME:
         i += 1
@@ -143,14 +173,14 @@ def _skip_bare_item(value: str, i: int) -> int:
         return i
     if ch == "?":
         if value[i + 1 : i + 2] not in ("0", "1"):
-            raise _malformed("a boolean is ?0 or ?1")
+            raise _malformed(_("a boolean is ?0 or ?1"))
         return i + 2
     if ch == ":":
         end = value.find(":", i + 1)
         if end < 0 or not _BYTE_SEQUENCE.fullmatch(value, i + 1, end):
-            raise _malformed("a byte sequence is base64 between colons")
+            raise _malformed(_("a byte sequence is base64 between colons"))
         return end + 1
-    raise _malformed("a parameter value is a number, string, token, byte sequence or boolean")
+    raise _malformed(_("a parameter value is a number, string, token, byte sequence or boolean"))
 
 
 def _skip_number(value: str, i: int) -> int:
@@ -163,12 +193,12 @@ def _skip_number(value: str, i: int) -> int:
         i += 1
     whole = i - start
     if whole == 0 or whole > 15:
-        raise _malformed("a number has 1 to 15 digits")
+        raise _malformed(_("a number has 1 to 15 digits"))
     if i < n and value[i] == ".":
         i += 1
         fraction_start = i
         while i < n and value[i] in _DIGITS:
             i += 1
         if whole > 12 or not 1 <= i - fraction_start <= 3:
-            raise _malformed("a decimal number has up to 12 digits, '.' and 1 to 3 digits")
+            raise _malformed(_("a decimal number has up to 12 digits, '.' and 1 to 3 digits"))
     return i

@@ -1,11 +1,13 @@
 """RFC 9457 problem details: the response for every ``errors.IdempotencyError``,
-``application/problem+json`` or ``IDEMPOTENCY["PROBLEM_RENDERER"]``'s."""
+``application/problem+json`` or ``IDEMPOTENCY["PROBLEM_RENDERER"]``'s. The title and the
+detail are translated here, into the language active when the answer is rendered."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
 
+from django.core.serializers.json import DjangoJSONEncoder
 from django.http import HttpRequest, HttpResponse
 from django.utils.module_loading import import_string
 
@@ -40,9 +42,9 @@ def problem_document(
     ``detail`` and its extension members."""
     payload: dict[str, object] = {
         "type": error.type_uri,
-        "title": error.title,
+        "title": str(error.title),
         "status": error.status,
-        "detail": error.detail,
+        "detail": str(error.detail),
     }
     if error.extra:
         payload.update(error.extra)
@@ -58,7 +60,9 @@ def problem_json(
     ``Retry-After``)."""
     payload = problem_document(error, extra=extra)
     response = HttpResponse(
-        json.dumps(payload), status=error.status, content_type=PROBLEM_CONTENT_TYPE
+        json.dumps(payload, cls=DjangoJSONEncoder),
+        status=error.status,
+        content_type=PROBLEM_CONTENT_TYPE,
     )
     if error.retry_after is not None:
         response["Retry-After"] = str(error.retry_after)

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from django.http import HttpRequest
 from django.utils.crypto import salted_hmac
 from django.utils.module_loading import import_string
+from django.utils.text import format_lazy
+from django.utils.translation import gettext_lazy as _
 
 from ..conf import conf
 from ..errors import CredentialsNotAuthenticated
@@ -51,8 +53,14 @@ def default_scope(request: HttpRequest) -> str:
     for header in conf.CREDENTIAL_HEADERS:
         if request.headers.get(header):
             raise CredentialsNotAuthenticated(
-                f"The request carries an {header} header, but it was not authenticated "
-                "before the Idempotency-Key was claimed, so the request was not processed."
+                format_lazy(
+                    _(
+                        "The request carries an {header} header, but it was not authenticated "
+                        "before the Idempotency-Key was claimed, so the request was not "
+                        "processed."
+                    ),
+                    header=header,
+                )
             )
     for name in conf.CREDENTIAL_COOKIES:
         value = request.COOKIES.get(name)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, transaction
+from django.utils.translation import gettext_lazy as _
 
 from ..errors import StoreUnavailable
 from ..protocol.replay import StoredResponse
@@ -53,7 +54,7 @@ class Attempt:
 
 
 #: The detail of a 503 for a response that could not be stored.
-NOT_STORED_DETAIL = (
+NOT_STORED_DETAIL = _(
     "The response could not be stored, so this request's changes were rolled back. "
     "Retry with the same Idempotency-Key."
 )

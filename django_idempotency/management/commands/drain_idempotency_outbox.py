@@ -29,12 +29,14 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, InterfaceError, connections
-from django.utils.translation import ngettext
+from django.utils.formats import number_format
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop, ngettext, pgettext_lazy
 
 from ...conf import conf
 from ...models import IdempotencyOutbox
 from ..progress import DEFAULT_EVERY, Progress
-from .purge_idempotency_keys import batch_size, duration
+from .purge_idempotency_keys import batch_size, check_database, duration
 
 #: Seconds between two passes of ``--loop``, by default.
 DEFAULT_INTERVAL = 10.0
@@ -74,68 +76,81 @@ def stop_on_signals(stop: threading.Event) -> Iterator[None]:
 
 
 class Command(BaseCommand):
-    help = (
+    help = gettext_noop(  # translated by create_parser(), into the language active then
         "Move the hybrid strategy's outbox rows into IdempotencyKey, in batches of one "
         "transaction each, without Celery: until the outbox is empty, for --duration, or "
         "with --loop until SIGTERM or SIGINT."
     )
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        self.help = _(type(self).help)
+        return super().create_parser(prog_name, subcommand, **kwargs)
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--batch-size",
             type=batch_size,
             default=None,
-            help="Rows per transaction (default: IDEMPOTENCY['OUTBOX_BATCH_SIZE']).",
+            help=_("Rows per transaction (default: IDEMPOTENCY['OUTBOX_BATCH_SIZE'])."),
         )
         parser.add_argument(
             "--duration",
             type=duration,
             default=None,
             metavar="DURATION",
-            help="Stop after this long even if rows remain, e.g. 30s, 5m (default: no limit).",
+            help=_("Stop after this long even if rows remain, e.g. 30s, 5m (default: no limit)."),
         )
         parser.add_argument(
             "--loop",
             action="store_true",
-            help="Keep draining: after the outbox is empty, wait --interval and drain again, "
-            "until SIGTERM or SIGINT (or --duration).",
+            help=_(
+                "Keep draining: after the outbox is empty, wait --interval and drain again, "
+                "until SIGTERM or SIGINT (or --duration)."
+            ),
         )
         parser.add_argument(
             "--interval",
             type=duration,
             default=timedelta(seconds=DEFAULT_INTERVAL),
             metavar="DURATION",
-            help=f"With --loop, the wait between passes (default {DEFAULT_INTERVAL:g}s).",
+            help=_("With --loop, the wait between passes (default %(interval)ss).")
+            % {"interval": f"{DEFAULT_INTERVAL:g}"},
         )
         parser.add_argument(
             "--max-failures",
             type=int,
             default=DEFAULT_MAX_FAILURES,
             metavar="N",
-            help="With --loop, exit 1 after N passes in a row failed on the database "
-            f"(default {DEFAULT_MAX_FAILURES}); a failed pass is retried after --interval.",
+            help=_(
+                "With --loop, exit 1 after N passes in a row failed on the database "
+                "(default %(default)s); a failed pass is retried after --interval."
+            ),
         )
         parser.add_argument(
             "--progress-every",
             type=duration,
             default=timedelta(seconds=DEFAULT_EVERY),
             metavar="DURATION",
-            help=f"At -v 1 and above, a progress line at most this often "
-            f"(default {DEFAULT_EVERY:g}s; 0: after every batch).",
+            help=_(
+                "At -v 1 and above, a progress line at most this often "
+                "(default %(every)ss; 0: after every batch)."
+            )
+            % {"every": f"{DEFAULT_EVERY:g}"},
         )
         parser.add_argument(
             "--database",
             default=None,
-            help="Database alias of the outbox (default: IDEMPOTENCY['DATABASE']).",
+            help=_("Database alias of the outbox (default: IDEMPOTENCY['DATABASE'])."),
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
         using: str = options["database"] or conf.DATABASE
-        if using not in connections.settings:
-            known = ", ".join(sorted(connections.settings))
-            raise CommandError(f"--database: unknown database alias {using!r} (known: {known})")
+        check_database(using)
         if options["max_failures"] < 1:
-            raise CommandError(f"--max-failures: must be 1 or more, not {options['max_failures']}")
+            raise CommandError(
+                _("--max-failures: must be 1 or more, not %(value)d")
+                % {"value": options["max_failures"]}
+            )
         self.using = using
         self.size = int(options["batch_size"] or conf.OUTBOX_BATCH_SIZE)
         self.verbosity = int(options["verbosity"])
@@ -145,7 +160,7 @@ class Command(BaseCommand):
         self.totals = Totals()
         self.progress = Progress(
             self,
-            verb="drained",
+            verb=pgettext_lazy("progress", "drained"),
             verbosity=self.verbosity,
             every=options["progress_every"].total_seconds(),
             remaining=lambda: IdempotencyOutbox.objects.pending(using=using),
@@ -171,8 +186,11 @@ class Command(BaseCommand):
                 result = IdempotencyOutbox.objects.drain(self.size, using=self.using)
             except (DatabaseError, InterfaceError) as exc:
                 raise CommandError(
-                    f"database {self.using!r}: {exc} (after draining {self.totals.rows} rows; "
-                    "running the command again continues where it stopped)"
+                    _(
+                        "database %(database)s: %(error)s (after draining %(rows)d rows; "
+                        "running the command again continues where it stopped)"
+                    )
+                    % {"database": repr(self.using), "error": exc, "rows": self.totals.rows}
                 ) from exc
             if result.rows:
                 self.totals.transactions += 1
@@ -189,7 +207,10 @@ class Command(BaseCommand):
                 self.drain_pass()
             except CommandError as exc:
                 failures += 1
-                self.stderr.write(f"{exc} [{failures} of {max_failures} failed passes in a row]")
+                self.stderr.write(
+                    _("%(error)s [%(failures)d of %(max)d failed passes in a row]")
+                    % {"error": exc, "failures": failures, "max": max_failures}
+                )
                 connections[self.using].close()  # a new connection for the next pass
                 if failures >= max_failures:
                     raise
@@ -200,7 +221,7 @@ class Command(BaseCommand):
                 wait = min(wait, max(self.deadline - time.monotonic(), 0.0))
             self.stop.wait(wait)
         if self.stop.is_set() and self.verbosity >= 1:
-            self.stdout.write("Stopped by a signal; the batch under way was committed.")
+            self.stdout.write(_("Stopped by a signal; the batch under way was committed."))
 
     def report(self, elapsed: float) -> None:
         if self.verbosity < 1:
@@ -221,7 +242,16 @@ class Command(BaseCommand):
         ) % {"count": totals.transactions}
         self.stdout.write(
             self.style.SUCCESS(
-                f"{moved} ({expired}) from database {self.using!r} {in_transactions} "
-                f"({elapsed:.2f}s)."
+                _(
+                    "%(drained)s (%(expired)s) from database %(database)s %(in_transactions)s "
+                    "(%(elapsed)ss)."
+                )
+                % {
+                    "drained": moved,
+                    "expired": expired,
+                    "database": repr(self.using),
+                    "in_transactions": in_transactions,
+                    "elapsed": number_format(elapsed, 2),
+                }
             )
         )

@@ -21,7 +21,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
-from django.utils.translation import ngettext
+from django.utils.formats import number_format
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop, ngettext, pgettext_lazy
 
 from ...conf import conf
 from ...models import IdempotencyKey
@@ -36,9 +38,13 @@ def batch_size(value: str) -> int:
     try:
         size = int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, not {value!r}") from None
+        raise argparse.ArgumentTypeError(
+            _("must be a whole number, not %(value)s") % {"value": repr(value)}
+        ) from None
     if not 1 <= size <= MAX_BATCH_SIZE:
-        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_BATCH_SIZE}, not {size}")
+        raise argparse.ArgumentTypeError(
+            _("must be between 1 and %(max)d, not %(size)d") % {"max": MAX_BATCH_SIZE, "size": size}
+        )
     return size
 
 
@@ -50,65 +56,74 @@ def duration(value: str) -> timedelta:
 
 
 class Command(BaseCommand):
-    help = (
+    help = gettext_noop(  # translated by create_parser(), into the language active then
         "Delete expired idempotency keys in batches of short transactions. "
         "Expired keys are no longer replayed, so deleting them changes no response."
     )
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        self.help = _(type(self).help)
+        return super().create_parser(prog_name, subcommand, **kwargs)
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--dry-run",
             action="store_true",
-            help="Count the keys that would be deleted, delete nothing.",
+            help=_("Count the keys that would be deleted, delete nothing."),
         )
         parser.add_argument(
             "--batch-size",
             type=batch_size,
             default=DEFAULT_BATCH_SIZE,
-            help=f"Rows deleted per transaction (default {DEFAULT_BATCH_SIZE}).",
+            help=_("Rows deleted per transaction (default %(default)s)."),
         )
         parser.add_argument(
             "--older-than",
             type=duration,
             default=None,
             metavar="DURATION",
-            help="Only keys that expired at least this long ago, e.g. 90s, 2h, 7d, 1h30m.",
+            help=_("Only keys that expired at least this long ago, e.g. 90s, 2h, 7d, 1h30m."),
         )
         parser.add_argument(
             "--progress-every",
             type=duration,
             default=timedelta(seconds=DEFAULT_EVERY),
             metavar="DURATION",
-            help=f"At -v 1 and above, a progress line (rows deleted, rate, time left) at "
-            f"most this often (default {DEFAULT_EVERY:g}s; 0: after every batch).",
+            help=_(
+                "At -v 1 and above, a progress line (rows deleted, rate, time left) at "
+                "most this often (default %(every)ss; 0: after every batch)."
+            )
+            % {"every": f"{DEFAULT_EVERY:g}"},
         )
         parser.add_argument(
             "--database",
             default=None,
-            help="Database alias holding the keys (default: IDEMPOTENCY['DATABASE']).",
+            help=_("Database alias holding the keys (default: IDEMPOTENCY['DATABASE'])."),
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
         using: str = options["database"] or conf.DATABASE
-        if using not in connections.settings:
-            known = ", ".join(sorted(connections.settings))
-            raise CommandError(f"--database: unknown database alias {using!r} (known: {known})")
+        check_database(using)
         older_than: timedelta | None = options["older_than"]
         verbosity: int = options["verbosity"]
-        which = f" (expired more than {format_duration(older_than)} ago)" if older_than else ""
 
         if options["dry_run"]:
             try:
                 count = IdempotencyKey.objects.expired(older_than=older_than, using=using).count()
             except DatabaseError as exc:
-                raise CommandError(f"database {using!r}: {exc}") from exc
+                raise CommandError(
+                    _("database %(database)s: %(error)s") % {"database": repr(using), "error": exc}
+                ) from exc
             if verbosity >= 1:
                 message = ngettext(
-                    "Would delete %(count)d expired idempotency key",
-                    "Would delete %(count)d expired idempotency keys",
+                    "Would delete %(count)d expired idempotency key%(which)s from database "
+                    "%(database)s.",
+                    "Would delete %(count)d expired idempotency keys%(which)s from database "
+                    "%(database)s.",
                     count,
-                ) % {"count": count}
-                self.stdout.write(f"{message}{which} from database {using!r}.")
+                )
+                values = {"count": count, "which": which(older_than), "database": repr(using)}
+                self.stdout.write(message % values)
             return
         self.purge(using, older_than, options["batch_size"], verbosity, options["progress_every"])
 
@@ -122,7 +137,7 @@ class Command(BaseCommand):
     ) -> None:
         progress = Progress(
             self,
-            verb="deleted",
+            verb=pgettext_lazy("progress", "deleted"),
             verbosity=verbosity,
             every=every.total_seconds(),
             remaining=lambda: IdempotencyKey.objects.expired(
@@ -143,12 +158,14 @@ class Command(BaseCommand):
                 batch_started = time.monotonic()
         except DatabaseError as exc:
             raise CommandError(
-                f"database {using!r}: {exc} (after deleting {total} rows; "
-                "running the command again continues where it stopped)"
+                _(
+                    "database %(database)s: %(error)s (after deleting %(rows)d rows; running "
+                    "the command again continues where it stopped)"
+                )
+                % {"database": repr(using), "error": exc, "rows": total}
             ) from exc
         if verbosity < 1:
             return
-        which = f" (expired more than {format_duration(older_than)} ago)" if older_than else ""
         deleted_keys = ngettext(
             "Deleted %(count)d expired idempotency key",
             "Deleted %(count)d expired idempotency keys",
@@ -162,7 +179,34 @@ class Command(BaseCommand):
         elapsed = time.monotonic() - started
         self.stdout.write(
             self.style.SUCCESS(
-                f"{deleted_keys}{which} from database {using!r} {in_batches} "
-                f"({elapsed:.2f}s, longest batch {longest * 1000:.0f} ms)."
+                _(
+                    "%(deleted)s%(which)s from database %(database)s %(in_batches)s "
+                    "(%(elapsed)ss, longest batch %(longest)s ms)."
+                )
+                % {
+                    "deleted": deleted_keys,
+                    "which": which(older_than),
+                    "database": repr(using),
+                    "in_batches": in_batches,
+                    "elapsed": number_format(elapsed, 2),
+                    "longest": number_format(longest * 1000, 0),
+                }
             )
         )
+
+
+def check_database(using: str) -> None:
+    """``CommandError`` unless ``using`` is an alias of ``DATABASES``."""
+    if using not in connections.settings:
+        known = ", ".join(sorted(connections.settings))
+        raise CommandError(
+            _("--database: unknown database alias %(alias)s (known: %(known)s)")
+            % {"alias": repr(using), "known": known}
+        )
+
+
+def which(older_than: timedelta | None) -> str:
+    """The words that say which expired keys, "" for all of them."""
+    if not older_than:
+        return ""
+    return _(" (expired more than %(age)s ago)") % {"age": format_duration(older_than)}
