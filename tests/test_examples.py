@@ -116,8 +116,9 @@ def test_the_viewset_example_protects_create_and_partial_update() -> None:
 @pytest.mark.django_db(transaction=True)
 def test_the_viewset_example_charges_once_under_a_race(settings: Any) -> None:
     """Duplicates of one create, released together on real threads while the provider
-    takes 300 ms: one charge; every other answer is its replay or a 409."""
-    settings.PSP_DELAY_MS = 300
+    takes 1.5 s (long enough for the duplicates to overlap it on a loaded machine): one
+    charge; every other answer is its replay or a 409."""
+    settings.PSP_DELAY_MS = 1500
     alice = UserFactory(username="alice")
 
     def post(_: int) -> tuple[int, bool, Any]:

@@ -4,6 +4,7 @@ docs/middleware.md), and its system checks. Races under uvicorn: tests/test_asgi
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import Any
 
@@ -104,10 +105,15 @@ def test_views_that_handle_the_protocol_are_not_handled_twice(stack: str) -> Non
     assert IdempotencyKey.objects.count() == 2
 
 
+#: Set when ``slow_charge`` starts: the duplicate is sent only then.
+slow_charge_started = threading.Event()
+
+
 @idempotency_opt_in(wait=5)
 def slow_charge(request: Any) -> Any:
     from django.http import JsonResponse
 
+    slow_charge_started.set()
     time.sleep(0.5)
     label = request.headers["Idempotency-Key"]
     return JsonResponse({"id": SideEffect.objects.create(label=label).pk}, status=201)
@@ -127,9 +133,10 @@ def test_the_opt_in_takes_a_wait() -> None:
         c.force_login(user)
         return post(c, "/slow/", key="waited")
 
+    slow_charge_started.clear()
     first = in_background(send)
-    time.sleep(0.15)  # inside the first request's 0.5 s view
-    duplicate = send()
+    assert slow_charge_started.wait(10), "the first request's view never ran"
+    duplicate = send()  # inside the first request's 0.5 s view
     answer = first.result()
     assert answer.status_code == 201 and REPLAYED_HEADER not in answer
     assert duplicate.status_code == 201 and duplicate[REPLAYED_HEADER] == "true"
