@@ -49,18 +49,7 @@ def wrapper(vendor: str) -> BaseDatabaseWrapper:
 
 def named_statements(vendor: str) -> dict[str, Statement]:
     """Every statement built for ``vendor``, by name (the purge's four forms included)."""
-    connection = wrapper(vendor)
-    sql = Statements(connection)
-    found = {name: value for name, value in vars(sql).items() if isinstance(value, Statement)}
-    for cutoff in (False, True):
-        for lease_cutoff in (False, True):
-            name = (
-                "purge_batch"
-                + ("_cutoff" if cutoff else "")
-                + ("_lease_cutoff" if lease_cutoff else "")
-            )
-            found[name] = sql.purge_batch(connection, cutoff=cutoff, lease_cutoff=lease_cutoff)
-    return found
+    return Statements(wrapper(vendor)).named()
 
 
 def _parameter(name: str, is_time: bool) -> str:

@@ -9,19 +9,22 @@ and the methods in docs/api.md ("The model and its manager").
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from django.db import connections, models
+from django.db import NotSupportedError, connections, models
 
 from .outbox import IdempotencyOutboxManager
 from .purge import PurgeQuerySet
 from .records import ClaimResult, ClaimState, DrainResult, KeyRecord, KeyRow
-from .sql import Statements, clock_in_sql, database, statements
+from .sql import Statement, Statements, clock_in_sql, database, statements
 from .status import COMPLETED, IN_PROGRESS
 
 if TYPE_CHECKING:
-    from ..models import IdempotencyKey  # noqa: F401 - named in a string annotation
     from ..protocol.replay import StoredResponse
+
+#: The manager's model: IdempotencyKey, which the models module names (the store relies on
+#: ``self.model`` and does not import it).
+_Key = TypeVar("_Key", bound=models.Model)
 
 __all__ = [
     "COMPLETED",
@@ -36,6 +39,14 @@ __all__ = [
     "KeyRow",
     "clock_in_sql",
 ]
+
+
+def _folding(statement: Statement | None) -> Statement:
+    """A statement that also commits (``commit=True``), which only some databases have
+    (:func:`~django_idempotency.store.sql.commits_in_statement` says where)."""
+    if statement is None:
+        raise NotSupportedError("this database cannot store and COMMIT in one statement")
+    return statement
 
 
 class KeyStatements:
@@ -256,7 +267,7 @@ class KeyStatements:
 
         ``commit``: the statement also commits the current transaction, in the same
         round trip (PostgreSQL through psycopg 3 with client-side binding, see
-        ``_sql.commits_in_statement``; the caller checks that, and then ends its
+        ``store.sql.commits_in_statement``; the caller checks that, and then ends its
         ``atomic`` block at once). When it returns False nothing committed and the
         transaction is aborted: roll it back."""
         connection, sql, values = self._owner(using, pk, token)
@@ -265,7 +276,7 @@ class KeyStatements:
         values["response_body"] = sql.prep("response_body", response.body, connection)
         values["ttl"] = float(ttl)
         if commit:
-            return sql.complete_and_commit.store_and_commit(connection, values)
+            return _folding(sql.complete_and_commit).store_and_commit(connection, values)
         _row, count = sql.complete.execute(connection, values)
         return bool(count == 1)
 
@@ -306,7 +317,7 @@ class KeyStatements:
             "ttl": float(ttl),
         }
         if commit:
-            return sql.store_and_commit.store_and_commit(connection, values)
+            return _folding(sql.store_and_commit).store_and_commit(connection, values)
         row, _count = sql.store.execute(connection, values)
         return row is not None
 
@@ -317,7 +328,7 @@ class KeyStatements:
         return bool(count == 1)
 
 
-class IdempotencyKeyQuerySet(KeyStatements, PurgeQuerySet):
+class IdempotencyKeyQuerySet(KeyStatements, PurgeQuerySet[_Key]):
     """IdempotencyKey's queryset: ``expired()`` and ``purgeable()`` filter it, the key's
     statements and the purge run on its database."""
 
@@ -325,5 +336,5 @@ class IdempotencyKeyQuerySet(KeyStatements, PurgeQuerySet):
 _Manager = models.Manager.from_queryset(IdempotencyKeyQuerySet)
 
 
-class IdempotencyKeyManager(KeyStatements, _Manager["IdempotencyKey"]):
+class IdempotencyKeyManager(KeyStatements, _Manager[_Key]):
     """``IdempotencyKey.objects``: the key's statements, and the queryset's methods."""

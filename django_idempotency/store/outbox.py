@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import connections, models, transaction
 from django.utils import timezone
@@ -19,18 +19,26 @@ from .sql import OUTBOX_ADD_COLUMNS, STORE_COLUMNS, database, statements
 from .status import COMPLETED
 
 if TYPE_CHECKING:
-    from ..models import IdempotencyOutbox  # noqa: F401 - named in a string annotation
     from ..protocol.replay import StoredResponse
 
 __all__ = ["DrainResult", "IdempotencyOutboxManager", "KeyRecord"]
 
 
-class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
+#: The manager's model: IdempotencyOutbox (named by the models module, not imported here).
+_Outbox = TypeVar("_Outbox", bound=models.Model)
+
+
+class IdempotencyOutboxManager(models.Manager[_Outbox]):
     """The outbox of the ``hybrid`` strategy: add a row, look a key up, drain in batches.
 
     Each method runs on the database of ``using=`` when given, else of the manager
     (``db_manager()``), else on ``"default"``.
     """
+
+    def _keys(self) -> Any:
+        """IdempotencyKey, where the outbox drains to: the model of the same app as
+        ``self.model``, from the app registry (the store does not import the models)."""
+        return self.model._meta.apps.get_model(self.model._meta.app_label, "IdempotencyKey")
 
     def add(
         self,
@@ -75,9 +83,7 @@ class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
             statement = sql.outbox_add_fenced_and_commit
         elif fence_lock_timeout is not None:
             if sql.outbox_add_fenced is None:
-                from ..models import IdempotencyKey
-
-                if not IdempotencyKey.objects.fence_stale_claim(
+                if not self._keys().objects.fence_stale_claim(
                     scope, key, fence_lock_timeout, using=connection.alias
                 ):
                     return False
@@ -141,12 +147,11 @@ class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
         than this is left alone (``held``), so that under load every transaction carries
         a full batch; a later drain takes it once it is old enough.
         """
-        from ..models import IdempotencyKey
-
+        keys = self._keys()
         alias = database(using, self._db)
         now = timezone.now()
         with transaction.atomic(using=alias):
-            rows = list(
+            rows: list[Any] = list(
                 self.using(alias)
                 .select_for_update(skip_locked=True)
                 .order_by("pk")
@@ -162,9 +167,9 @@ class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
                 return DrainResult(held=len(rows))
             live = [row for row in rows if row.expires_at > now]
             if live:
-                IdempotencyKey.objects.using(alias).bulk_create(
+                keys.objects.using(alias).bulk_create(
                     [
-                        IdempotencyKey(
+                        keys(
                             scope=row.scope,
                             key=row.key,
                             fingerprint=row.fingerprint,
