@@ -12,5 +12,3 @@ from .base import BaseDialect
 class SQLiteDialect(BaseDialect):
     vendor = "sqlite"
     clock_in_sql = False
-    # Built though never sent: nothing on SQLite commits in the statement.
-    commits_in_statement = True
