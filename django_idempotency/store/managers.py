@@ -11,8 +11,9 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from django.db import NotSupportedError, connections, models
+from django.db import NotSupportedError, OperationalError, connections, models
 
+from .errors import is_transient
 from .outbox import IdempotencyOutboxManager
 from .purge import PurgeQuerySet
 from .records import ClaimResult, ClaimState, DrainResult, KeyRecord, KeyRow
@@ -104,39 +105,58 @@ class KeyStatements:
             "ttl": float(ttl),
             "stale": -float(lock_timeout),
         }
-        for _attempt in range(5):
-            token = uuid.uuid4()
-            values["claim_token"] = sql.prep("claim_token", token, connection)
-            row, _count = claim.execute(connection, values)
-            if row is not None:
-                return ClaimResult(ClaimState.CLAIMED, pk=int(row[0]), token=token)
-
-            # Nothing inserted: the key has a row, or a live outbox row (which comes first).
-            found, _count = sql.claim_read.execute(connection, values)
-            if found is None:
-                continue  # released, purged or drained between the two statements: again
-            existing = sql.key_row(connection, found)
-            if found[-1]:  # a stale lease or an expired completed key (never in the outbox)
-                assert existing.claim_token is not None
-                if self._take_over(
-                    existing.pk,
-                    existing.claim_token,
-                    token,
-                    fingerprint,
-                    ttl=ttl,
-                    lock_timeout=lock_timeout,
-                    method=method,
-                    path=path,
-                    using=alias,
-                ):
-                    return ClaimResult(
-                        ClaimState.CLAIMED, pk=existing.pk, token=token, taken_over=True
-                    )
-                continue  # someone else moved first: read again
-            return self._settled(existing, fingerprint)
+        for attempt in range(5):
+            try:
+                result = self._claim_once(connection, claim, values)
+            except OperationalError as exc:
+                # A deadlock or a lock timeout of the claim's own transaction (InnoDB under
+                # concurrent inserts) rolled back nothing of the caller's: again. Inside the
+                # caller's transaction, or the fifth time, it is the caller's to answer.
+                if attempt == 4 or not (connection.get_autocommit() and is_transient(exc)):
+                    raise
+                continue
+            if result is not None:
+                return result
         # The row kept changing under us (released, purged or taken over each time):
         # the key is busy, and the client is told to retry.
         return ClaimResult(ClaimState.IN_PROGRESS)
+
+    def _claim_once(
+        self, connection: Any, claim: Statement, values: dict[str, Any]
+    ) -> ClaimResult | None:
+        """One round of :meth:`claim`: the INSERT, else the read and the answer or the
+        takeover. None when the row changed between the statements (claim again)."""
+        sql = statements(connection)
+        token = uuid.uuid4()
+        values["claim_token"] = sql.prep("claim_token", token, connection)
+        row, _count = claim.execute(connection, values)
+        if row is not None and row[0] is not None:
+            return ClaimResult(ClaimState.CLAIMED, pk=int(row[0]), token=token)
+
+        # Nothing inserted: the key has a row, or a live outbox row (which comes first).
+        found, _count = sql.claim_read.execute(connection, values)
+        if found is None:
+            return None  # released, purged or drained between the two statements: again
+        existing = sql.key_row(connection, found)
+        if existing.claim_token == token:
+            # Inserted by a claim that returns no row (MySQL has no RETURNING): read back.
+            return ClaimResult(ClaimState.CLAIMED, pk=existing.pk, token=token)
+        if found[-1]:  # a stale lease or an expired completed key (never in the outbox)
+            assert existing.claim_token is not None
+            if self._take_over(
+                existing.pk,
+                existing.claim_token,
+                token,
+                values["fingerprint"],
+                ttl=values["ttl"],
+                lock_timeout=-values["stale"],
+                method=values["request_method"],
+                path=values["request_path"],
+                using=connection.alias,
+            ):
+                return ClaimResult(ClaimState.CLAIMED, pk=existing.pk, token=token, taken_over=True)
+            return None  # someone else moved first: read again
+        return self._settled(existing, fingerprint=values["fingerprint"])
 
     @staticmethod
     def _settled(existing: KeyRow, fingerprint: str) -> ClaimResult:
@@ -318,6 +338,11 @@ class KeyStatements:
         }
         if commit:
             return _folding(sql.store_and_commit).store_and_commit(connection, values)
+        if sql.store is None:
+            raise NotSupportedError(
+                f"store_completed() needs INSERT … ON CONFLICT … DO UPDATE … WHERE, which "
+                f"{connection.vendor} does not have (it is advisory_lock's: PostgreSQL)"
+            )
         row, _count = sql.store.execute(connection, values)
         return row is not None
 

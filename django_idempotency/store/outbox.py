@@ -11,7 +11,7 @@ import uuid
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from django.db import connections, models, transaction
+from django.db import NotSupportedError, connections, models, transaction
 from django.utils import timezone
 
 from .records import DrainResult, KeyRecord
@@ -77,6 +77,11 @@ class IdempotencyOutboxManager(models.Manager[_Outbox]):
         connection = connections[database(using, self._db)]
         sql = statements(connection)
         statement = sql.outbox_add
+        if statement is None:
+            raise NotSupportedError(
+                f"the outbox needs INSERT … ON CONFLICT … DO UPDATE … WHERE, which "
+                f"{connection.vendor} does not have (the hybrid strategy's: PostgreSQL, SQLite)"
+            )
         if commit:
             if fence_lock_timeout is None or sql.outbox_add_fenced_and_commit is None:
                 raise ValueError("commit=True needs fence_lock_timeout and PostgreSQL")
@@ -134,9 +139,11 @@ class IdempotencyOutboxManager(models.Manager[_Outbox]):
     ) -> DrainResult:
         """Move up to ``batch_size`` rows into IdempotencyKey, in one transaction.
 
-        ``SELECT … ORDER BY id LIMIT n FOR UPDATE SKIP LOCKED`` (on PostgreSQL; SQLite
-        has one writer at a time and a plain SELECT) picks rows no other drainer holds;
-        one ``INSERT … ON CONFLICT (scope, key) DO UPDATE`` writes them as completed
+        ``SELECT … ORDER BY id LIMIT n FOR UPDATE SKIP LOCKED`` (on PostgreSQL and on
+        MariaDB 10.6+ and MySQL; MariaDB 10.5 waits for the rows another drainer holds
+        instead; SQLite has one writer at a time and a plain SELECT) picks rows no other
+        drainer holds; one ``INSERT … ON CONFLICT (scope, key) DO UPDATE`` (``ON
+        DUPLICATE KEY UPDATE`` on MySQL and MariaDB) writes them as completed
         keys with fresh claim tokens (which also fences out a ``db`` claim of the same
         key that is still running); one ``DELETE`` removes them. Expired rows are only
         deleted. A crash before the commit rolls all of it back, and running it again
@@ -149,11 +156,12 @@ class IdempotencyOutboxManager(models.Manager[_Outbox]):
         """
         keys = self._keys()
         alias = database(using, self._db)
+        features = connections[alias].features
         now = timezone.now()
         with transaction.atomic(using=alias):
             rows: list[Any] = list(
                 self.using(alias)
-                .select_for_update(skip_locked=True)
+                .select_for_update(skip_locked=features.has_select_for_update_skip_locked)
                 .order_by("pk")
                 .only("pk", *OUTBOX_ADD_COLUMNS)[:batch_size]
             )
@@ -189,7 +197,10 @@ class IdempotencyOutboxManager(models.Manager[_Outbox]):
                     ],
                     batch_size=batch_size,
                     update_conflicts=True,
-                    unique_fields=["scope", "key"],
+                    # MySQL's ON DUPLICATE KEY names no target: the unique (scope, key).
+                    unique_fields=(
+                        ["scope", "key"] if features.supports_update_conflicts_with_target else None
+                    ),
                     # The columns of a stored key, less the conflict target (scope, key).
                     update_fields=list(STORE_COLUMNS[2:]),
                 )

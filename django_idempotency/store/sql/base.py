@@ -9,6 +9,13 @@ name.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from .parts import Param, Part
+
+if TYPE_CHECKING:
+    from .schema import Schema
+
 
 class BaseDialect:
     """A vendor's fragments of SQL and what its statements can do (class attributes only:
@@ -32,3 +39,33 @@ class BaseDialect:
     #: Whether the ``hybrid`` strategy's outbox insert can fence a stale claim in the same
     #: statement (a data-modifying CTE).
     fences_in_outbox_add = False
+    #: What a ``SELECT`` of values alone needs before its ``WHERE`` (``" FROM DUAL"``).
+    from_nothing = ""
+    #: Whether ``INSERT … ON CONFLICT (…) DO UPDATE … WHERE`` (a conditional upsert) is
+    #: built: the completed record of ``advisory_lock`` and the ``hybrid`` outbox insert.
+    upserts = True
+
+    @classmethod
+    def insert_or_nothing(cls, s: Schema) -> list[Part]:
+        """What ends the claim's ``INSERT``: nothing inserted when the key has a row, and a
+        row with the inserted row's id when it did not (no row otherwise, or a row whose id
+        is NULL). A dialect whose claim returns no row makes the claimant read its row back
+        and compare the claim token."""
+        return [
+            f" ON CONFLICT ({s.col('scope')}, {s.col('key')}) DO NOTHING RETURNING {s.col('id')}"
+        ]
+
+    @classmethod
+    def delete_first(cls, s: Schema, where: list[Part], order: str, limit: Param) -> list[Part]:
+        """``DELETE`` the first ``limit`` rows of IdempotencyKey by ``order`` among those
+        matching ``where``, which is checked again on the row version the ``DELETE`` locks."""
+        pk = s.col("id")
+        return [
+            f"DELETE FROM {s.table} WHERE ",
+            *where,
+            f" AND {pk} IN (SELECT {pk} FROM {s.table} WHERE ",
+            *where,
+            f" ORDER BY {order} LIMIT ",
+            limit,
+            ")",
+        ]

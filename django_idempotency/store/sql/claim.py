@@ -31,16 +31,18 @@ CLAIM_COLUMNS = (
 def claim(s: Schema, commit_mode: str) -> list[Part]:
     """``INSERT … SELECT … WHERE NOT EXISTS (live outbox row) ON CONFLICT DO NOTHING
     RETURNING id``: one statement (on SQLite, ``INSERT … SELECT … ON CONFLICT`` needs the
-    ``SELECT``'s ``WHERE`` clause, which it has). ``commit_mode``: the dialect's
-    ``async_commit`` in autocommit, else ``""``."""
+    ``SELECT``'s ``WHERE`` clause, which it has); the end is the dialect's
+    (:meth:`~django_idempotency.store.sql.base.BaseDialect.insert_or_nothing`).
+    ``commit_mode``: the dialect's ``async_commit`` in autocommit, else ``""``."""
     stamped: dict[str, Part] = {"locked_at": Now(), "created_at": Now(), "expires_at": Now("ttl")}
     return [
         f"INSERT INTO {s.table} ({', '.join(s.col(name) for name in CLAIM_COLUMNS)}) SELECT ",
         *joined([stamped.get(name, Param(name)) for name in CLAIM_COLUMNS]),
-        commit_mode,
+        commit_mode or s.dialect.from_nothing,
         " WHERE NOT EXISTS (SELECT 1",
         *s.outbox_live(Now()),
-        f") ON CONFLICT ({s.col('scope')}, {s.col('key')}) DO NOTHING RETURNING {s.col('id')}",
+        ")",
+        *s.dialect.insert_or_nothing(s),
     ]
 
 

@@ -27,18 +27,10 @@ def purgeable(s: Schema, *, cutoff: bool, lease_cutoff: bool) -> list[Part]:
 
 
 def purge_batch(s: Schema, *, cutoff: bool, lease_cutoff: bool) -> list[Part]:
-    """``DELETE … WHERE <purgeable> AND id IN (SELECT id … WHERE <purgeable> ORDER BY
-    expires_at LIMIT n)``. The outer condition is checked again on the row version the
-    DELETE locks: a key that a request took over (renewed) after the subquery read it is
-    not deleted."""
+    """The first ``limit`` purgeable keys by expiry deleted
+    (:meth:`~django_idempotency.store.sql.base.BaseDialect.delete_first`: ``DELETE …
+    WHERE <purgeable> AND id IN (SELECT id … WHERE <purgeable> ORDER BY expires_at LIMIT
+    n)``). The condition is checked again on the row version the DELETE locks: a key that
+    a request took over (renewed) after it was read is not deleted."""
     where = purgeable(s, cutoff=cutoff, lease_cutoff=lease_cutoff)
-    pk = s.col("id")
-    return [
-        f"DELETE FROM {s.table} WHERE ",
-        *where,
-        f" AND {pk} IN (SELECT {pk} FROM {s.table} WHERE ",
-        *where,
-        f" ORDER BY {s.col('expires_at')} LIMIT ",
-        Param("limit"),
-        ")",
-    ]
+    return s.dialect.delete_first(s, where, s.col("expires_at"), Param("limit"))

@@ -8,6 +8,7 @@ in :meth:`Statements.__init__` (and a snapshot per vendor in ``tests/snapshots/s
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
@@ -16,6 +17,7 @@ from django.db import DEFAULT_DB_ALIAS, models
 from ..records import READ_COLUMNS, KeyRow
 from . import claim, completed, fence, outbox, owner, purge, read
 from .base import BaseDialect
+from .mysql import MariaDBDialect, MySQLDialect
 from .outbox import OUTBOX_ADD_COLUMNS
 from .postgresql import PostgreSQLDialect, and_commit
 from .schema import Schema
@@ -29,12 +31,17 @@ if TYPE_CHECKING:
 DIALECTS: dict[str, type[BaseDialect]] = {
     "postgresql": PostgreSQLDialect,
     "sqlite": SQLiteDialect,
+    "mysql": MySQLDialect,
 }
 
 
 def dialect_for(connection: BaseDatabaseWrapper) -> type[BaseDialect]:
-    """The dialect of ``connection``'s vendor."""
-    return DIALECTS.get(connection.vendor, BaseDialect)
+    """The dialect of ``connection``'s vendor; on Django's ``mysql`` backend, MariaDB's or
+    MySQL's (which asks the server, so it connects)."""
+    dialect = DIALECTS.get(connection.vendor, BaseDialect)
+    if dialect is MySQLDialect and getattr(connection, "mysql_is_mariadb", False):
+        return MariaDBDialect
+    return dialect
 
 
 def clock_in_sql(connection: BaseDatabaseWrapper) -> bool:
@@ -103,6 +110,7 @@ class Statements:
         self.take_over_in_transaction = (
             s.statement(*claim.take_over(s, "")) if fast else self.take_over
         )
+        self._upserts(s)
         self.read = s.statement(*read.read(s))
         self.read_live = s.statement(*read.read_live(s))
         self.claim_read = s.statement(*read.claim_read(s))
@@ -110,14 +118,23 @@ class Statements:
         self.complete = s.statement(*owner.complete(s))
         self.renew = s.statement(*owner.renew(s))
         self.release = s.statement(*owner.release(s))
-        self.store = s.statement(*completed.store(s))
         self.fence_read = s.statement(*fence.fence_read(s))
         self.fence_delete = s.statement(*fence.fence_delete(s))
-        self.outbox_add = s.statement(*outbox.outbox_add(s))
         #: The outbox row's fields, whose ``get_db_prep_save`` adapts its values.
         self.outbox_add_fields = [s.outbox_fields[name] for name in OUTBOX_ADD_COLUMNS]
         self._commit_forms(s)
-        self.read_converters = _converters(keys, connection, READ_COLUMNS)
+        self._keys = keys
+        self._connection = connection
+
+    def _upserts(self, s: Schema) -> None:
+        """The conditional upserts, where the dialect has them (None elsewhere): the
+        completed record over an expired one (``advisory_lock``), the outbox row over an
+        expired one (``hybrid``)."""
+        self.store: Statement | None = None
+        self.outbox_add: Statement | None = None
+        if s.dialect.upserts:
+            self.store = s.statement(*completed.store(s))
+            self.outbox_add = s.statement(*outbox.outbox_add(s))
 
     def _commit_forms(self, s: Schema) -> None:
         """The statements that fold more into one query where the dialect can: a write and
@@ -154,6 +171,12 @@ class Statements:
                     cutoff=cutoff, lease_cutoff=lease_cutoff
                 )
         return found
+
+    @functools.cached_property
+    def read_converters(self) -> list[tuple[list[Any], Any]]:
+        """The converters of a read's columns, made on the first read (the backend may ask
+        its server which it needs: MariaDB's native UUID)."""
+        return _converters(self._keys, self._connection, READ_COLUMNS)
 
     def prep(self, name: str, value: Any, connection: BaseDatabaseWrapper) -> Any:
         """``value`` (already of field ``name``'s Python type) as the backend takes it."""
