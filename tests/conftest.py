@@ -33,6 +33,9 @@ _CHECKS: dict[str, Callable[[], bool]] = {
     "redis_tls": lambda: services.redis_server_has_tls() and services.which("openssl") is not None,
     "browser": lambda: services.chromium() is not None,
     "pgbouncer": lambda: pgbouncer_binary() is not None,
+    "mariadb": lambda: (
+        "mariadb" in settings.DATABASES and services.answers(services.MARIADB_URL, 3306)
+    ),
 }
 _results: dict[str, bool] = {}
 

@@ -35,6 +35,7 @@ BACKENDS = [
         "postgres", "advisory_lock", marks=pytest.mark.postgres, id="postgres-advisory_lock"
     ),
     pytest.param("sqlite", "db", id="sqlite-db"),
+    pytest.param("mariadb", "db", marks=pytest.mark.mariadb, id="mariadb-db"),
 ]
 
 
@@ -68,7 +69,11 @@ def test_concurrent_retries_charge_exactly_once(backend: str, strategy: str) -> 
 
 @pytest.mark.parametrize(
     "backend",
-    [pytest.param("postgres", marks=pytest.mark.postgres), "sqlite"],
+    [
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        "sqlite",
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+    ],
 )
 def test_naive_select_then_insert_double_charges(backend: str) -> None:
     """The control: the same race against hand-written SELECT-then-INSERT idempotency."""

@@ -22,14 +22,19 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.utils import ConnectionHandler
 
 from django_idempotency.store.sql import Statement, Statements
+from django_idempotency.store.sql.base import BaseDialect
+from django_idempotency.store.sql.mysql import MariaDBDialect, MySQLDialect
 
 SNAPSHOTS = Path(__file__).resolve().parent / "snapshots" / "sql"
 UPDATE = os.environ.get("UPDATE_SNAPSHOTS", "").lower() not in {"", "0", "false", "no"}
 
-#: The vendors rendered, and the backend each is rendered with.
-ENGINES = {
-    "postgresql": "django.db.backends.postgresql",
-    "sqlite": "django.db.backends.sqlite3",
+#: The vendors rendered: the backend each is rendered with, and its dialect (None: the one
+#: the statements pick for the backend; Django's ``mysql`` backend serves two).
+VENDORS: dict[str, tuple[str, type[BaseDialect] | None]] = {
+    "postgresql": ("django.db.backends.postgresql", None),
+    "sqlite": ("django.db.backends.sqlite3", None),
+    "mariadb": ("django.db.backends.mysql", MariaDBDialect),
+    "mysql": ("django.db.backends.mysql", MySQLDialect),
 }
 #: Where a line of a snapshot breaks: before these words (a space in the statement). The
 #: statements have no line breaks of their own, so the break is undone by joining the
@@ -43,13 +48,14 @@ BREAK_BEFORE = re.compile(
 def wrapper(vendor: str) -> BaseDatabaseWrapper:
     """A database wrapper of ``vendor`` that is never connected: the statements are
     composed without a query."""
-    handler = ConnectionHandler({"default": {"ENGINE": ENGINES[vendor], "NAME": "snapshot"}})
+    engine, _dialect = VENDORS[vendor]
+    handler = ConnectionHandler({"default": {"ENGINE": engine, "NAME": "snapshot"}})
     return handler.create_connection("default")
 
 
 def named_statements(vendor: str) -> dict[str, Statement]:
     """Every statement built for ``vendor``, by name (the purge's four forms included)."""
-    return Statements(wrapper(vendor)).named()
+    return Statements(wrapper(vendor), VENDORS[vendor][1]).named()
 
 
 def _parameter(name: str, is_time: bool) -> str:
@@ -71,7 +77,7 @@ def render(name: str, vendor: str, statement: Statement) -> str:
 
 CASES = [
     pytest.param(vendor, name, id=f"{vendor}-{name}")
-    for vendor in ENGINES
+    for vendor in VENDORS
     for name in named_statements(vendor)
 ]
 
@@ -94,7 +100,7 @@ def test_statement_matches_its_snapshot(vendor: str, name: str) -> None:
     assert " ".join(sql_lines) == statement.sql
 
 
-@pytest.mark.parametrize("vendor", list(ENGINES))
+@pytest.mark.parametrize("vendor", list(VENDORS))
 def test_every_snapshot_is_of_a_statement(vendor: str) -> None:
     """A snapshot whose statement is gone (or renamed) fails too."""
     built = set(named_statements(vendor))
