@@ -97,6 +97,8 @@ if _maria:
     DATABASES["mariadb"]["TEST"] = {
         "NAME": f"test_idempotency_maria_{os.getpid()}",
         "CHARSET": "utf8mb4",
+        # Created on its own: a test may ask for this database alone.
+        "DEPENDENCIES": [],
     }
 
 # Celery, for the tasks and the hybrid strategy's drain: the shared Redis (DB 15) with a

@@ -11,9 +11,10 @@ import uuid
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from django.db import NotSupportedError, connections, models, transaction
+from django.db import NotSupportedError, OperationalError, connections, models, transaction
 from django.utils import timezone
 
+from .errors import is_transient
 from .records import DrainResult, KeyRecord
 from .sql import OUTBOX_ADD_COLUMNS, STORE_COLUMNS, database, statements
 from .status import COMPLETED
@@ -22,6 +23,9 @@ if TYPE_CHECKING:
     from ..protocol.replay import StoredResponse
 
 __all__ = ["DrainResult", "IdempotencyOutboxManager", "KeyRecord"]
+
+#: How many times a drain transaction is taken again after a deadlock or a lock timeout.
+DRAIN_ATTEMPTS = 5
 
 
 #: The manager's model: IdempotencyOutbox (named by the models module, not imported here).
@@ -153,9 +157,26 @@ class IdempotencyOutboxManager(models.Manager[_Outbox]):
         ``hold_partial``: a batch shorter than ``batch_size`` whose oldest row is younger
         than this is left alone (``held``), so that under load every transaction carries
         a full batch; a later drain takes it once it is old enough.
+
+        A deadlock or a lock wait timeout (InnoDB's gap locks between two drainers) rolls
+        the transaction back whole, and it is taken again, up to :data:`DRAIN_ATTEMPTS`
+        times.
         """
-        keys = self._keys()
         alias = database(using, self._db)
+        for attempt in range(DRAIN_ATTEMPTS):
+            try:
+                return self._drain_once(alias, batch_size, hold_partial)
+            except OperationalError as exc:
+                # InnoDB's gap locks can deadlock two drainers whose batches' keys are
+                # neighbours in the unique index: the batch rolled back whole, take it again.
+                if attempt == DRAIN_ATTEMPTS - 1 or not is_transient(exc):
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _drain_once(
+        self, alias: str, batch_size: int, hold_partial: timedelta | None
+    ) -> DrainResult:
+        """One transaction of :meth:`drain`."""
         features = connections[alias].features
         now = timezone.now()
         with transaction.atomic(using=alias):
@@ -175,37 +196,44 @@ class IdempotencyOutboxManager(models.Manager[_Outbox]):
                 return DrainResult(held=len(rows))
             live = [row for row in rows if row.expires_at > now]
             if live:
-                keys.objects.using(alias).bulk_create(
-                    [
-                        keys(
-                            scope=row.scope,
-                            key=row.key,
-                            fingerprint=row.fingerprint,
-                            status=COMPLETED,
-                            claim_token=uuid.uuid4(),
-                            locked_at=None,
-                            request_method=row.request_method,
-                            request_path=row.request_path,
-                            response_status=row.response_status,
-                            response_headers=row.response_headers,
-                            response_body=bytes(row.response_body or b""),
-                            created_at=row.created_at,
-                            completed_at=row.created_at,
-                            expires_at=row.expires_at,
-                        )
-                        for row in live
-                    ],
-                    batch_size=batch_size,
-                    update_conflicts=True,
-                    # MySQL's ON DUPLICATE KEY names no target: the unique (scope, key).
-                    unique_fields=(
-                        ["scope", "key"] if features.supports_update_conflicts_with_target else None
-                    ),
-                    # The columns of a stored key, less the conflict target (scope, key).
-                    update_fields=list(STORE_COLUMNS[2:]),
-                )
+                self._store_completed(alias, live, batch_size)
             self.using(alias).filter(pk__in=[row.pk for row in rows]).delete()
         return DrainResult(drained=len(live), discarded=len(rows) - len(live))
+
+    def _store_completed(self, alias: str, live: list[Any], batch_size: int) -> None:
+        """The outbox rows ``live`` written as completed keys, over any row of their keys:
+        ``INSERT … ON CONFLICT (scope, key) DO UPDATE`` (MySQL's ``ON DUPLICATE KEY
+        UPDATE`` names no target: the unique (scope, key) is the one it can meet)."""
+        keys = self._keys()
+        features = connections[alias].features
+        keys.objects.using(alias).bulk_create(
+            [
+                keys(
+                    scope=row.scope,
+                    key=row.key,
+                    fingerprint=row.fingerprint,
+                    status=COMPLETED,
+                    claim_token=uuid.uuid4(),
+                    locked_at=None,
+                    request_method=row.request_method,
+                    request_path=row.request_path,
+                    response_status=row.response_status,
+                    response_headers=row.response_headers,
+                    response_body=bytes(row.response_body or b""),
+                    created_at=row.created_at,
+                    completed_at=row.created_at,
+                    expires_at=row.expires_at,
+                )
+                for row in live
+            ],
+            batch_size=batch_size,
+            update_conflicts=True,
+            unique_fields=(
+                ["scope", "key"] if features.supports_update_conflicts_with_target else None
+            ),
+            # The columns of a stored key, less the conflict target (scope, key).
+            update_fields=list(STORE_COLUMNS[2:]),
+        )
 
     def pending(self, *, using: str | None = None) -> int:
         """Rows waiting to be drained."""

@@ -20,6 +20,7 @@ import uuid
 
 from django.db import DatabaseError, connections
 
+from ..conf import conf
 from ..errors import LeaseLost, StoreUnavailable, TransientConflict
 from ..models import IdempotencyKey
 from ..protocol import waiting
@@ -136,7 +137,10 @@ class DatabaseStrategy(Strategy):
             )
         except DatabaseError as exc:
             if is_transient(exc):  # a deadlock the claim kept hitting: nothing was claimed
-                raise TransientConflict() from exc
+                retry_after = conf.RETRY_AFTER
+                raise TransientConflict(
+                    retry_after=1 if retry_after is None else retry_after
+                ) from exc
             raise StoreUnavailable() from exc
         if result.state is ClaimState.CLAIMED:
             assert result.pk is not None and result.token is not None
