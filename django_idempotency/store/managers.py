@@ -21,6 +21,8 @@ from .sql import Statement, Statements, clock_in_sql, database, statements
 from .status import COMPLETED, IN_PROGRESS
 
 if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
     from ..protocol.replay import StoredResponse
 
 #: The manager's model: IdempotencyKey, which the models module names (the store relies on
@@ -89,6 +91,11 @@ class KeyStatements:
         PostgreSQL commits without waiting for its WAL flush (``synchronous_commit = off``
         in the statement itself): the view's transaction, durable, flushes it with its own
         commit. Inside a transaction the claim commits with it, as that transaction says.
+
+        On MariaDB and MySQL the INSERT is ``ON DUPLICATE KEY UPDATE id = id``; MySQL's
+        returns no row, and the claimant finds its own token in the read instead. A
+        deadlock or lock wait timeout of the claim's own transaction is retried (up to five
+        rounds in all), then raised.
         """
         alias = database(using, self._db)
         connection = connections[alias]
@@ -107,7 +114,7 @@ class KeyStatements:
         }
         for attempt in range(5):
             try:
-                result = self._claim_once(connection, claim, values)
+                result = self._claim_once(connection, sql, claim, values)
             except OperationalError as exc:
                 # A deadlock or a lock timeout of the claim's own transaction (InnoDB under
                 # concurrent inserts) rolled back nothing of the caller's: again. Inside the
@@ -122,11 +129,14 @@ class KeyStatements:
         return ClaimResult(ClaimState.IN_PROGRESS)
 
     def _claim_once(
-        self, connection: Any, claim: Statement, values: dict[str, Any]
+        self,
+        connection: BaseDatabaseWrapper,
+        sql: Statements,
+        claim: Statement,
+        values: dict[str, Any],
     ) -> ClaimResult | None:
         """One round of :meth:`claim`: the INSERT, else the read and the answer or the
         takeover. None when the row changed between the statements (claim again)."""
-        sql = statements(connection)
         token = uuid.uuid4()
         values["claim_token"] = sql.prep("claim_token", token, connection)
         row, _count = claim.execute(connection, values)
