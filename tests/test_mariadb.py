@@ -77,6 +77,7 @@ def test_a_winner_sends_one_statement_on_mariadb_and_reads_back_on_mysql(dialect
         lost = claim("one-or-two")
     assert won.state is ClaimState.CLAIMED and lost.state is ClaimState.IN_PROGRESS
     assert len(queries) == (1 if dialect is MariaDBDialect else 2)
+    assert won.pk is not None
     assert IdempotencyKey.objects.using(ALIAS).get(pk=won.pk).claim_token == won.token
 
 
@@ -135,7 +136,7 @@ def test_leases_are_judged_on_the_servers_utc_clock(monkeypatch: pytest.MonkeyPa
     real_now = timezone.now
     monkeypatch.setattr(timezone, "now", lambda: real_now() + timedelta(seconds=45))
     first = claim("clock", lock_timeout=30)
-    assert first.state is ClaimState.CLAIMED
+    assert first.state is ClaimState.CLAIMED and first.pk is not None
     row = IdempotencyKey.objects.using(ALIAS).get(pk=first.pk)
     assert abs(row.created_at - server_now) < timedelta(seconds=5)
     assert row.locked_at is not None and abs(row.locked_at - server_now) < timedelta(seconds=5)

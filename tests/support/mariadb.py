@@ -79,6 +79,5 @@ def database_url_of(alias: str = "mariadb") -> str:
     """The URL of the test database of ``alias`` (for a subprocess or a connection of a
     test's own)."""
     db = settings.DATABASES[alias]
-    name = db["NAME"]
-    auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
-    return f"mysql://{auth}@{db['HOST']}:{db['PORT']}/{name}"
+    auth = str(db["USER"]) + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
+    return f"mysql://{auth}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
