@@ -192,6 +192,7 @@ def test_a_lock_wait_timeout_in_the_claim_is_retried(
         result = claim("held", scope="anonymous")
     finally:
         release.cancel()
+        release.join()  # the holder's connection is the fixture's again
     assert result.state is ClaimState.IN_PROGRESS
 
 
