@@ -423,3 +423,63 @@ def test_an_unknown_key_token_changes_nothing() -> None:
     assert not manager.complete(won.pk, uuid.uuid4(), RESPONSE, ttl=60, using=ALIAS)
     assert not manager.release(won.pk, uuid.uuid4(), using=ALIAS)
     assert manager.complete(won.pk, won.token, RESPONSE, ttl=60, using=ALIAS)
+
+
+# -- the lease: a slow view keeps its key ---------------------------------------------------
+
+
+@pytest.mark.urls("tests.faults")
+@pytest.mark.django_db(databases=["mariadb"], transaction=True)
+def test_a_view_slower_than_the_lock_timeout_keeps_its_key(settings: Any) -> None:
+    """The heartbeat renews the lease on MariaDB (an UPDATE fenced by the token, whose row
+    count Django's FOUND_ROWS makes the matched rows): a duplicate sent after LOCK_TIMEOUT,
+    while the view still runs, gets 409 instead of taking the key over and running it again."""
+    from django.test import Client
+
+    from . import faults
+
+    settings.IDEMPOTENCY = {"DATABASE": ALIAS, "LOCK_TIMEOUT": 1, "HEARTBEAT_INTERVAL": 0.2}
+    strategies.reset()
+    faults.reset()
+    finish = threading.Event()
+    faults.interference.append(lambda key: finish.wait(30))
+    faults.plan.append("interfere")
+
+    def send() -> Any:
+        try:
+            return Client().post(
+                "/fault/fn/", b"{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY="slow"
+            )
+        finally:
+            connections.close_all()
+
+    try:
+        first = in_background(send)
+        assert faults.view_started.wait(30), "the view never ran"
+        running = IdempotencyKey.objects.using(ALIAS).get(key="slow")
+        _wait_for_renewal(running.pk, after=running.locked_at, lock_timeout=1.0)
+        during = send()
+        finish.set()
+        done = first.result(30)
+        after = send()
+    finally:
+        finish.set()
+        faults.reset()
+        strategies.reset()
+    assert during.status_code == 409
+    assert done.status_code == 201 and not done.has_header("Idempotent-Replayed")
+    assert after.status_code == 201 and after.has_header("Idempotent-Replayed")
+    assert SideEffect.objects.using(ALIAS).filter(label="slow").count() == 1
+
+
+def _wait_for_renewal(pk: int, *, after: Any, lock_timeout: float) -> None:
+    """Until the lease has been renewed and the claim is older than ``lock_timeout`` (a
+    claimant would take over a lease that was not renewed by now)."""
+    from .support.waiting import wait_until
+
+    def renewed_past_the_timeout() -> bool:
+        row = IdempotencyKey.objects.using(ALIAS).get(pk=pk)
+        age = (timezone.now() - row.created_at).total_seconds()
+        return row.locked_at is not None and row.locked_at > after and age > lock_timeout * 1.5
+
+    wait_until(renewed_past_the_timeout, timeout=20)
