@@ -442,7 +442,11 @@ def test_a_view_slower_than_the_lock_timeout_keeps_its_key(settings: Any) -> Non
     strategies.reset()
     faults.reset()
     finish = threading.Event()
-    faults.interference.append(lambda key: finish.wait(30))
+
+    def hold(key: str) -> None:  # the view runs until the test lets it finish
+        finish.wait(30)
+
+    faults.interference.append(hold)
     faults.plan.append("interfere")
 
     def send() -> Any:
