@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test matrix lint typecheck docs bench clean services browser pgbouncer gettext messages
+.PHONY: run test matrix lint typecheck docs bench clean services browser pgbouncer gettext messages mariadb-dev
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +16,7 @@ $(VENV)/.example: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e ".[example]"
 	touch $@
 
-$(VENV)/.test: pyproject.toml | $(BIN)/python
+$(VENV)/.test: pyproject.toml | $(BIN)/python mariadb-dev
 	$(BIN)/pip install -q -e ".[test,lint,docs,dev]"
 	touch $@
 
@@ -26,7 +26,7 @@ run: $(VENV)/.example
 	$(BIN)/python manage.py seed_demo
 	$(BIN)/gunicorn example_project.wsgi --bind $(HOST):$(PORT) --workers 2 --worker-class gthread --threads 4 --access-logfile -
 
-## Install the test dependencies and run every test (PostgreSQL, Redis, Celery and browser tests
+## Install the test dependencies and run every test (PostgreSQL, MariaDB, Redis, Celery and browser tests
 ## included), with the package's branch coverage (the floor is in pyproject.toml; for a few
 ## tests alone, drop it: make test COVERAGE= PYTEST_ARGS=tests/test_conf.py)
 ## The suite runs in $(WORKERS) worker processes (pytest-xdist), a test module to a worker: most
@@ -69,6 +69,12 @@ gettext:
 messages: $(VENV)/.test gettext
 	cd django_idempotency && $(abspath $(BIN))/django-admin makemessages --all --add-location=file --no-obsolete
 	cd django_idempotency && $(abspath $(BIN))/django-admin compilemessages
+
+## Debian's pkg-config and MariaDB client headers, which pip needs to build mysqlclient (the
+## test extra's driver for the MariaDB tests) from source
+mariadb-dev:
+	@pkg-config --exists libmariadb 2>/dev/null || [ "$$(id -u)" != 0 ] || \
+		{ (apt-get update -qq && apt-get install -y -qq pkg-config libmariadb-dev) >/dev/null 2>&1 || echo "could not install libmariadb-dev"; }
 
 ## The pre-commit hooks on every file (.pre-commit-config.yaml): whitespace, YAML and TOML,
 ## django-upgrade, ruff check and format, mypy over the package and the tests. They call the

@@ -3,7 +3,7 @@ Python, Django and Django REST framework but the main one (``make matrix``).
 
 The main combination (Python 3.11, the newest Django the main virtualenv gets, the newest
 DRF) runs the whole suite in ``make test``. Every other one runs here, against the same
-PostgreSQL and Redis: the claim, the replay, the races on real threads, and the
+PostgreSQL, MariaDB and Redis: the claim, the replay, the races on real threads, and the
 migrations check. Django 6.0 needs Python 3.12 or newer, so 3.11 pairs with Django 5.2
 only. The venvs are reused between runs (``nox -r``); the packages come from PyPI.
 
@@ -27,12 +27,13 @@ DRF = {"3.15": "djangorestframework==3.15.2", "latest": "djangorestframework"}
 MAIN = ("3.11", "5.2", "latest")
 
 #: What the smoke tests import, and nothing more (no Celery, no browser).
-DEPS = ["psycopg[binary]", "redis", "pytest", "pytest-django", "factory-boy"]
+DEPS = ["psycopg[binary]", "mysqlclient", "redis", "pytest", "pytest-django", "factory-boy"]
 
 #: The claim, the replay, conflicts and mismatches, leases and takeovers, through the
-#: managers, the engine, the DRF mixin and the decorator, on PostgreSQL and SQLite; with the
+#: managers, the engine, the DRF mixin and the decorator, on PostgreSQL and SQLite (and the
+#: managers' statements and the engine's sixteen-request race on MariaDB too); with the
 #: races on real threads (sixteen at once on one key: the managers' claim and takeover, and
-#: whole requests through the engine). About ten seconds a combination.
+#: whole requests through the engine).
 SMOKE = [
     "tests/test_managers.py",
     "tests/test_engine.py",

@@ -15,7 +15,13 @@ from .conf import DEFAULTS, conf
 from .errors import STRATEGY_HINT, ImproperlyConfiguredStrategy, InvalidConfiguration
 
 ID = "django_idempotency."
-SQL_VENDORS = {"postgresql", "sqlite"}
+#: The databases each SQL strategy runs on (``connection.vendor``; ``mysql`` is MySQL and
+#: MariaDB), and how the checks name them.
+SQL_VENDORS = {
+    "db": frozenset({"postgresql", "sqlite", "mysql"}),
+    "hybrid": frozenset({"postgresql", "sqlite"}),
+}
+VENDOR_NAMES = {"postgresql": "PostgreSQL", "sqlite": "SQLite", "mysql": "MySQL/MariaDB"}
 #: The methods ``METHODS`` (and a view's ``methods``) may name.
 HTTP_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE", "GET"})
 #: An HTTP field name (RFC 9110 section 5.1: a token).
@@ -482,8 +488,9 @@ def _check_database_and_strategy() -> list[CheckMessage]:
 
 def strategy_errors(strategy: str) -> list[CheckMessage]:
     """E006: ``strategy`` (the setting's, or a view's) cannot be loaded; E007/E008: it
-    does not run on the keys' database; E011/E012: it needs a Redis that is not
-    configured. Reads ``connections[alias].vendor``, which does not connect."""
+    does not run on the keys' database; E033/E034: the keys' MySQL or MariaDB connection
+    does not read or keep times as the db strategy needs; E011/E012: it needs a Redis
+    that is not configured. Reads ``connections[alias].vendor``, which does not connect."""
     from django.db import connections
 
     from .strategies import load_strategy
@@ -502,16 +509,63 @@ def strategy_errors(strategy: str) -> list[CheckMessage]:
                 id=ID + "E007",
             )
         ]
-    if strategy in {"db", "hybrid"} and vendor not in SQL_VENDORS:
+    supported = SQL_VENDORS.get(strategy)
+    if supported is not None and vendor not in supported:
+        names = " and ".join(VENDOR_NAMES[name] for name in sorted(supported))
         return [
             Error(
-                f"The {strategy} strategy supports PostgreSQL and SQLite; "
-                f"database {alias!r} is {vendor}.",
-                hint="It needs INSERT … ON CONFLICT DO NOTHING RETURNING.",
+                f"The {strategy} strategy supports {names}; database {alias!r} is {vendor}.",
+                hint=(
+                    "The db strategy runs on PostgreSQL, SQLite, MariaDB and MySQL."
+                    if strategy != "db"
+                    else "It needs an atomic insert-if-absent on the unique (scope, key)."
+                ),
                 id=ID + "E008",
             )
         ]
+    if strategy == "db" and vendor == "mysql":
+        return _mysql_errors(alias)
     return _redis_errors(strategy)
+
+
+def _mysql_errors(alias: str) -> list[CheckMessage]:
+    """E033: the keys' MySQL or MariaDB connection reads under READ COMMITTED; E034: it
+    keeps datetimes in UTC. Reads the settings only (``timezone_name`` does not connect)."""
+    from django.db import connections
+
+    connection = connections[alias]
+    options = connection.settings_dict.get("OPTIONS") or {}
+    level = options.get("isolation_level", "read committed")
+    messages: list[CheckMessage] = []
+    if str(level).lower() != "read committed":
+        messages.append(
+            Error(
+                f"The db strategy on MySQL and MariaDB needs READ COMMITTED; database "
+                f"{alias!r} sets isolation_level {level!r}.",
+                hint=(
+                    "Remove OPTIONS['isolation_level'] (Django's default on MySQL is "
+                    "'read committed') or set it so: under REPEATABLE READ a claim inside "
+                    "a transaction reads its snapshot and misses the request that won the "
+                    "key; under READ UNCOMMITTED it could replay a response that never "
+                    "committed."
+                ),
+                id=ID + "E033",
+            )
+        )
+    if connection.timezone_name != "UTC":
+        messages.append(
+            Error(
+                f"The db strategy on MySQL and MariaDB takes the time from the server's "
+                f"UTC_TIMESTAMP(); database {alias!r} keeps datetimes in "
+                f"{connection.timezone_name}.",
+                hint=(
+                    "Set USE_TZ = True and leave DATABASES[alias]['TIME_ZONE'] unset (or "
+                    "'UTC'): leases and expiry are compared with the database's clock."
+                ),
+                id=ID + "E034",
+            )
+        )
+    return messages
 
 
 def _check_headers() -> list[CheckMessage]:

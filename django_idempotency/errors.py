@@ -277,9 +277,10 @@ class StoreUnavailable(IdempotencyError):
 
 class TransientConflict(IdempotencyError):
     """The view's transaction hit a conflict that a retry gets past (SQLite's busy
-    snapshot, a PostgreSQL serialization failure, deadlock or lock timeout). Its
-    writes were rolled back and the key released, so nothing happened and nothing was
-    stored. Retry with the same key after the ``Retry-After`` interval."""
+    snapshot, a PostgreSQL serialization failure, a deadlock or lock timeout on
+    PostgreSQL, MariaDB or MySQL), or the claim itself kept hitting one. The view's
+    writes were rolled back and the key released (or never claimed), so nothing happened
+    and nothing was stored. Retry with the same key after the ``Retry-After`` interval."""
 
     status = 503
     slug = "transient-conflict"

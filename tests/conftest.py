@@ -34,6 +34,9 @@ _CHECKS: dict[str, Callable[[], bool]] = {
     "browser": lambda: services.chromium() is not None,
     "pgbouncer": lambda: pgbouncer_binary() is not None,
     "gettext": lambda: all(services.which(tool) for tool in ("msgfmt", "xgettext", "msgmerge")),
+    "mariadb": lambda: (
+        "mariadb" in settings.DATABASES and services.answers(services.MARIADB_URL, 3306)
+    ),
 }
 _results: dict[str, bool] = {}
 

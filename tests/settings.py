@@ -3,7 +3,8 @@
 A second alias, ``sqlite``, is always present so that the SQL that must work on
 both backends is tested on both in one run. A third, ``keys``, is a second database of the
 same server (PostgreSQL, or SQLite without it) for the tests of keys kept apart from the
-views' data (tests/test_several_databases.py).
+views' data (tests/test_several_databases.py). ``mariadb`` is MariaDB when it answers (and
+always with CI set), for the tests marked ``mariadb``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from example_project.settings import database_from_url
 
-from .support.services import REDIS_URL, postgres_url
+from .support.services import REDIS_URL, mariadb_url, postgres_url
 
 SECRET_KEY = "tests-secret-key"
 DEBUG = False
@@ -86,6 +87,19 @@ if _pg:
     # A subprocess of a test run (a Celery worker) connects to the run's test database.
     if os.environ.get("TEST_DATABASE_NAME"):
         DATABASES["default"]["NAME"] = os.environ["TEST_DATABASE_NAME"]
+
+# MariaDB (``mariadb``), for the tests marked ``mariadb``: present when the server answers,
+# and always when CI is set. Its test database is named per process, as the others are.
+_maria = mariadb_url()
+if _maria:
+    DATABASES["mariadb"] = database_from_url(_maria)
+    DATABASES["mariadb"]["CONN_MAX_AGE"] = 0
+    DATABASES["mariadb"]["TEST"] = {
+        "NAME": f"test_idempotency_maria_{os.getpid()}",
+        "CHARSET": "utf8mb4",
+        # Created on its own: a test may ask for this database alone.
+        "DEPENDENCIES": [],
+    }
 
 # Celery, for the tasks and the hybrid strategy's drain: the shared Redis (DB 15) with a
 # queue of this run's own, which its worker subprocesses are given through the environment.

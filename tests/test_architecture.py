@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -55,3 +56,45 @@ def test_one_module_per_line() -> None:
     block = block.split("```", 1)[0]
     crowded = [line for line in block.splitlines() if len(re.findall(r"\.py\b", line)) > 1]
     assert crowded == []
+
+
+def _body_lines(function: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Lines of a function's body, from its first statement after the docstring to its end."""
+    body = function.body
+    first = body[0]
+    is_docstring = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+    start = body[1].lineno if is_docstring and len(body) > 1 else first.lineno
+    return int(function.end_lineno or start) - start + 1
+
+
+def test_no_function_body_over_sixty_lines() -> None:
+    """The house rule, over the whole package (migrations aside)."""
+    long: list[str] = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "migrations" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and _body_lines(node) > 60:
+                long.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}")
+    assert long == []
+
+
+def test_the_store_does_not_import_the_models() -> None:
+    """models.py imports the store's managers; the store relies on ``self.model`` and the
+    app registry, so that no import of the models module (even a deferred one, even under
+    TYPE_CHECKING) makes a cycle."""
+    importing: list[str] = []
+    for path in sorted((PACKAGE / "store").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                names = {alias.name for alias in node.names}
+                module = node.module or ""
+                if (module.endswith("models") and "idempotency" in module) or (
+                    node.level and (module == "models" or (module == "" and "models" in names))
+                ):
+                    importing.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+            elif isinstance(node, ast.Import) and any(
+                alias.name == "django_idempotency.models" for alias in node.names
+            ):
+                importing.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert importing == []

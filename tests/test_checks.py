@@ -195,11 +195,60 @@ def test_e007_advisory_lock_needs_postgresql() -> None:
     assert "'db'" in (message.hint or "")
 
 
-def test_e008_db_strategy_needs_postgresql_or_sqlite(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(connections["sqlite"], "vendor", "mysql")
+def test_e008_db_strategy_needs_a_database_it_knows(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(connections["sqlite"], "vendor", "oracle")
     message = only(run({"STRATEGY": "db", "DATABASE": "sqlite"}), "E008")
-    assert "mysql" in message.msg
-    assert "ON CONFLICT" in (message.hint or "")
+    assert "oracle" in message.msg
+    assert "MySQL/MariaDB" in message.msg and "PostgreSQL" in message.msg
+    assert "insert-if-absent" in (message.hint or "")
+
+
+def test_e008_hybrid_stays_on_postgresql_and_sqlite(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(connections["sqlite"], "vendor", "mysql")
+    idempotency = {"STRATEGY": "hybrid", "DATABASE": "sqlite", "REDIS_URL": "redis://x:6379/0"}
+    message = only(run(idempotency), "E008")
+    assert "hybrid strategy supports PostgreSQL and SQLite" in message.msg
+    assert "db strategy runs on PostgreSQL, SQLite, MariaDB and MySQL" in (message.hint or "")
+
+
+def test_the_db_strategy_runs_on_mysql_and_mariadb(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(connections["sqlite"], "vendor", "mysql")
+    assert set(ids(run({"STRATEGY": "db", "DATABASE": "sqlite"}))) & MYSQL_CHECKS == set()
+
+
+MYSQL_CHECKS = {"django_idempotency.E008", "django_idempotency.E033", "django_idempotency.E034"}
+
+
+@pytest.mark.parametrize("level", ["repeatable read", "serializable", "read uncommitted", None])
+def test_e033_mysql_needs_read_committed(monkeypatch: pytest.MonkeyPatch, level: Any) -> None:
+    """Django's default on MySQL is READ COMMITTED; anything else (None: the server's own
+    default, REPEATABLE READ on InnoDB) is refused for the keys' database."""
+    monkeypatch.setattr(connections["sqlite"], "vendor", "mysql")
+    options = {**connections["sqlite"].settings_dict["OPTIONS"], "isolation_level": level}
+    monkeypatch.setitem(connections["sqlite"].settings_dict, "OPTIONS", options)
+    message = only(run({"STRATEGY": "db", "DATABASE": "sqlite"}), "E033")
+    assert repr(level) in message.msg
+    assert "REPEATABLE READ" in (message.hint or "")
+    options["isolation_level"] = "READ COMMITTED"  # Django lower-cases it
+    assert "django_idempotency.E033" not in ids(run({"STRATEGY": "db", "DATABASE": "sqlite"}))
+
+
+@pytest.mark.parametrize(
+    ("use_tz", "database_zone"), [(True, "Europe/Paris"), (False, None)], ids=["db-zone", "no-tz"]
+)
+def test_e034_mysql_keeps_datetimes_in_utc(
+    monkeypatch: pytest.MonkeyPatch, use_tz: bool, database_zone: str | None
+) -> None:
+    monkeypatch.setattr(connections["sqlite"], "vendor", "mysql")
+    monkeypatch.setitem(connections["sqlite"].settings_dict, "TIME_ZONE", database_zone)
+    with override_settings(USE_TZ=use_tz, TIME_ZONE="Asia/Tokyo"):
+        connections["sqlite"].__dict__.pop("timezone_name", None)  # a cached_property
+        try:
+            message = only(run({"STRATEGY": "db", "DATABASE": "sqlite"}), "E034")
+        finally:
+            connections["sqlite"].__dict__.pop("timezone_name", None)
+    assert "UTC_TIMESTAMP" in message.msg
+    assert "USE_TZ = True" in (message.hint or "")
 
 
 def test_w003_header_stored_and_never_stored() -> None:

@@ -214,4 +214,4 @@ def test_only_postgresql_statements_carry_the_commit_mode(alias: str) -> None:
         assert fast.param_slots == plain.param_slots
     # Every other statement (the completion, renewal, release...) keeps the server's setting.
     others = [sql.complete, sql.renew, sql.release, sql.store, sql.read, sql.claim_read]
-    assert all("set_config" not in statement.sql for statement in others)
+    assert all(s is not None and "set_config" not in s.sql for s in others)

@@ -7,6 +7,7 @@ through real requests on threads against ``tests.support.gates``.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
@@ -32,6 +33,7 @@ from django_idempotency.store.records import ClaimState
 from .support.assertions import assert_problem
 from .support.gates import Background
 from .support.gates import gate as the_gate
+from .support.mariadb import with_mariadb
 from .support.threads import run_at_once
 from .support.waiting import wait_until
 from .testapp.models import SideEffect
@@ -556,6 +558,39 @@ def test_sixteen_concurrent_requests_run_the_view_once() -> None:
     assert SideEffect.objects.count() == 1
     assert answers.count((201, False)) == 1, answers
     # every other request got the replay or was told to retry; none ran the view
+    others = list(answers)
+    others.remove((201, False))
+    assert set(others) <= {(201, True), (409, False)}, answers
+
+
+@pytest.mark.mariadb
+@pytest.mark.urls("tests.faults")
+@pytest.mark.django_db(databases=with_mariadb("default"), transaction=True)
+def test_sixteen_concurrent_requests_run_the_view_once_on_mariadb(settings: Any) -> None:
+    """The same race with the keys, and the view's write, on MariaDB (the ``db`` strategy's
+    ON DUPLICATE KEY claim): one execution, every other request replayed or told to retry."""
+    from . import faults
+
+    settings.IDEMPOTENCY = {"DATABASE": "mariadb"}
+    faults.reset()
+    faults.interference.append(lambda key: time.sleep(0.05))  # the view takes a while
+    faults.plan.extend(["interfere"] * 16)
+
+    def send(_: int) -> tuple[int, bool]:
+        try:
+            response = Client().post(
+                "/fault/fn/", b"{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY="race"
+            )
+            return response.status_code, response.has_header(REPLAYED_HEADER)
+        finally:
+            connections.close_all()
+
+    try:
+        answers = run_at_once(16, send)
+    finally:
+        faults.reset()
+    assert SideEffect.objects.using("mariadb").filter(label="race").count() == 1
+    assert answers.count((201, False)) == 1, answers
     others = list(answers)
     others.remove((201, False))
     assert set(others) <= {(201, True), (409, False)}, answers

@@ -22,6 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,7 @@ from tests.testapp.models import SideEffect
 from . import faults
 from .support.api import replayed
 from .support.assertions import problem_slug
+from .support.mariadb import with_mariadb
 from .support.redis_servers import RedisServer
 
 pytestmark = [
@@ -89,6 +91,13 @@ def _param(name: str, *marks: Any) -> Any:
 ALL = [
     _param("db-postgres", pytest.mark.postgres),
     _param("db-sqlite"),
+    # MariaDB's database only for its own cells (a flush of MariaDB after every test of the
+    # matrix would cost more than the cells themselves).
+    _param(
+        "db-mariadb",
+        pytest.mark.mariadb,
+        pytest.mark.django_db(transaction=True, databases=with_mariadb("default", "sqlite")),
+    ),
     _param("advisory_lock", pytest.mark.postgres),
     _param("redis", pytest.mark.redis, pytest.mark.postgres),
     _param("redis-cluster", pytest.mark.redis_cluster, pytest.mark.postgres),
@@ -112,6 +121,9 @@ def configure(request: pytest.FixtureRequest, settings: Any, prefix: str, name: 
     elif name == "db-sqlite":
         value.update(STRATEGY="db", DATABASE="sqlite")
         alias = "sqlite"
+    elif name == "db-mariadb":
+        value.update(STRATEGY="db", DATABASE="mariadb")
+        alias = "mariadb"
     elif name == "advisory_lock":
         value["STRATEGY"] = "advisory_lock"
     elif name == "custom":
@@ -454,7 +466,10 @@ def test_reuse_after_redis_lost(setup: Setup, client: APIClient) -> None:
     check(setup, key, first, retry)
 
 
-POSTGRES = [p for p in ALL if p.values[0] not in ("db-sqlite",)]
+#: The servers whose connection a test can terminate (not SQLite's file).
+SERVERS = [p for p in ALL if p.values[0] not in ("db-sqlite",)]
+#: The same on PostgreSQL (the slow COMMIT is a PostgreSQL trigger).
+POSTGRES = [p for p in SERVERS if p.values[0] != "db-mariadb"]
 
 
 def after_connection_loss(setup: Setup, client: APIClient, key: str, first: Any) -> None:
@@ -471,14 +486,22 @@ def after_connection_loss(setup: Setup, client: APIClient, key: str, first: Any)
     check(setup, key, first, retry, again)
 
 
-@pytest.mark.parametrize("setup", POSTGRES, indirect=True)
+@pytest.mark.parametrize("setup", SERVERS, indirect=True)
 def test_connection_lost_during_view(setup: Setup, client: APIClient) -> None:
-    """The view's PostgreSQL backend is terminated while it runs: 503
+    """The view's PostgreSQL backend (MariaDB connection) is terminated while it runs: 503
     database-unavailable, nothing committed; the retry never runs it twice."""
 
     def terminate(key: str) -> None:
         with connections[setup.alias].cursor() as cursor:
-            cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+            if connections[setup.alias].vendor != "mysql":
+                cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+                return
+            cursor.execute("SELECT CONNECTION_ID()")
+            (thread_id,) = cursor.fetchone()
+        from .support.mariadb import database_url_of, mysql_connect
+
+        with closing(mysql_connect(database_url_of(setup.alias))) as admin:
+            admin.cursor().execute(f"KILL CONNECTION {int(thread_id)}")
 
     faults.interference.append(terminate)
     faults.plan.append("interfere")
@@ -556,6 +579,7 @@ def test_connection_lost_during_commit(setup: Setup, client: APIClient, slow_com
 KILLED = [
     pytest.param("postgres", "db", marks=[pytest.mark.postgres], id="db-postgres"),
     pytest.param("sqlite", "db", id="db-sqlite"),
+    pytest.param("mariadb", "db", marks=[pytest.mark.mariadb], id="db-mariadb"),
     pytest.param("postgres", "advisory_lock", marks=[pytest.mark.postgres], id="advisory_lock"),
     pytest.param("postgres", "redis", marks=[pytest.mark.postgres, pytest.mark.redis], id="redis"),
     pytest.param(

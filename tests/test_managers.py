@@ -1,9 +1,11 @@
-"""The atomic SQL of IdempotencyKeyManager, on PostgreSQL (``default``) and SQLite (``sqlite``)."""
+"""The atomic SQL of IdempotencyKeyManager, on PostgreSQL (``default``), SQLite (``sqlite``)
+and MariaDB (``mariadb``)."""
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -22,9 +24,23 @@ from .factories import (
     IdempotencyKeyFactory,
     StaleKeyFactory,
 )
+from .support.mariadb import MARIADB, MYSQL_PATH, mysql_statements, with_mariadb
 from .support.threads import InBackground, in_background, run_at_once
 
-pytestmark = pytest.mark.django_db(databases=["default", "sqlite"])
+DATABASES = with_mariadb("default", "sqlite")
+pytestmark = pytest.mark.django_db(databases=DATABASES)
+
+
+@pytest.fixture(params=["default", "sqlite", MARIADB, MYSQL_PATH])
+def alias(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Each database alias in turn: PostgreSQL (or SQLite without it), SQLite, MariaDB, and
+    MariaDB through MySQL's statements (no RETURNING: the claimant reads its row back)."""
+    if request.param == "mariadb-as-mysql":
+        with mysql_statements("mariadb"):
+            yield "mariadb"
+    else:
+        yield str(request.param)
+
 
 PRINT = "a" * 64
 OTHER_PRINT = "b" * 64
@@ -371,7 +387,7 @@ def test_delete_expired_uses_one_alias_only() -> None:
 # -- real races -----------------------------------------------------------------------------
 
 
-@pytest.mark.django_db(databases=["default", "sqlite"], transaction=True)
+@pytest.mark.django_db(databases=DATABASES, transaction=True)
 def test_sixteen_threads_claim_one_key_exactly_one_wins(alias: str) -> None:
     results = run_at_once(16, lambda _: claim(alias, key="race"))
     states = [r.state for r in results]
@@ -382,7 +398,7 @@ def test_sixteen_threads_claim_one_key_exactly_one_wins(alias: str) -> None:
     assert row(alias, winner.pk)["claim_token"] == winner.token
 
 
-@pytest.mark.django_db(databases=["default", "sqlite"], transaction=True)
+@pytest.mark.django_db(databases=DATABASES, transaction=True)
 def test_sixteen_threads_take_over_one_stale_lease_exactly_one_wins(alias: str) -> None:
     old = claim(alias, key="stale")
     age(alias, old.pk, locked_at=timedelta(hours=1))

@@ -35,6 +35,7 @@ BACKENDS = [
         "postgres", "advisory_lock", marks=pytest.mark.postgres, id="postgres-advisory_lock"
     ),
     pytest.param("sqlite", "db", id="sqlite-db"),
+    pytest.param("mariadb", "db", marks=pytest.mark.mariadb, id="mariadb-db"),
 ]
 
 

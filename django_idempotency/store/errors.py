@@ -19,6 +19,13 @@ TRANSIENT_SQLITE_MESSAGES = ("database is locked", "database table is locked")
 #: PostgreSQL SQLSTATEs of a lost connection besides class 08 (connection exception):
 #: admin_shutdown, crash_shutdown, cannot_connect_now.
 CONNECTION_LOST_SQLSTATES = frozenset({"57P01", "57P02", "57P03"})
+#: MySQL's and MariaDB's error codes a retry gets past: a lock wait timeout, a deadlock,
+#: and a row changed since a REPEATABLE READ snapshot read it (MariaDB 11.6+).
+TRANSIENT_MYSQL_CODES = frozenset({1205, 1213, 1020})
+#: MySQL's and MariaDB's codes of a lost connection: the server's shutdown, the connection
+#: killed (MariaDB) or closed for inactivity (MySQL 8), and the client's: cannot connect,
+#: the server has gone away, lost during a query, the connection broken.
+CONNECTION_LOST_MYSQL_CODES = frozenset({1053, 1927, 4031, 2002, 2003, 2006, 2013, 2055})
 #: What drivers say about a closed or broken connection when there is no SQLSTATE.
 CONNECTION_LOST_MESSAGES = (
     "server closed the connection unexpectedly",
@@ -45,10 +52,24 @@ def _from_psycopg(exc: BaseException) -> bool:
     return type(exc.__cause__).__module__.split(".")[0] in ("psycopg", "psycopg2")
 
 
+def _mysql_code(exc: BaseException) -> int | None:
+    """The MySQL or MariaDB error code under a Django database error (mysqlclient's
+    ``args[0]``), None for another driver's error. A mysqlclient ``InterfaceError`` on a
+    connection it has closed carries code 0."""
+    cause = exc.__cause__
+    if type(cause).__module__.split(".")[0] != "MySQLdb":
+        return None
+    args = getattr(cause, "args", ())
+    return args[0] if args and isinstance(args[0], int) else None
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether a database error is a conflict with a concurrent transaction."""
     if not isinstance(exc, OperationalError):
         return False
+    code = _mysql_code(exc)
+    if code is not None:
+        return code in TRANSIENT_MYSQL_CODES
     sqlstate = _sqlstate(exc)
     if sqlstate is not None:
         return sqlstate in TRANSIENT_SQLSTATES
@@ -63,12 +84,17 @@ DATABASE_ERRORS = (DatabaseError, InterfaceError)
 
 def is_connection_lost(exc: BaseException, connection: BaseDatabaseWrapper | None = None) -> bool:
     """Whether a database error means the connection is gone: a SQLSTATE of class 08 or
-    57P01-57P03, a psycopg ``OperationalError`` without one (the server never answered:
-    psycopg reports a closed or broken connection so), a message saying so (also on an
+    57P01-57P03, a MySQL code of :data:`CONNECTION_LOST_MYSQL_CODES` (or mysqlclient's
+    code 0, its own closed connection), a psycopg ``OperationalError`` without one (the
+    server never answered: psycopg reports a closed or broken connection so), a message
+    saying so (also on an
     ``InterfaceError``), or ``connection`` no longer answering. A closed *cursor* is a
     bug in the view, not a lost connection."""
     if not isinstance(exc, DATABASE_ERRORS):
         return False
+    code = _mysql_code(exc)
+    if code is not None and (code in CONNECTION_LOST_MYSQL_CODES or code == 0):
+        return True
     sqlstate = _sqlstate(exc)
     if sqlstate is not None:
         return sqlstate.startswith("08") or sqlstate in CONNECTION_LOST_SQLSTATES

@@ -9,18 +9,32 @@ and the methods in docs/api.md ("The model and its manager").
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from django.db import connections, models
+from django.db import NotSupportedError, OperationalError, connections, models
 
+from .errors import is_transient
 from .purge import PurgeQuerySet
 from .records import ClaimResult, ClaimState, KeyRow
-from .sql import Statements, database, statements
+from .sql import Statement, Statements, database, statements
 from .status import IN_PROGRESS
 
 if TYPE_CHECKING:
-    from ..models import IdempotencyKey  # noqa: F401 - named in a string annotation
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
     from ..protocol.replay import StoredResponse
+
+#: The manager's model: IdempotencyKey, which the models module names (the store relies on
+#: ``self.model`` and does not import it).
+_Key = TypeVar("_Key", bound=models.Model)
+
+
+def _folding(statement: Statement | None) -> Statement:
+    """A statement that also commits (``commit=True``), which only some databases have
+    (:func:`~django_idempotency.store.sql.commits_in_statement` says where)."""
+    if statement is None:
+        raise NotSupportedError("this database cannot store and COMMIT in one statement")
+    return statement
 
 
 class KeyStatements:
@@ -62,6 +76,11 @@ class KeyStatements:
         PostgreSQL commits without waiting for its WAL flush (``synchronous_commit = off``
         in the statement itself): the view's transaction, durable, flushes it with its own
         commit. Inside a transaction the claim commits with it, as that transaction says.
+
+        On MariaDB and MySQL the INSERT is ``ON DUPLICATE KEY UPDATE id = id``; MySQL's
+        returns no row, and the claimant finds its own token in the read instead. A
+        deadlock or lock wait timeout of the claim's own transaction is retried (up to five
+        rounds in all), then raised.
         """
         alias = database(using, self._db)
         connection = connections[alias]
@@ -78,39 +97,61 @@ class KeyStatements:
             "ttl": float(ttl),
             "stale": -float(lock_timeout),
         }
-        for _attempt in range(5):
-            token = uuid.uuid4()
-            values["claim_token"] = sql.prep("claim_token", token, connection)
-            row, _count = claim.execute(connection, values)
-            if row is not None:
-                return ClaimResult(ClaimState.CLAIMED, pk=int(row[0]), token=token)
-
-            # Nothing inserted: the key has a row, or a live outbox row (which comes first).
-            found, _count = sql.claim_read.execute(connection, values)
-            if found is None:
-                continue  # released, purged or drained between the two statements: again
-            existing = sql.key_row(connection, found)
-            if found[-1]:  # a stale lease or an expired completed key (never in the outbox)
-                assert existing.claim_token is not None
-                if self._take_over(
-                    existing.pk,
-                    existing.claim_token,
-                    token,
-                    fingerprint,
-                    ttl=ttl,
-                    lock_timeout=lock_timeout,
-                    method=method,
-                    path=path,
-                    using=alias,
-                ):
-                    return ClaimResult(
-                        ClaimState.CLAIMED, pk=existing.pk, token=token, taken_over=True
-                    )
-                continue  # someone else moved first: read again
-            return self._settled(existing, fingerprint)
+        for attempt in range(5):
+            try:
+                result = self._claim_once(connection, sql, claim, values)
+            except OperationalError as exc:
+                # A deadlock or a lock timeout of the claim's own transaction (InnoDB under
+                # concurrent inserts) rolled back nothing of the caller's: again. Inside the
+                # caller's transaction, or the fifth time, it is the caller's to answer.
+                if attempt == 4 or not (connection.get_autocommit() and is_transient(exc)):
+                    raise
+                continue
+            if result is not None:
+                return result
         # The row kept changing under us (released, purged or taken over each time):
         # the key is busy, and the client is told to retry.
         return ClaimResult(ClaimState.IN_PROGRESS)
+
+    def _claim_once(
+        self,
+        connection: BaseDatabaseWrapper,
+        sql: Statements,
+        claim: Statement,
+        values: dict[str, Any],
+    ) -> ClaimResult | None:
+        """One round of :meth:`claim`: the INSERT, else the read and the answer or the
+        takeover. None when the row changed between the statements (claim again)."""
+        token = uuid.uuid4()
+        values["claim_token"] = sql.prep("claim_token", token, connection)
+        row, _count = claim.execute(connection, values)
+        if row is not None and row[0] is not None:
+            return ClaimResult(ClaimState.CLAIMED, pk=int(row[0]), token=token)
+
+        # Nothing inserted: the key has a row, or a live outbox row (which comes first).
+        found, _count = sql.claim_read.execute(connection, values)
+        if found is None:
+            return None  # released, purged or drained between the two statements: again
+        existing = sql.key_row(connection, found)
+        if existing.claim_token == token:
+            # Inserted by a claim that returns no row (MySQL has no RETURNING): read back.
+            return ClaimResult(ClaimState.CLAIMED, pk=existing.pk, token=token)
+        if found[-1]:  # a stale lease or an expired completed key (never in the outbox)
+            assert existing.claim_token is not None
+            if self._take_over(
+                existing.pk,
+                existing.claim_token,
+                token,
+                values["fingerprint"],
+                ttl=values["ttl"],
+                lock_timeout=-values["stale"],
+                method=values["request_method"],
+                path=values["request_path"],
+                using=connection.alias,
+            ):
+                return ClaimResult(ClaimState.CLAIMED, pk=existing.pk, token=token, taken_over=True)
+            return None  # someone else moved first: read again
+        return self._settled(existing, fingerprint=values["fingerprint"])
 
     @staticmethod
     def _settled(existing: KeyRow, fingerprint: str) -> ClaimResult:
@@ -241,7 +282,7 @@ class KeyStatements:
 
         ``commit``: the statement also commits the current transaction, in the same
         round trip (PostgreSQL through psycopg 3 with client-side binding, see
-        ``_sql.commits_in_statement``; the caller checks that, and then ends its
+        ``store.sql.commits_in_statement``; the caller checks that, and then ends its
         ``atomic`` block at once). When it returns False nothing committed and the
         transaction is aborted: roll it back."""
         connection, sql, values = self._owner(using, pk, token)
@@ -250,7 +291,7 @@ class KeyStatements:
         values["response_body"] = sql.prep("response_body", response.body, connection)
         values["ttl"] = float(ttl)
         if commit:
-            return sql.complete_and_commit.store_and_commit(connection, values)
+            return _folding(sql.complete_and_commit).store_and_commit(connection, values)
         _row, count = sql.complete.execute(connection, values)
         return bool(count == 1)
 
@@ -291,7 +332,12 @@ class KeyStatements:
             "ttl": float(ttl),
         }
         if commit:
-            return sql.store_and_commit.store_and_commit(connection, values)
+            return _folding(sql.store_and_commit).store_and_commit(connection, values)
+        if sql.store is None:
+            raise NotSupportedError(
+                f"store_completed() needs INSERT … ON CONFLICT … DO UPDATE … WHERE, which "
+                f"{connection.vendor} does not have (it is advisory_lock's: PostgreSQL)"
+            )
         row, _count = sql.store.execute(connection, values)
         return row is not None
 
@@ -302,7 +348,7 @@ class KeyStatements:
         return bool(count == 1)
 
 
-class IdempotencyKeyQuerySet(KeyStatements, PurgeQuerySet):
+class IdempotencyKeyQuerySet(KeyStatements, PurgeQuerySet[_Key]):
     """IdempotencyKey's queryset: ``expired()`` and ``purgeable()`` filter it, the key's
     statements and the purge run on its database."""
 
@@ -310,5 +356,5 @@ class IdempotencyKeyQuerySet(KeyStatements, PurgeQuerySet):
 _Manager = models.Manager.from_queryset(IdempotencyKeyQuerySet)
 
 
-class IdempotencyKeyManager(KeyStatements, _Manager["IdempotencyKey"]):
+class IdempotencyKeyManager(KeyStatements, _Manager[_Key]):
     """``IdempotencyKey.objects``: the key's statements, and the queryset's methods."""

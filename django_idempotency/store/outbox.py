@@ -9,26 +9,38 @@ from __future__ import annotations
 
 import uuid
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from django.db import connections, models, transaction
+from django.db import NotSupportedError, OperationalError, connections, models, transaction
 from django.utils import timezone
 
+from .errors import is_transient
 from .records import DrainResult, KeyRecord
 from .sql import OUTBOX_ADD_COLUMNS, STORE_COLUMNS, database, statements
 from .status import COMPLETED
 
 if TYPE_CHECKING:
-    from ..models import IdempotencyOutbox  # noqa: F401 - named in a string annotation
     from ..protocol.replay import StoredResponse
 
+#: How many times a drain transaction is taken again after a deadlock or a lock timeout.
+DRAIN_ATTEMPTS = 5
 
-class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
+
+#: The manager's model: IdempotencyOutbox (named by the models module, not imported here).
+_Outbox = TypeVar("_Outbox", bound=models.Model)
+
+
+class IdempotencyOutboxManager(models.Manager[_Outbox]):
     """The outbox of the ``hybrid`` strategy: add a row, look a key up, drain in batches.
 
     Each method runs on the database of ``using=`` when given, else of the manager
     (``db_manager()``), else on ``"default"``.
     """
+
+    def _keys(self) -> Any:
+        """IdempotencyKey, where the outbox drains to: the model of the same app as
+        ``self.model``, from the app registry (the store does not import the models)."""
+        return self.model._meta.apps.get_model(self.model._meta.app_label, "IdempotencyKey")
 
     def add(
         self,
@@ -67,15 +79,18 @@ class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
         connection = connections[database(using, self._db)]
         sql = statements(connection)
         statement = sql.outbox_add
+        if statement is None:
+            raise NotSupportedError(
+                f"the outbox needs INSERT … ON CONFLICT … DO UPDATE … WHERE, which "
+                f"{connection.vendor} does not have (the hybrid strategy's: PostgreSQL, SQLite)"
+            )
         if commit:
             if fence_lock_timeout is None or sql.outbox_add_fenced_and_commit is None:
                 raise ValueError("commit=True needs fence_lock_timeout and PostgreSQL")
             statement = sql.outbox_add_fenced_and_commit
         elif fence_lock_timeout is not None:
             if sql.outbox_add_fenced is None:
-                from ..models import IdempotencyKey
-
-                if not IdempotencyKey.objects.fence_stale_claim(
+                if not self._keys().objects.fence_stale_claim(
                     scope, key, fence_lock_timeout, using=connection.alias
                 ):
                     return False
@@ -126,9 +141,11 @@ class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
     ) -> DrainResult:
         """Move up to ``batch_size`` rows into IdempotencyKey, in one transaction.
 
-        ``SELECT … ORDER BY id LIMIT n FOR UPDATE SKIP LOCKED`` (on PostgreSQL; SQLite
-        has one writer at a time and a plain SELECT) picks rows no other drainer holds;
-        one ``INSERT … ON CONFLICT (scope, key) DO UPDATE`` writes them as completed
+        ``SELECT … ORDER BY id LIMIT n FOR UPDATE SKIP LOCKED`` (on PostgreSQL and on
+        MariaDB 10.6+ and MySQL; MariaDB 10.5 waits for the rows another drainer holds
+        instead; SQLite has one writer at a time and a plain SELECT) picks rows no other
+        drainer holds; one ``INSERT … ON CONFLICT (scope, key) DO UPDATE`` (``ON
+        DUPLICATE KEY UPDATE`` on MySQL and MariaDB) writes them as completed
         keys with fresh claim tokens (which also fences out a ``db`` claim of the same
         key that is still running); one ``DELETE`` removes them. Expired rows are only
         deleted. A crash before the commit rolls all of it back, and running it again
@@ -138,15 +155,32 @@ class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
         ``hold_partial``: a batch shorter than ``batch_size`` whose oldest row is younger
         than this is left alone (``held``), so that under load every transaction carries
         a full batch; a later drain takes it once it is old enough.
-        """
-        from ..models import IdempotencyKey
 
+        A deadlock or a lock wait timeout (InnoDB's gap locks between two drainers) rolls
+        the transaction back whole, and it is taken again, up to :data:`DRAIN_ATTEMPTS`
+        times.
+        """
         alias = database(using, self._db)
+        for attempt in range(DRAIN_ATTEMPTS):
+            try:
+                return self._drain_once(alias, batch_size, hold_partial)
+            except OperationalError as exc:
+                # InnoDB's gap locks can deadlock two drainers whose batches' keys are
+                # neighbours in the unique index: the batch rolled back whole, take it again.
+                if attempt == DRAIN_ATTEMPTS - 1 or not is_transient(exc):
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _drain_once(
+        self, alias: str, batch_size: int, hold_partial: timedelta | None
+    ) -> DrainResult:
+        """One transaction of :meth:`drain`."""
+        features = connections[alias].features
         now = timezone.now()
         with transaction.atomic(using=alias):
-            rows = list(
+            rows: list[Any] = list(
                 self.using(alias)
-                .select_for_update(skip_locked=True)
+                .select_for_update(skip_locked=features.has_select_for_update_skip_locked)
                 .order_by("pk")
                 .only("pk", *OUTBOX_ADD_COLUMNS)[:batch_size]
             )
@@ -160,34 +194,44 @@ class IdempotencyOutboxManager(models.Manager["IdempotencyOutbox"]):
                 return DrainResult(held=len(rows))
             live = [row for row in rows if row.expires_at > now]
             if live:
-                IdempotencyKey.objects.using(alias).bulk_create(
-                    [
-                        IdempotencyKey(
-                            scope=row.scope,
-                            key=row.key,
-                            fingerprint=row.fingerprint,
-                            status=COMPLETED,
-                            claim_token=uuid.uuid4(),
-                            locked_at=None,
-                            request_method=row.request_method,
-                            request_path=row.request_path,
-                            response_status=row.response_status,
-                            response_headers=row.response_headers,
-                            response_body=bytes(row.response_body or b""),
-                            created_at=row.created_at,
-                            completed_at=row.created_at,
-                            expires_at=row.expires_at,
-                        )
-                        for row in live
-                    ],
-                    batch_size=batch_size,
-                    update_conflicts=True,
-                    unique_fields=["scope", "key"],
-                    # The columns of a stored key, less the conflict target (scope, key).
-                    update_fields=list(STORE_COLUMNS[2:]),
-                )
+                self._store_completed(alias, live, batch_size)
             self.using(alias).filter(pk__in=[row.pk for row in rows]).delete()
         return DrainResult(drained=len(live), discarded=len(rows) - len(live))
+
+    def _store_completed(self, alias: str, live: list[Any], batch_size: int) -> None:
+        """The outbox rows ``live`` written as completed keys, over any row of their keys:
+        ``INSERT … ON CONFLICT (scope, key) DO UPDATE`` (MySQL's ``ON DUPLICATE KEY
+        UPDATE`` names no target: the unique (scope, key) is the one it can meet)."""
+        keys = self._keys()
+        features = connections[alias].features
+        keys.objects.using(alias).bulk_create(
+            [
+                keys(
+                    scope=row.scope,
+                    key=row.key,
+                    fingerprint=row.fingerprint,
+                    status=COMPLETED,
+                    claim_token=uuid.uuid4(),
+                    locked_at=None,
+                    request_method=row.request_method,
+                    request_path=row.request_path,
+                    response_status=row.response_status,
+                    response_headers=row.response_headers,
+                    response_body=bytes(row.response_body or b""),
+                    created_at=row.created_at,
+                    completed_at=row.created_at,
+                    expires_at=row.expires_at,
+                )
+                for row in live
+            ],
+            batch_size=batch_size,
+            update_conflicts=True,
+            unique_fields=(
+                ["scope", "key"] if features.supports_update_conflicts_with_target else None
+            ),
+            # The columns of a stored key, less the conflict target (scope, key).
+            update_fields=list(STORE_COLUMNS[2:]),
+        )
 
     def pending(self, *, using: str | None = None) -> int:
         """Rows waiting to be drained."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self, TypeVar
 
 from django.db import connections, models, transaction
 from django.db.models.functions import Now
@@ -19,9 +19,6 @@ from django.utils import timezone
 from ..conf import conf
 from .sql import clock_in_sql, database, statements
 from .status import IN_PROGRESS
-
-if TYPE_CHECKING:
-    from ..models import IdempotencyKey  # noqa: F401 - named in a string annotation
 
 
 def _time(alias: str, at: datetime | None, before: timedelta | float | None = None) -> Any:
@@ -36,7 +33,11 @@ def _time(alias: str, at: datetime | None, before: timedelta | float | None = No
     return timezone.now() - before if before else timezone.now()
 
 
-class PurgeQuerySet(models.QuerySet["IdempotencyKey"]):
+#: The model of the queryset: IdempotencyKey (named by the models, not imported here).
+_Key = TypeVar("_Key", bound=models.Model)
+
+
+class PurgeQuerySet(models.QuerySet[_Key]):
     """Expired keys, and the batched deletes of the purge."""
 
     _db: str | None
@@ -140,7 +141,7 @@ class PurgeQuerySet(models.QuerySet["IdempotencyKey"]):
             return
         sql = statements(connection)
         statement = sql.purge_batch(
-            connection, cutoff=cutoff is not None, lease_cutoff=lease_cutoff is not None
+            cutoff=cutoff is not None, lease_cutoff=lease_cutoff is not None
         )
         values = {
             "cutoff": None if cutoff is None else sql.prep("expires_at", cutoff, connection),

@@ -75,7 +75,7 @@ class KeyRow(NamedTuple):
 def lease_lapsed(locked_at: datetime | None, cutoff: datetime) -> bool:
     """The lease rule: a lease last renewed at or before ``cutoff``, or never, has lapsed.
 
-    The statements apply the same rule in SQL (``_sql.lapsed``), and the purge's ORM
+    The statements apply the same rule in SQL (``store.sql.parts.lapsed``), and the purge's ORM
     filter (``IdempotencyKeyQuerySet.purgeable``) keeps exactly the leases it calls live.
     """
     return locked_at is None or locked_at <= cutoff

@@ -1,6 +1,7 @@
 """The ``db`` strategy: one ``INSERT … ON CONFLICT DO NOTHING RETURNING`` per claim.
 
-Works on PostgreSQL and SQLite. The claim commits on its own, before the view
+Works on PostgreSQL, SQLite, MariaDB and MySQL (``ON DUPLICATE KEY UPDATE``; see
+:mod:`django_idempotency.store.sql.mysql`). The claim commits on its own, before the view
 runs, so that every duplicate sees it at once. The view then runs in a
 transaction, and the key's completion is the last statement of that same
 transaction, guarded by the claim token: an owner whose claim was taken over
@@ -19,11 +20,13 @@ import uuid
 
 from django.db import DatabaseError, connections
 
-from ..errors import LeaseLost, StoreUnavailable
+from ..conf import conf
+from ..errors import LeaseLost, StoreUnavailable, TransientConflict
 from ..models import IdempotencyKey
 from ..protocol import waiting
 from ..protocol.keys import key_digest
 from ..protocol.replay import StoredResponse
+from ..store.errors import is_transient
 from ..store.records import ClaimState
 from .base import (
     Attempt,
@@ -133,6 +136,11 @@ class DatabaseStrategy(Strategy):
                 using=attempt.database,
             )
         except DatabaseError as exc:
+            if is_transient(exc):  # a deadlock the claim kept hitting: nothing was claimed
+                retry_after = conf.RETRY_AFTER
+                raise TransientConflict(
+                    retry_after=1 if retry_after is None else retry_after
+                ) from exc
             raise StoreUnavailable() from exc
         if result.state is ClaimState.CLAIMED:
             assert result.pk is not None and result.token is not None

@@ -1,4 +1,5 @@
-"""PostgreSQL administration and one-value queries on a database URL (PostgreSQL or SQLite)."""
+"""PostgreSQL administration and one-value queries on a database URL (PostgreSQL, MariaDB
+or SQLite)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,13 @@ def query_scalar(database_url: str, sql: str, params: tuple[Any, ...] = ()) -> A
     if parts.scheme == "sqlite":
         with closing(sqlite3.connect(parts.path)) as conn:
             row = conn.execute(sql.replace("%s", "?"), params).fetchone()
+    elif parts.scheme in {"mysql", "mariadb"}:
+        from .mariadb import mysql_connect
+
+        with closing(mysql_connect(database_url)) as conn:
+            cursor = conn.cursor()
+            cursor.execute(sql, params)
+            row = cursor.fetchone()
     else:
         import psycopg
 

@@ -1,6 +1,6 @@
 """The example project for end-to-end tests and benchmarks: real servers, real races.
 
-``scratch_database`` makes a fresh, migrated and seeded database (PostgreSQL or
+``scratch_database`` makes a fresh, migrated and seeded database (PostgreSQL, MariaDB or
 SQLite); ``example_server`` runs the example payments API under gunicorn against
 it; ``race`` fires many requests at one moment from real threads, ``split_race``
 and ``race_summary`` sort what they got back, and ``assert_one_execution`` checks that
@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 from .databases import pg_admin, with_database
 from .ports import free_port
-from .services import POSTGRES_URL
+from .services import MARIADB_URL, POSTGRES_URL
 from .threads import run_at_once
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,7 +72,8 @@ def scratch_database(
     """A new database with the example project migrated and seeded; dropped afterwards.
 
     ``kind`` is "postgres" (created through ``admin_url``, named ``prefix`` + a random
-    suffix) or "sqlite" (a file in a temporary directory)."""
+    suffix), "mariadb" (on the server of ``MARIADB_URL``, named alike) or "sqlite" (a file
+    in a temporary directory)."""
     if kind == "postgres":
         name = f"{prefix}{uuid.uuid4().hex[:12]}"
         pg_admin(f'CREATE DATABASE "{name}"', admin_url)
@@ -83,6 +84,18 @@ def scratch_database(
             yield url
         finally:
             pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', admin_url)
+    elif kind == "mariadb":
+        from .mariadb import mysql_admin
+
+        name = f"{prefix}{uuid.uuid4().hex[:12]}"
+        mysql_admin(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+        url = with_database(MARIADB_URL, name)
+        try:
+            manage(url, "migrate", "--noinput", "-v", "0")
+            manage(url, "seed_demo")
+            yield url
+        finally:
+            mysql_admin(f"DROP DATABASE IF EXISTS `{name}`")
     elif kind == "sqlite":
         with tempfile.TemporaryDirectory(prefix="idem-scratch-") as tmp:
             url = f"sqlite:///{tmp}/db.sqlite3"

@@ -12,6 +12,8 @@ from urllib.parse import urlsplit
 
 POSTGRES_URL = os.environ.get("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+#: MariaDB for the ``mariadb`` alias (the tests create their own databases on it).
+MARIADB_URL = os.environ.get("TEST_MARIADB_URL", "mysql://root@127.0.0.1:3306/idempotency")
 AMQP_URL = os.environ.get("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 
 
@@ -38,6 +40,14 @@ def postgres_url() -> str | None:
         return POSTGRES_URL
     if in_ci():
         raise RuntimeError(f"CI is set but PostgreSQL does not answer at {POSTGRES_URL}")
+    return None
+
+
+def mariadb_url() -> str | None:
+    """The MariaDB URL for the ``mariadb`` alias: when it answers, and always when CI is set
+    (so that a missing server fails the tests marked ``mariadb``); else None."""
+    if in_ci() or answers(MARIADB_URL, 3306):
+        return MARIADB_URL
     return None
 
 

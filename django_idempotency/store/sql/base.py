@@ -1,0 +1,71 @@
+"""What a vendor's statements say differently: the protocol of a dialect, and its defaults.
+
+As Django's ``db/backends/`` do, the base speaks the SQL the vendors share and each vendor
+module (:mod:`~django_idempotency.store.sql.postgresql`,
+:mod:`~django_idempotency.store.sql.sqlite`) overrides what differs. The builders of the
+family modules ask the dialect only for these fragments and flags, never for a vendor's
+name.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .parts import Param, Part
+
+if TYPE_CHECKING:
+    from .schema import Schema
+
+
+class BaseDialect:
+    """A vendor's fragments of SQL and what its statements can do (class attributes only:
+    a dialect is never instantiated, the statements are built once per connection)."""
+
+    #: ``connection.vendor``.
+    vendor = ""
+    #: Whether the statements take the time from the database server's clock (the SQL of
+    #: :attr:`now_sql` and :attr:`now_plus_sql`), else from ``timezone.now()`` in a
+    #: parameter. Every lease, expiry and purge decision is then made on that one clock.
+    clock_in_sql = False
+    #: The current time, in SQL (with :attr:`clock_in_sql`).
+    now_sql = ""
+    #: The current time plus the seconds of one ``%s`` parameter, in SQL.
+    now_plus_sql = ""
+    #: Joined by the claim and the takeover in autocommit, so that their own transaction
+    #: commits without waiting for its flush (PostgreSQL); nothing elsewhere.
+    async_commit = ""
+    #: Whether a write and ``COMMIT`` can be one query (the ``*_and_commit`` statements).
+    commits_in_statement = False
+    #: Whether the ``hybrid`` strategy's outbox insert can fence a stale claim in the same
+    #: statement (a data-modifying CTE).
+    fences_in_outbox_add = False
+    #: What a ``SELECT`` of values alone needs before its ``WHERE`` (``" FROM DUAL"``).
+    from_nothing = ""
+    #: Whether ``INSERT … ON CONFLICT (…) DO UPDATE … WHERE`` (a conditional upsert) is
+    #: built: the completed record of ``advisory_lock`` and the ``hybrid`` outbox insert.
+    upserts = True
+
+    @classmethod
+    def insert_or_nothing(cls, s: Schema) -> list[Part]:
+        """What ends the claim's ``INSERT``: nothing inserted when the key has a row, and a
+        row with the inserted row's id when it did not (no row otherwise, or a row whose id
+        is NULL). A dialect whose claim returns no row makes the claimant read its row back
+        and compare the claim token."""
+        return [
+            f" ON CONFLICT ({s.col('scope')}, {s.col('key')}) DO NOTHING RETURNING {s.col('id')}"
+        ]
+
+    @classmethod
+    def delete_first(cls, s: Schema, where: list[Part], order: str, limit: Param) -> list[Part]:
+        """``DELETE`` the first ``limit`` rows of IdempotencyKey by ``order`` among those
+        matching ``where``, which is checked again on the row version the ``DELETE`` locks."""
+        pk = s.col("id")
+        return [
+            f"DELETE FROM {s.table} WHERE ",
+            *where,
+            f" AND {pk} IN (SELECT {pk} FROM {s.table} WHERE ",
+            *where,
+            f" ORDER BY {order} LIMIT ",
+            limit,
+            ")",
+        ]

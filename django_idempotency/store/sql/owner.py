@@ -1,0 +1,50 @@
+"""The claim owner's statements, fenced by its token: complete, renew, release.
+
+Each matches the row ``pk`` only while its claim token is ``token`` and it is in
+progress: an owner whose claim was taken over (or released, or completed) changes
+nothing, and learns so from the row count.
+"""
+
+from __future__ import annotations
+
+from ..status import COMPLETED, IN_PROGRESS
+from .parts import Now, Param, Part
+from .schema import Schema
+
+
+def _owner(s: Schema) -> list[Part]:
+    return [
+        f" WHERE {s.col('id')} = ",
+        Param("pk"),
+        f" AND {s.col('claim_token')} = ",
+        Param("token"),
+        f" AND {s.col('status')} = '{IN_PROGRESS}'",
+    ]
+
+
+def complete(s: Schema) -> list[Part]:
+    """The response stored and the key completed, its TTL counted from now."""
+    col = s.col
+    return [
+        f"UPDATE {s.table} SET {col('status')} = '{COMPLETED}', {col('response_status')} = ",
+        Param("response_status"),
+        f", {col('response_headers')} = ",
+        Param("response_headers"),
+        f", {col('response_body')} = ",
+        Param("response_body"),
+        f", {col('completed_at')} = ",
+        Now(),
+        f", {col('locked_at')} = NULL, {col('expires_at')} = ",
+        Now("ttl"),
+        *_owner(s),
+    ]
+
+
+def renew(s: Schema) -> list[Part]:
+    """The lease renewed to now."""
+    return [f"UPDATE {s.table} SET {s.col('locked_at')} = ", Now(), *_owner(s)]
+
+
+def release(s: Schema) -> list[Part]:
+    """The in-progress claim deleted, so that the client may retry."""
+    return [f"DELETE FROM {s.table}", *_owner(s)]

@@ -1,0 +1,96 @@
+"""The names the statements use on one connection, and the conditions several share.
+
+:class:`Schema` quotes the tables and columns of IdempotencyKey and of its outbox as the
+connection quotes them, and composes the conditions that more than one statement needs:
+a stale lease, a row free for a takeover, the key's live outbox row. Each builder takes
+a Schema and returns its statement's parts.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django.db import models
+
+from ..status import COMPLETED, IN_PROGRESS
+from .parts import Now, Param, Part, lapsed
+from .statement import Statement
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    from .base import BaseDialect
+
+
+class Schema:
+    """IdempotencyKey's and IdempotencyOutbox's names on one connection, for one dialect."""
+
+    def __init__(
+        self,
+        connection: BaseDatabaseWrapper,
+        dialect: type[BaseDialect],
+        keys: type[models.Model],
+        outbox: type[models.Model],
+    ) -> None:
+        self.q = q = connection.ops.quote_name
+        self.dialect = dialect
+        self.table = q(keys._meta.db_table)
+        self.outbox = q(outbox._meta.db_table)
+        self.fields: dict[str, models.Field[Any, Any]] = {
+            field.name: field for field in keys._meta.concrete_fields
+        }
+        self.outbox_fields: dict[str, models.Field[Any, Any]] = {
+            field.name: field for field in outbox._meta.concrete_fields
+        }
+
+    def col(self, name: str) -> str:
+        """IdempotencyKey's column of field ``name``, quoted."""
+        return self.q(str(self.fields[name].column))
+
+    def outbox_col(self, name: str) -> str:
+        """The outbox's column of field ``name``, quoted and qualified by its table."""
+        return f"{self.outbox}.{self.q(str(self.outbox_fields[name].column))}"
+
+    def statement(self, *parts: Part) -> Statement:
+        """The statement of ``parts`` in this dialect."""
+        return Statement(self.dialect, self.fields["expires_at"], *parts)
+
+    # -- conditions shared by several statements ------------------------------------------
+
+    def stale(self) -> list[Part]:
+        """In progress under a lease older than ``lock_timeout`` (``stale`` = -lock_timeout)."""
+        return [
+            f"{self.col('status')} = '{IN_PROGRESS}' AND ",
+            *lapsed(self.col("locked_at"), Now("stale")),
+        ]
+
+    def free(self) -> list[Part]:
+        """A stale lease, or a completed key whose TTL is over: free for a takeover."""
+        return [
+            f"(({self.col('status')} = '{COMPLETED}' AND {self.col('expires_at')} <= ",
+            Now(),
+            ") OR (",
+            *self.stale(),
+            "))",
+        ]
+
+    def outbox_live(self, now: Part) -> list[Part]:
+        """``FROM`` the key's live outbox row: a response the ``hybrid`` strategy committed
+        that is not drained yet. It settles the key whatever strategy is in use now."""
+        return [
+            f" FROM {self.outbox} WHERE {self.outbox_col('scope')} = ",
+            Param("scope"),
+            f" AND {self.outbox_col('key')} = ",
+            Param("key"),
+            f" AND {self.outbox_col('expires_at')} > ",
+            now,
+        ]
+
+    def key_where(self) -> list[Part]:
+        """`` WHERE`` IdempotencyKey's row of parameters ``scope`` and ``key``."""
+        return [
+            f" WHERE {self.col('scope')} = ",
+            Param("scope"),
+            f" AND {self.col('key')} = ",
+            Param("key"),
+        ]

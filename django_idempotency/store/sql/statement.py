@@ -1,0 +1,107 @@
+"""One compiled statement: its text for one vendor, the order of its parameters, and running it.
+
+Private to the store. A :class:`Statement` is made once per connection from a builder's
+parts (:mod:`~django_idempotency.store.sql.parts`) and cached with the others in
+:class:`~django_idempotency.store.sql.statements.Statements`; on the request path only
+:meth:`Statement.params` and :meth:`Statement.execute` run.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import DatabaseError, models
+from django.utils import timezone
+
+from .parts import Param, Part
+from .postgresql import not_stored
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    from .base import BaseDialect
+
+
+class Statement:
+    """One statement's text and the order of its named parameters, composed once per backend.
+
+    A :class:`~django_idempotency.store.sql.parts.Now` is the database's clock in the SQL
+    where the dialect has one (``statement_timestamp()`` on PostgreSQL) and a parameter
+    from ``timezone.now()`` elsewhere (SQLite), so that the same builder serves both.
+    """
+
+    __slots__ = ("_slots", "_time_field", "app_clock", "returns_rows", "sql")
+
+    def __init__(
+        self, dialect: type[BaseDialect], time_field: models.Field[Any, Any], *parts: Part
+    ) -> None:
+        text: list[str] = []
+        # (parameter name, is a time from the app); a time's name is its offset's, or "".
+        slots: list[tuple[str, bool]] = []
+        for part in parts:
+            if isinstance(part, str):
+                text.append(part)
+            elif isinstance(part, Param):
+                text.append("%s")
+                slots.append((part.name, False))
+            elif not dialect.clock_in_sql:
+                text.append("%s")
+                slots.append((part.offset or "", True))
+            elif part.offset is None:
+                text.append(dialect.now_sql)
+            else:
+                text.append(dialect.now_plus_sql)
+                slots.append((part.offset, False))
+        self.sql = "".join(text)
+        self._slots = tuple(slots)
+        self._time_field = time_field
+        self.app_clock = any(is_time for _name, is_time in slots)
+        #: A SELECT, or a write with RETURNING: known here, so that ``execute`` does not
+        #: ask the cursor (psycopg builds a column description for that on every call).
+        self.returns_rows = self.sql.lstrip().upper().startswith(("SELECT", "WITH")) or (
+            " RETURNING " in self.sql.upper()
+        )
+
+    @property
+    def param_slots(self) -> tuple[tuple[str, bool], ...]:
+        """The parameters in the order of the SQL's ``%s``: ``(name, is_time)`` pairs, as
+        :meth:`params` fills them. ``name`` is a key of ``values``; with ``is_time`` the
+        parameter is the app's time (SQLite) plus the seconds in ``values[name]``, or the
+        time itself when ``name`` is ``""``."""
+        return self._slots
+
+    def params(self, connection: BaseDatabaseWrapper, values: dict[str, Any]) -> list[Any]:
+        """The parameter list: ``values`` by name (already adapted for the backend; the
+        offsets of :class:`~django_idempotency.store.sql.parts.Now` in seconds), and the
+        app's time where the SQL needs it."""
+        now = timezone.now() if self.app_clock else None
+        params: list[Any] = []
+        for name, is_time in self._slots:
+            if not is_time:
+                params.append(values[name])
+                continue
+            assert now is not None
+            at = now + timedelta(seconds=values[name]) if name else now
+            params.append(self._time_field.get_db_prep_value(at, connection, prepared=True))
+        return params
+
+    def execute(self, connection: BaseDatabaseWrapper, values: dict[str, Any]) -> Any:
+        """Run the statement; returns its first row (None when it has none) and its row
+        count."""
+        with connection.cursor() as cursor:
+            cursor.execute(self.sql, self.params(connection, values))
+            return cursor.fetchone() if self.returns_rows else None, cursor.rowcount
+
+    def store_and_commit(self, connection: BaseDatabaseWrapper, values: dict[str, Any]) -> bool:
+        """Run a statement made with :func:`~django_idempotency.store.sql.postgresql.and_commit`:
+        True when it stored and committed, False when it stored nothing (its transaction is
+        then aborted, not committed)."""
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(self.sql, self.params(connection, values))
+        except DatabaseError as exc:
+            if not_stored(exc):
+                return False
+            raise
+        return True

@@ -1,0 +1,7 @@
+-- purge_batch_lease_cutoff (mariadb)
+-- parameters: older, lease_cutoff, limit
+DELETE
+FROM `django_idempotency_idempotencykey`
+WHERE `expires_at` <= (UTC_TIMESTAMP(6) + INTERVAL %s SECOND)
+AND (`status` <> 'in_progress' OR (`locked_at` IS NULL OR `locked_at` <= %s))
+ORDER BY `expires_at` LIMIT %s

@@ -1,0 +1,7 @@
+-- purge_batch (mysql)
+-- parameters: older, lease, limit
+DELETE
+FROM `django_idempotency_idempotencykey`
+WHERE `expires_at` <= (UTC_TIMESTAMP(6) + INTERVAL %s SECOND)
+AND (`status` <> 'in_progress' OR (`locked_at` IS NULL OR `locked_at` <= (UTC_TIMESTAMP(6) + INTERVAL %s SECOND)))
+ORDER BY `expires_at` LIMIT %s

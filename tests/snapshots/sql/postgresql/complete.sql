@@ -1,0 +1,7 @@
+-- complete (postgresql)
+-- parameters: response_status, response_headers, response_body, ttl, pk, token
+UPDATE "django_idempotency_idempotencykey"
+SET "status" = 'completed', "response_status" = %s, "response_headers" = %s, "response_body" = %s, "completed_at" = statement_timestamp(), "locked_at" = NULL, "expires_at" = (statement_timestamp() + make_interval(secs => %s))
+WHERE "id" = %s
+AND "claim_token" = %s
+AND "status" = 'in_progress'

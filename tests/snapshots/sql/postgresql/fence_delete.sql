@@ -1,0 +1,8 @@
+-- fence_delete (postgresql)
+-- parameters: pk, token, stale
+DELETE
+FROM "django_idempotency_idempotencykey"
+WHERE "id" = %s
+AND "claim_token" = %s
+AND "status" = 'in_progress'
+AND ("locked_at" IS NULL OR "locked_at" <= (statement_timestamp() + make_interval(secs => %s)))

@@ -1,0 +1,7 @@
+-- complete (sqlite)
+-- parameters: response_status, response_headers, response_body, app_now, app_now+ttl, pk, token
+UPDATE "django_idempotency_idempotencykey"
+SET "status" = 'completed', "response_status" = %s, "response_headers" = %s, "response_body" = %s, "completed_at" = %s, "locked_at" = NULL, "expires_at" = %s
+WHERE "id" = %s
+AND "claim_token" = %s
+AND "status" = 'in_progress'

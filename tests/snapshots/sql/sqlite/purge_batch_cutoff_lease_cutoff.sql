@@ -1,0 +1,11 @@
+-- purge_batch_cutoff_lease_cutoff (sqlite)
+-- parameters: cutoff, lease_cutoff, cutoff, lease_cutoff, limit
+DELETE
+FROM "django_idempotency_idempotencykey"
+WHERE "expires_at" <= %s
+AND ("status" <> 'in_progress' OR ("locked_at" IS NULL OR "locked_at" <= %s))
+AND "id" IN (SELECT "id"
+FROM "django_idempotency_idempotencykey"
+WHERE "expires_at" <= %s
+AND ("status" <> 'in_progress' OR ("locked_at" IS NULL OR "locked_at" <= %s))
+ORDER BY "expires_at" LIMIT %s)
