@@ -17,20 +17,17 @@ class IdempotencyConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import (
-            checks,  # noqa: F401  (registers the system checks)
-            middleware,  # noqa: F401  (registers the middleware's checks)
-        )
+        # The modules that register system checks.
+        from .checks import routing, urls  # noqa: F401
+        from .checks.settings import ensure_valid
         from .conf import conf
-        from .strategies.redis import (
-            deploy_check,  # noqa: F401  (registers the deploy-time Redis check)
-        )
+        from .strategies.redis import deploy_check  # noqa: F401
 
         # A setting the checks call an error stops every process here (gunicorn, uvicorn,
         # Celery and manage.py all call django.setup()), with the checks' messages; only
         # `manage.py check` goes on, to list them in Django's format and exit non-zero.
         if not running_check_command():
-            conf.ensure_valid()
+            ensure_valid()
 
         # Prometheus metrics only when asked for and installed (check W004 says when
         # they are asked for but prometheus_client is missing).

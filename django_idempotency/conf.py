@@ -132,19 +132,12 @@ class IdempotencySettings:
         the settings were validated."""
         self.__dict__.clear()
 
-    def ensure_valid(self) -> None:
-        """Raise ``InvalidConfiguration`` (an ``ImproperlyConfigured``, with the system
-        checks' messages) when the current settings have an error; once per settings.
+    @property
+    def validated(self) -> bool:
+        """Whether the current settings were validated (``checks.settings.ensure_valid``)."""
+        return "_valid" in self.__dict__
 
-        ``AppConfig.ready()`` validates at start-up, in every process; the request path
-        and the tasks call this on first use, so a setting changed later
-        (``override_settings``, ``setting_changed``) is validated before it is used too.
-        Valid settings cost one dictionary lookup here."""
-        if "_valid" in self.__dict__:
-            return
-        from .checks import enforce_settings
-
-        enforce_settings()
+    def mark_validated(self) -> None:
         self.__dict__["_valid"] = True
 
     def _get(self, name: str) -> Any:

@@ -14,7 +14,7 @@ from django.db import transaction
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 
-from .checks import validate_view_options, view_name
+from .checks.settings import validate_view_options, view_name
 from .conf import conf
 from .protocol.engine import ahandle, handle
 from .protocol.keysource import KeyFunc

@@ -23,26 +23,19 @@ See docs/middleware.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from asgiref.sync import async_to_sync, iscoroutinefunction, markcoroutinefunction, sync_to_async
-from django.conf import settings
-from django.core import checks
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
-from django.urls import URLPattern, URLResolver, get_resolver
-from django.utils.module_loading import import_string
 
+from .checks.settings import ensure_valid
 from .conf import conf
 from .decorators import EXEMPT_ATTR, HANDLED_ATTR, OPT_IN_ATTR, OptIn
 from .protocol.engine import ahandle, handle, takes_part
 from .protocol.options import Options
 from .protocol.scope import default_scope
-
-PATH = "django_idempotency.middleware.IdempotencyMiddleware"
-#: The values of ``IDEMPOTENCY["MIDDLEWARE_DEFAULT"]``.
-MIDDLEWARE_DEFAULTS = ("opt_in", "all")
 
 GetResponse = Callable[[HttpRequest], Any]
 
@@ -69,7 +62,7 @@ def uses_mixin(cls: type) -> bool:
 def protection(view_func: Callable[..., Any]) -> OptIn | None:
     """What the middleware does for ``view_func``: an :class:`OptIn` (protect it with
     these options and scope) or None (leave it alone)."""
-    conf.ensure_valid()
+    ensure_valid()
     if getattr(view_func, EXEMPT_ATTR, False) or getattr(view_func, HANDLED_ATTR, False):
         return None
     if drf_view_class(view_func) is not None:
@@ -165,105 +158,3 @@ class IdempotencyMiddleware:
             options=opt_in.options,
             key=opt_in.key,
         )
-
-
-# -- system checks ------------------------------------------------------------------------------
-
-
-def _patterns(resolver: URLResolver, prefix: str = "") -> Iterator[tuple[str, Callable[..., Any]]]:
-    for pattern in resolver.url_patterns:
-        if isinstance(pattern, URLResolver):
-            yield from _patterns(pattern, prefix + str(pattern.pattern))
-        elif isinstance(pattern, URLPattern):
-            yield prefix + str(pattern.pattern), pattern.callback
-
-
-def validate_middleware_settings() -> list[checks.CheckMessage]:
-    """E101: MIDDLEWARE_DEFAULT; E103/E104: the middleware's place in MIDDLEWARE. Settings
-    only (the checks of ``settings.IDEMPOTENCY`` list these, and start-up enforces them)."""
-    middleware = list(getattr(settings, "MIDDLEWARE", None) or [])
-    if PATH not in middleware:
-        return []
-    messages: list[checks.CheckMessage] = []
-    default = conf.MIDDLEWARE_DEFAULT
-    if default not in MIDDLEWARE_DEFAULTS:
-        messages.append(
-            checks.Error(
-                f'IDEMPOTENCY["MIDDLEWARE_DEFAULT"] is {default!r}.',
-                hint=f"Use one of {', '.join(repr(v) for v in MIDDLEWARE_DEFAULTS)}.",
-                id="django_idempotency.E101",
-            )
-        )
-    position = middleware.index(PATH)
-    auth = "django.contrib.auth.middleware.AuthenticationMiddleware"
-    if auth in middleware and middleware.index(auth) > position:
-        messages.append(
-            checks.Error(
-                "IdempotencyMiddleware is listed before AuthenticationMiddleware: every "
-                "request would reach the claim as anonymous.",
-                hint="Move IdempotencyMiddleware to the end of MIDDLEWARE.",
-                id="django_idempotency.E104",
-            )
-        )
-    for path in middleware[position + 1 :]:
-        try:
-            later = import_string(path)
-        except ImportError:
-            continue  # Django reports it when it loads the middleware
-        if hasattr(later, "process_view"):
-            messages.append(
-                checks.Error(
-                    f"{path} is listed after IdempotencyMiddleware and has a process_view "
-                    "hook, which would not run for the views IdempotencyMiddleware "
-                    "protects (it calls them itself).",
-                    hint="Move IdempotencyMiddleware to the end of MIDDLEWARE.",
-                    id="django_idempotency.E103",
-                )
-            )
-    return messages
-
-
-@checks.register(checks.Tags.urls)
-def check_middleware(**kwargs: Any) -> list[checks.CheckMessage]:
-    """E102/W101: DRF views in the URLconf (:func:`validate_middleware_settings` has the
-    settings' checks)."""
-    middleware = list(getattr(settings, "MIDDLEWARE", None) or [])
-    if PATH not in middleware:
-        return []
-    messages: list[checks.CheckMessage] = []
-    default = conf.MIDDLEWARE_DEFAULT
-    try:
-        patterns = list(_patterns(get_resolver()))
-    except Exception:  # a broken URLconf is reported by Django's own checks
-        return messages
-    for route, callback in patterns:
-        cls = drf_view_class(callback)
-        if cls is None or uses_mixin(cls) or getattr(callback, EXEMPT_ATTR, False):
-            continue
-        name = f"{cls.__module__}.{cls.__qualname__}"
-        hint = (
-            "DRF authenticates inside the view, after every middleware, so the middleware "
-            "never handles DRF views. Put IdempotencyMixin before APIView in the view's "
-            "bases, or mark the view @idempotency_exempt."
-        )
-        if isinstance(getattr(callback, OPT_IN_ATTR, None), OptIn):
-            messages.append(
-                checks.Error(
-                    f"The DRF view {name} ({route!r}) is marked @idempotency_opt_in; "
-                    "IdempotencyMiddleware does not protect it.",
-                    hint=hint,
-                    obj=cls,
-                    id="django_idempotency.E102",
-                )
-            )
-        elif default == "all":
-            messages.append(
-                checks.Warning(
-                    f"The DRF view {name} ({route!r}) is not protected: "
-                    'MIDDLEWARE_DEFAULT = "all" does not cover DRF views.',
-                    hint=hint,
-                    obj=cls,
-                    id="django_idempotency.W101",
-                )
-            )
-    return messages

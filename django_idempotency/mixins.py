@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from .browsable import drf_problem_response, render_problem_page
-from .checks import validate_view_options, view_name
+from .checks.settings import validate_view_options, view_name
 from .conf import conf
 from .errors import IdempotencyError, MisplacedIdempotencyMixin
 from .protocol.engine import IdempotentRequest, transient_conflict_error

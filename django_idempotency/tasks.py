@@ -32,6 +32,7 @@ from typing import Any
 
 from celery import current_app, shared_task
 
+from .checks.settings import ensure_valid
 from .conf import conf
 
 logger = logging.getLogger("django_idempotency")
@@ -96,7 +97,7 @@ def drain_outbox(
     """
     from .models import IdempotencyOutbox
 
-    conf.ensure_valid()
+    ensure_valid()
     size = int(batch_size or conf.OUTBOX_BATCH_SIZE)
     budget = DRAIN_TIME_BUDGET if time_budget is None else float(time_budget)
     alias = using or conf.DATABASE
@@ -149,7 +150,7 @@ def purge_expired_keys(
     """Delete expired IdempotencyKey rows in batches; returns how many."""
     from .models import IdempotencyKey
 
-    conf.ensure_valid()
+    ensure_valid()
     deleted = IdempotencyKey.objects.delete_expired(
         batch_size=int(batch_size),
         older_than=timedelta(seconds=float(older_than)) if older_than else None,

@@ -98,3 +98,96 @@ def test_the_store_does_not_import_the_models() -> None:
             ):
                 importing.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
     assert importing == []
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, name: str, modules: set[str]) -> set[str]:
+    """The package's modules ``path`` imports anywhere in it: at the top, in a function, or
+    under ``TYPE_CHECKING`` (each is a dependency a reader follows)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        targets: list[str] = []
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        elif isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        for target in targets:
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+                break
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (migrations aside)."""
+    paths = {
+        _module_name(path): path for path in PACKAGE.rglob("*.py") if "migrations" not in path.parts
+    }
+    modules = set(paths)
+    return {name: _imports(path, name, modules) for name, path in paths.items()}
+
+
+def test_no_import_cycle() -> None:
+    """No module reaches itself through the package's imports, counting deferred imports and
+    those under ``TYPE_CHECKING``: each layer can be read, and changed, from the bottom up."""
+    graph = import_graph()
+    cycles: list[list[str]] = []
+    done: set[str] = set()
+
+    def visit(module: str, trail: list[str]) -> None:
+        if module in trail:
+            cycles.append([*trail[trail.index(module) :], module])
+            return
+        if module in done:
+            return
+        for imported in sorted(graph[module]):
+            visit(imported, [*trail, module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
+    assert cycles == []
+
+
+#: What users import: the modules docs/api.md must name.
+PUBLIC = (
+    "conf",
+    "errors",
+    "signals",
+    "models",
+    "mixins",
+    "drf",
+    "decorators",
+    "middleware",
+    "metrics",
+    "tasks",
+    "testing",
+    "testing.plugin",
+    "contrib.spectacular",
+    "protocol.replay",
+    "protocol.problems",
+    "strategies.base",
+    "protocol.lifecycle",
+)
+
+
+def test_public_modules_are_named_in_the_api_reference() -> None:
+    api = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    missing = [m for m in PUBLIC if f"django_idempotency.{m}" not in api]
+    assert missing == []
+    assert all(
+        (PACKAGE / m.replace(".", "/")).with_suffix(".py").exists()
+        or (PACKAGE / m.replace(".", "/") / "__init__.py").exists()
+        for m in PUBLIC
+    )

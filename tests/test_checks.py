@@ -13,13 +13,9 @@ from django.core.management.base import SystemCheckError
 from django.db import connections
 from django.test import override_settings
 
-from django_idempotency.checks import (
-    BOOLEAN_SETTINGS,
-    NAME_LIST_SETTINGS,
-    check_settings,
-    error_text,
-)
-from django_idempotency.conf import conf
+from django_idempotency.checks import error_text
+from django_idempotency.checks.settings import check_settings, ensure_valid
+from django_idempotency.checks.values import BOOLEAN_SETTINGS, NAME_LIST_SETTINGS
 from django_idempotency.errors import (
     ImproperlyConfiguredStrategy,
     InvalidConfiguration,
@@ -313,11 +309,13 @@ def test_every_check_id_is_tested_here() -> None:
     import django_idempotency.checks as checks
     import django_idempotency.errors as errors
 
-    source = Path(checks.__file__).read_text() + Path(errors.__file__).read_text()
+    modules = [*Path(checks.__file__).parent.glob("*.py"), Path(errors.__file__)]
+    source = "".join(path.read_text() for path in modules)
     declared = set(re.findall(r'id=ID \+ "([EW]\d{3})"', source))
     declared |= set(re.findall(r"django_idempotency\.(E\d{3}): ", source))
-    tested = set(re.findall(r"def test_([ew]\d{3})_", Path(__file__).read_text()))
-    assert declared, "no check ids found in checks.py"
+    tests = [Path(__file__), Path(__file__).with_name("test_middleware.py")]
+    tested = {t for path in tests for t in re.findall(r"def test_([ew]\d{3})_", path.read_text())}
+    assert declared, "no check ids found in django_idempotency/checks/"
     assert declared == {t.upper() for t in tested}
 
 
@@ -336,7 +334,7 @@ def test_w004_metrics_without_prometheus_client(monkeypatch: pytest.MonkeyPatch)
 
 
 def url_messages(urlconf: str) -> list[CheckMessage]:
-    from django_idempotency.checks import check_drf_function_views
+    from django_idempotency.checks.urls import check_drf_function_views
 
     with override_settings(ROOT_URLCONF=urlconf):
         return check_drf_function_views()
@@ -425,7 +423,7 @@ def test_e022_key_body_field_must_name_a_json_field(value: Any) -> None:
         override_settings(IDEMPOTENCY={"KEY_BODY_FIELD": value}),
         pytest.raises(ImproperlyConfigured, match=r"django_idempotency\.E022"),
     ):
-        conf.ensure_valid()
+        ensure_valid()
 
 
 @pytest.mark.parametrize("value", [None, "idempotency_key", "Idempotency Key", "k" * 255])
@@ -506,13 +504,13 @@ def test_every_error_is_raised_on_first_use_with_the_checks_message(idempotency:
         errors = [m for m in check_settings() if m.is_serious()]
         assert errors, "not an error for the checks"
         with pytest.raises(InvalidConfiguration) as info:
-            conf.ensure_valid()
+            ensure_valid()
         assert str(info.value) == "\n".join(error_text(m) for m in errors)
         assert str(info.value).startswith(f"{errors[0].id}: {errors[0].msg} HINT: ")
         assert isinstance(info.value, ImproperlyConfigured)
         with pytest.raises(InvalidConfiguration):  # every time, not just once
-            conf.ensure_valid()
-    conf.ensure_valid()  # the test settings again
+            ensure_valid()
+    ensure_valid()  # the test settings again
 
 
 def test_a_middleware_setting_is_enforced_where_the_middleware_is_used() -> None:
@@ -523,15 +521,15 @@ def test_a_middleware_setting_is_enforced_where_the_middleware_is_used() -> None
         override_settings(MIDDLEWARE=with_middleware, IDEMPOTENCY={"MIDDLEWARE_DEFAULT": "All"}),
         pytest.raises(InvalidConfiguration, match=r"^django_idempotency\.E101: "),
     ):
-        conf.ensure_valid()
+        ensure_valid()
     with override_settings(IDEMPOTENCY={"MIDDLEWARE_DEFAULT": "All"}):
-        conf.ensure_valid()  # not in MIDDLEWARE: not used
+        ensure_valid()  # not in MIDDLEWARE: not used
 
 
 def test_warnings_are_not_enforced() -> None:
     with override_settings(IDEMPOTENCY={"TTL": 10, "LOCK_TIMEOUT": 60, "LOCK_TIMEOUTS": 1}):
         assert set(ids(check_settings())) == {"django_idempotency.W001", "django_idempotency.W002"}
-        conf.ensure_valid()
+        ensure_valid()
 
 
 @pytest.mark.django_db
@@ -586,7 +584,7 @@ INVALID_OPTIONS: list[tuple[dict[str, Any], str]] = [
 
 
 def _expected(options: dict[str, Any], check_id: str) -> str:
-    from django_idempotency.checks import view_option_errors
+    from django_idempotency.checks.settings import view_option_errors
 
     (message,) = view_option_errors("x", **options)
     assert message.id == f"django_idempotency.{check_id}"
@@ -650,7 +648,7 @@ ROUTERS = "tests.support.routers."
 
 
 def routing(idempotency: Any, routers: list[str]) -> list[CheckMessage]:
-    from django_idempotency.checks import check_database_routing
+    from django_idempotency.checks.routing import check_database_routing
 
     with override_settings(IDEMPOTENCY=idempotency, DATABASE_ROUTERS=routers):
         return check_database_routing()

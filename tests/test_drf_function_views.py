@@ -201,7 +201,7 @@ def test_outside_api_view_is_a_check_error() -> None:
     hint is the fix."""
     from django.test import override_settings
 
-    from django_idempotency.checks import check_drf_function_views
+    from django_idempotency.checks.urls import check_drf_function_views
 
     with override_settings(ROOT_URLCONF=__name__):
         (message,) = check_drf_function_views()

@@ -17,8 +17,9 @@ from django.urls import path
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from django_idempotency.checks.middleware import PATH, validate_middleware_settings
+from django_idempotency.checks.urls import check_middleware
 from django_idempotency.decorators import idempotency_exempt, idempotency_opt_in
-from django_idempotency.middleware import PATH, check_middleware, validate_middleware_settings
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.protocol.replay import REPLAYED_HEADER
 from example_project.payments.models import Charge
@@ -166,6 +167,22 @@ def ids(**settings_: Any) -> list[str]:
         return [m.id or "" for m in messages]
 
 
+def test_e102_a_drf_view_opted_in_to_the_middleware() -> None:
+    """DRF authenticates after every middleware: the middleware cannot protect a DRF view,
+    and one marked @idempotency_opt_in is an error."""
+    assert ids(MIDDLEWARE=WITH_MIDDLEWARE, ROOT_URLCONF=__name__) == ["django_idempotency.E102"]
+
+
+def test_w101_drf_views_under_middleware_default_all() -> None:
+    """With MIDDLEWARE_DEFAULT "all", every DRF view without the mixin is a warning."""
+    drf = ids(
+        MIDDLEWARE=WITH_MIDDLEWARE,
+        ROOT_URLCONF=__name__,
+        IDEMPOTENCY={"MIDDLEWARE_DEFAULT": "all"},
+    )
+    assert drf == ["django_idempotency.W101", "django_idempotency.E102"]
+
+
 def test_no_checks_without_the_middleware() -> None:
     assert ids(IDEMPOTENCY={"MIDDLEWARE_DEFAULT": "nope"}) == []
 
@@ -177,13 +194,6 @@ def test_checks() -> None:
     ]
     early = [PATH, *settings.MIDDLEWARE]  # before CsrfViewMiddleware and authentication
     assert set(ids(MIDDLEWARE=early)) == {"django_idempotency.E103", "django_idempotency.E104"}
-    drf = ids(
-        MIDDLEWARE=WITH_MIDDLEWARE,
-        ROOT_URLCONF=__name__,
-        IDEMPOTENCY={"MIDDLEWARE_DEFAULT": "all"},
-    )
-    assert drf == ["django_idempotency.W101", "django_idempotency.E102"]
-    assert ids(MIDDLEWARE=WITH_MIDDLEWARE, ROOT_URLCONF=__name__) == ["django_idempotency.E102"]
     with override_settings(MIDDLEWARE=WITH_MIDDLEWARE):
         registered = [m.id for m in checks.run_checks()]
     assert not any(str(i).startswith("django_idempotency.E1") for i in registered)

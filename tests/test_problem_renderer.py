@@ -28,10 +28,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from django_idempotency.checks.middleware import PATH as MIDDLEWARE_PATH
 from django_idempotency.decorators import idempotency_opt_in, idempotent
 from django_idempotency.drf import idempotent_api_view
 from django_idempotency.errors import IdempotencyError
-from django_idempotency.middleware import PATH as MIDDLEWARE_PATH
 from django_idempotency.mixins import IdempotencyMixin
 from django_idempotency.protocol.problems import problem_json
 

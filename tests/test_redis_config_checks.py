@@ -13,6 +13,7 @@ import pytest
 from django.core.checks import CheckMessage, run_checks
 from django.test import override_settings
 
+from django_idempotency.checks.settings import ensure_valid
 from django_idempotency.strategies.redis.config_checks import check_redis_connection
 
 from .support.docs import recipe
@@ -121,7 +122,6 @@ def test_the_url_is_ignored_when_a_cache_alias_wins(tmp_path: Path) -> None:
 def test_e080_stops_the_process_like_the_other_settings_errors() -> None:
     """The Redis connection's errors are enforced with the settings' (start-up, first use):
     a Sentinel cache without its factory would otherwise fail every request with a 500."""
-    from django_idempotency.conf import conf
     from django_idempotency.errors import InvalidConfiguration
 
     caches = {"default": {}, "idempotency": sentinel_cache(CONNECTION_FACTORY=None)}
@@ -129,5 +129,5 @@ def test_e080_stops_the_process_like_the_other_settings_errors() -> None:
         override_settings(CACHES=caches, IDEMPOTENCY=dict(ALIAS)),
         pytest.raises(InvalidConfiguration, match=r"django_idempotency\.E080"),
     ):
-        conf.ensure_valid()
-    conf.ensure_valid()  # the test settings again: valid
+        ensure_valid()
+    ensure_valid()  # the test settings again: valid

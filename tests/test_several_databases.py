@@ -38,7 +38,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from django_idempotency.checks import check_database_routing, check_settings
+from django_idempotency.checks.routing import check_database_routing
+from django_idempotency.checks.settings import check_settings
 from django_idempotency.conf import conf
 from django_idempotency.decorators import idempotency_opt_in, idempotent
 from django_idempotency.drf import idempotent_api_view

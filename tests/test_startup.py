@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from django_idempotency.checks import error_text, positive_errors
+from django_idempotency.checks import error_text
+from django_idempotency.checks.values import positive_errors
 
 from .support.asgi import uvicorn_command
 from .support.example import ROOT, example_env, gunicorn_command, refused_start

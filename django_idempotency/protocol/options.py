@@ -5,7 +5,7 @@ arguments (typed by :class:`ViewOptions`); ``IdempotencyMixin`` reads them from 
 attributes ``idempotency_<name>`` (or ``as_view()`` keywords of those names). ``None``, or an
 option left out, falls back to the setting of the same name in ``settings.IDEMPOTENCY``.
 Adding an option: a field here (in both classes; ``tests/test_options.py`` holds them
-together), its check in ``checks.view_option_errors``, its use in the engine, and docs.
+together), its check in ``checks.settings.view_option_errors``, its use in the engine, and docs.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class Options:
         return cls(**options)
 
     def as_dict(self) -> dict[str, Any]:
-        """The fields by name (what ``checks.view_option_errors`` takes)."""
+        """The fields by name (what ``checks.settings.view_option_errors`` takes)."""
         return {name: getattr(self, name) for name in OPTION_NAMES}
 
     def applies_to(self, method: str | None) -> bool:

@@ -13,14 +13,8 @@ from __future__ import annotations
 from .claim import CLAIM_COLUMNS
 from .completed import STORE_COLUMNS
 from .outbox import OUTBOX_ADD_COLUMNS
-from .postgresql import (
-    ASYNC_COMMIT,
-    NOT_STORED_MARKER,
-    and_commit,
-    commits_in_statement,
-    not_stored,
-)
-from .statement import Statement
+from .postgresql import ASYNC_COMMIT, and_commit, commits_in_statement
+from .statement import NOT_STORED_MARKER, Statement, not_stored
 from .statements import Statements, clock_in_sql, database, dialect_for, statements
 
 __all__ = [

@@ -9,12 +9,17 @@ name.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .parts import Param, Part
 
-if TYPE_CHECKING:
-    from .schema import Schema
+
+class Names(Protocol):
+    """What a dialect reads of a ``schema.Schema``: the key table's quoted names."""
+
+    table: str
+
+    def col(self, name: str) -> str: ...
 
 
 class BaseDialect:
@@ -46,7 +51,7 @@ class BaseDialect:
     upserts = True
 
     @classmethod
-    def insert_or_nothing(cls, s: Schema) -> list[Part]:
+    def insert_or_nothing(cls, s: Names) -> list[Part]:
         """What ends the claim's ``INSERT``: nothing inserted when the key has a row, and a
         row with the inserted row's id when it did not (no row otherwise, or a row whose id
         is NULL). A dialect whose claim returns no row makes the claimant read its row back
@@ -56,7 +61,7 @@ class BaseDialect:
         ]
 
     @classmethod
-    def delete_first(cls, s: Schema, where: list[Part], order: str, limit: Param) -> list[Part]:
+    def delete_first(cls, s: Names, where: list[Part], order: str, limit: Param) -> list[Part]:
         """``DELETE`` the first ``limit`` rows of IdempotencyKey by ``order`` among those
         matching ``where``, which is checked again on the row version the ``DELETE`` locks."""
         pk = s.col("id")

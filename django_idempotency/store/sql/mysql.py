@@ -15,13 +15,8 @@ deletes from). The conditional upserts (``advisory_lock``'s completed record and
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from .base import BaseDialect
+from .base import BaseDialect, Names
 from .parts import Param, Part
-
-if TYPE_CHECKING:
-    from .schema import Schema
 
 
 class MySQLDialect(BaseDialect):
@@ -33,17 +28,17 @@ class MySQLDialect(BaseDialect):
     upserts = False
 
     @classmethod
-    def insert_or_nothing(cls, s: Schema) -> list[Part]:
+    def insert_or_nothing(cls, s: Names) -> list[Part]:
         return [f" ON DUPLICATE KEY UPDATE {s.col('id')} = {s.col('id')}"]
 
     @classmethod
-    def delete_first(cls, s: Schema, where: list[Part], order: str, limit: Param) -> list[Part]:
+    def delete_first(cls, s: Names, where: list[Part], order: str, limit: Param) -> list[Part]:
         return [f"DELETE FROM {s.table} WHERE ", *where, f" ORDER BY {order} LIMIT ", limit]
 
 
 class MariaDBDialect(MySQLDialect):
     @classmethod
-    def insert_or_nothing(cls, s: Schema) -> list[Part]:
+    def insert_or_nothing(cls, s: Names) -> list[Part]:
         # RETURNING gives the row after the statement, inserted or not: its id only when it
         # holds this claim's token (inserted now), else NULL.
         return [

@@ -14,6 +14,7 @@ import functools
 from typing import TYPE_CHECKING
 
 from .base import BaseDialect
+from .statement import NOT_STORED_MARKER
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -26,12 +27,6 @@ if TYPE_CHECKING:
 #: round trip of its own. The view's transaction, which commits after it, flushes the WAL up
 #: to its own commit record, the claim's included; see docs/how-it-works.md.
 ASYNC_COMMIT = " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit"
-
-#: Raised (as ``invalid_text_representation``) by a statement that commits its transaction
-#: in the same round trip (:func:`and_commit`) when it stored nothing: the fenced write found
-#: no row of its own, so the transaction must not commit. The marker names the cause in the
-#: database server's log too.
-NOT_STORED_MARKER = "django_idempotency: not stored, transaction not committed"
 
 
 class PostgreSQLDialect(BaseDialect):
@@ -89,10 +84,3 @@ def _client_cursor() -> type | None:
     except ImportError:  # psycopg2 only
         return None
     return ClientCursor
-
-
-def not_stored(error: BaseException) -> bool:
-    """Whether ``error`` is the refusal of an :func:`and_commit` statement that stored
-    nothing (its transaction is aborted: roll it back)."""
-    cause = error.__cause__
-    return getattr(cause, "sqlstate", None) == "22P02" and NOT_STORED_MARKER in str(cause)

@@ -15,12 +15,25 @@ from django.db import DatabaseError, models
 from django.utils import timezone
 
 from .parts import Param, Part
-from .postgresql import not_stored
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
     from .base import BaseDialect
+
+
+#: Raised (as ``invalid_text_representation``) by a statement that commits its transaction
+#: in the same round trip (``postgresql.and_commit``) when it stored nothing: the fenced write found
+#: no row of its own, so the transaction must not commit. The marker names the cause in the
+#: database server's log too.
+NOT_STORED_MARKER = "django_idempotency: not stored, transaction not committed"
+
+
+def not_stored(error: BaseException) -> bool:
+    """Whether ``error`` is the refusal of an ``postgresql.and_commit`` statement that stored
+    nothing (its transaction is aborted: roll it back)."""
+    cause = error.__cause__
+    return getattr(cause, "sqlstate", None) == "22P02" and NOT_STORED_MARKER in str(cause)
 
 
 class Statement:

@@ -29,7 +29,7 @@ TLS_FILES = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
 
 
 def check_redis_connection(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """E080, E081, W080. One of the settings' validators (``checks.SETTINGS_VALIDATORS``):
+    """E080, E081, W080. One of the settings' validators (``checks.settings.SETTINGS_VALIDATORS``):
     listed by the system check and, for the errors, enforced at start-up."""
     if not isinstance(getattr(settings, "IDEMPOTENCY", None) or {}, Mapping):
         return []  # E001 reports it

@@ -1,0 +1,171 @@
+"""The checks of the database router against the keys' database: a protected view's
+writes routed elsewhere (E030), ``UNPROTECTED_DATABASES`` (E031, E032, W030, W031)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+
+from ..conf import DEFAULTS, conf
+from . import ID
+
+
+def _check_unprotected() -> list[CheckMessage]:
+    """E031: UNPROTECTED_DATABASES is a list of aliases of DATABASES; E032: not the keys'."""
+    raw = conf.user_settings.get("UNPROTECTED_DATABASES", DEFAULTS["UNPROTECTED_DATABASES"])
+    hint = (
+        "List the database aliases a protected view may write to outside the protection, "
+        "e.g. ['analytics']; the default is () (every write to another database than "
+        "IDEMPOTENCY['DATABASE'] is refused)."
+    )
+    if not isinstance(raw, list | tuple | set | frozenset) or not all(
+        isinstance(alias, str) for alias in raw
+    ):
+        return [
+            Error(
+                "IDEMPOTENCY['UNPROTECTED_DATABASES'] must be a list of database aliases.",
+                hint=hint,
+                id=ID + "E031",
+            )
+        ]
+    messages: list[CheckMessage] = [
+        Error(
+            f"IDEMPOTENCY['UNPROTECTED_DATABASES'] names {alias!r}, which is not in DATABASES.",
+            hint=hint,
+            id=ID + "E031",
+        )
+        for alias in sorted(raw)
+        if alias not in settings.DATABASES
+    ]
+    if conf.DATABASE in raw:
+        messages.append(
+            Error(
+                f"IDEMPOTENCY['UNPROTECTED_DATABASES'] names {conf.DATABASE!r}, the database "
+                "that holds the keys (IDEMPOTENCY['DATABASE']), whose writes are the ones the "
+                "protocol protects.",
+                hint=f"Remove {conf.DATABASE!r} from it.",
+                id=ID + "E032",
+            )
+        )
+    return messages
+
+
+#: Django's models that views do not write: ``migrate`` writes the content types and the
+#: permissions, the admin its log (the admin's views are not idempotent views).
+NOT_WRITTEN_BY_VIEWS = frozenset({"contenttypes.contenttype", "auth.permission", "admin.logentry"})
+
+
+#: The labels of django.contrib's apps that have models.
+DJANGO_APPS = frozenset(
+    {"admin", "auth", "contenttypes", "sessions", "sites", "redirects", "flatpages"}
+)
+
+
+#: Models named in a message, at most: the project's first, Django's own last.
+SHOWN_MODELS = 6
+
+
+def _models(labels: list[str]) -> str:
+    labels = sorted(labels, key=lambda label: (label.split(".")[0] in DJANGO_APPS, label))
+    shown = ", ".join(labels[:SHOWN_MODELS])
+    more = len(labels) - SHOWN_MODELS
+    return f"{shown} and {more} more" if more > 0 else shown
+
+
+def _routed_writes() -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """Where the router sends each installed model's writes (``db_for_write`` without an
+    instance): ``({alias: labels})`` of the models views write, and of this app's own."""
+    from django.apps import apps
+    from django.db import router
+
+    views: dict[str, list[str]] = {}
+    own: dict[str, list[str]] = {}
+    for model in apps.get_models(include_auto_created=True):
+        meta = model._meta
+        if meta.label_lower in NOT_WRITTEN_BY_VIEWS:
+            continue
+        try:
+            alias = router.db_for_write(model)
+        except Exception:  # a router that cannot answer without an instance
+            continue
+        found = own if meta.app_config is not None and meta.app_config.name == PACKAGE else views
+        found.setdefault(alias, []).append(meta.label)
+    return views, own
+
+
+PACKAGE = "django_idempotency"
+
+
+@register(Tags.compatibility)
+def check_database_routing(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """E030: the router sends writes of installed models to a database other than the
+    keys' one, not declared in UNPROTECTED_DATABASES (a protected view's writes there are
+    refused at run time); W030: it sends this app's own models elsewhere; W031:
+    ATOMIC_REQUESTS on a declared one. Nothing here connects to a database."""
+
+    keys = conf.DATABASE
+    databases = settings.DATABASES
+    if keys not in databases:
+        return []  # E005
+    unprotected = {alias for alias in conf.UNPROTECTED_DATABASES if alias in databases}
+    views, own = _routed_writes()
+    messages: list[CheckMessage] = []
+    for alias in sorted(set(views) - {keys} - unprotected):
+        messages.append(
+            Error(
+                f"The database router sends the writes of {_models(views[alias])} to "
+                f"{alias!r}, but the keys are on {keys!r} (IDEMPOTENCY['DATABASE']): a "
+                "protected view's writes there would commit outside the transaction that "
+                "stores its key's response (a failed request would leave them for its retry "
+                "to repeat, and a response could be stored for writes that never commit), "
+                "so they are refused with a 503 database-misconfigured.",
+                hint=f"Route these models to {keys!r}, or keep the keys on {alias!r} "
+                f"(IDEMPOTENCY['DATABASE']). If writes to {alias!r} are meant to be outside "
+                f"the protection, list it in IDEMPOTENCY['UNPROTECTED_DATABASES'].",
+                id=ID + "E030",
+            )
+        )
+    for alias in sorted(set(own) - {keys}):
+        messages.append(
+            Warning(
+                f"The database router sends the writes of {_models(own[alias])} to "
+                f"{alias!r}, but the keys are on {keys!r} (IDEMPOTENCY['DATABASE']): the "
+                f"protocol reads and writes them on {keys!r}, while the admin and code using "
+                f"the models without using= act on {alias!r}.",
+                hint=f"Route the {PACKAGE} app's models to {keys!r}.",
+                id=ID + "W030",
+            )
+        )
+    messages.extend(_atomic_unprotected(sorted(unprotected), keys))
+    return messages
+
+
+def _atomic_unprotected(aliases: list[str], keys: str) -> list[CheckMessage]:
+    """W031: ATOMIC_REQUESTS on an alias of UNPROTECTED_DATABASES."""
+    from django.db import connections
+
+    messages: list[CheckMessage] = []
+    for alias in aliases:
+        if connections[alias].settings_dict.get("ATOMIC_REQUESTS"):
+            messages.append(
+                Warning(
+                    f"ATOMIC_REQUESTS is on for {alias!r}, which is listed in "
+                    "IDEMPOTENCY['UNPROTECTED_DATABASES']: a protected view's writes there "
+                    "commit after its key's response is stored, so a COMMIT that fails "
+                    f"there (a deferred constraint) leaves a stored response that every "
+                    "retry replays, for writes that do not exist.",
+                    hint=f"Turn ATOMIC_REQUESTS off for {alias!r}, or route the models the "
+                    f"views write to {keys!r}.",
+                    id=ID + "W031",
+                )
+            )
+    return messages
+
+
+#: This module's validators of the settings (see ``settings.SETTINGS_VALIDATORS``).
+VALIDATORS: list[Callable[[], list[CheckMessage]]] = [
+    _check_unprotected,
+]
