@@ -1,8 +1,8 @@
 """What a measure prints: the conditions of the run, and its results as tables.
 
-A ``Table`` has named columns, each with a format for its numbers; a cell is text, a number
-or a ``Spread`` (printed as ``median (min-max)``). ``emit`` prints the tables and, with
-``--json FILE``, writes them there too, the numbers unformatted.
+A ``Table`` has named columns, each with a format for its floats; a cell is text, a number
+(an int printed as it is) or a ``Spread`` (printed as ``median (min-max)``). ``emit`` prints
+the tables and, with ``--json FILE``, writes them there too, the numbers unformatted.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def conditions(what: str = "") -> str:
 @dataclass(frozen=True)
 class Column:
     heading: str
-    spec: str = ""  # the format of a number (or of a Spread's three) in this column
+    spec: str = ""  # the format of a float (or of a Spread's three) in this column
 
 
 @dataclass
@@ -81,7 +81,7 @@ def _text(cell: Cell, spec: str) -> str:
         return ""
     if isinstance(cell, Spread):
         return cell.format(spec or ".2f")
-    if isinstance(cell, int | float) and spec:
+    if isinstance(cell, float) and spec:
         return f"{cell:{spec}}"
     return str(cell)
 
