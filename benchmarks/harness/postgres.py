@@ -21,7 +21,7 @@ def admin(sql: str) -> None:
     import psycopg
 
     with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        conn.execute(sql)  # type: ignore[arg-type]
+        conn.execute(sql)
 
 
 def url_of(name: str) -> str:
@@ -61,5 +61,5 @@ def scalar(url: str, sql: str, params: tuple[Any, ...] = ()) -> Any:
     import psycopg
 
     with psycopg.connect(url) as conn:
-        row = conn.execute(sql, params).fetchone()  # type: ignore[arg-type]
+        row = conn.execute(sql, params).fetchone()
     return None if row is None else row[0]

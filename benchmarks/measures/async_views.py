@@ -51,14 +51,14 @@ def routes() -> None:
     owner = User.objects.create(username=f"bench-{uuid.uuid4().hex[:8]}")
 
     async def bare(request: HttpRequest) -> JsonResponse:
-        row = await Order.objects.acreate(owner=owner, amount=1000, currency="EUR")
+        row = await Order._default_manager.acreate(owner=owner, amount=1000, currency="EUR")
         return JsonResponse({"id": row.pk}, status=201)
 
     async def marked(request: HttpRequest) -> JsonResponse:
         return await bare(request)
 
     def sync_bare(request: HttpRequest) -> JsonResponse:
-        row = Order.objects.create(owner=owner, amount=1000, currency="EUR")
+        row = Order._default_manager.create(owner=owner, amount=1000, currency="EUR")
         return JsonResponse({"id": row.pk}, status=201)
 
     urlpatterns.extend(

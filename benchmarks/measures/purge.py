@@ -71,11 +71,14 @@ def batches(path: str, batch_size: int) -> Iterator[int]:
 
     from django_idempotency.models import IdempotencyKey
 
-    manager = IdempotencyKey.objects
+    manager: Any = IdempotencyKey.objects
     cutoff = timezone.now()
+    deleted: Iterator[int]
     if path == "orm":
-        return manager._iter_delete_expired_orm(batch_size, cutoff, "default", None)
-    return manager.iter_delete_expired(batch_size=batch_size, cutoff=cutoff)
+        deleted = manager._iter_delete_expired_orm(batch_size, cutoff, "default", None)
+    else:
+        deleted = manager.iter_delete_expired(batch_size=batch_size, cutoff=cutoff)
+    return deleted
 
 
 def durations_ms(values: list[float]) -> dict[str, float]:

@@ -33,7 +33,7 @@ def cases(strategy_name: str, redis_url: str) -> dict[str, Callable[[], None]]:
 
     from django_idempotency import strategies
     from django_idempotency.protocol.replay import StoredResponse
-    from django_idempotency.strategies.base import Attempt, InFlight, Replay
+    from django_idempotency.strategies.base import Attempt, Claimed, InFlight, Replay
     from django_idempotency.strategies.redis import store as redis_store
 
     value = {"STRATEGY": strategy_name, "ADMIN_ENABLED": False}
@@ -51,7 +51,8 @@ def cases(strategy_name: str, redis_url: str) -> dict[str, Callable[[], None]]:
     strategy.session(held).__enter__()  # in progress until the end of the run
     done = attempt("done-" + uuid.uuid4().hex)
     with strategy.session(done) as claim:
-        claim.complete(StoredResponse(201, {"Content-Type": "application/json"}, b'{"id": 1}'))  # type: ignore[union-attr]
+        assert isinstance(claim, Claimed)
+        claim.complete(StoredResponse(201, {"Content-Type": "application/json"}, b'{"id": 1}'))
 
     def poll() -> None:
         with strategy.session(held) as outcome:

@@ -73,7 +73,7 @@ def breakdown(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="idem-spy-") as tmp:
         raw = os.path.join(tmp, "samples.txt")
         sample(args.breakdown, args.requests, raw)
-        shares = dict.fromkeys([label for label, _ in PARTS] + [OTHER, REST], 0)
+        shares: dict[str, int] = dict.fromkeys([label for label, _ in PARTS] + [OTHER, REST], 0)
         total = 0
         for line in Path(raw).read_text().splitlines():
             stack, _, count = line.rpartition(" ")
@@ -86,7 +86,7 @@ def breakdown(args: argparse.Namespace) -> int:
         f"{args.breakdown}: {total} samples in requests",
         [Column("part of the request"), Column("share %", ".1f")],
     )
-    for label, count in shares.items():
-        table.add(label, count / max(total, 1) * 100)
+    for label, samples in shares.items():
+        table.add(label, samples / max(total, 1) * 100)
     emit([table], args.json)
     return 0

@@ -14,6 +14,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from benchmarks.harness.control import BODY, TOKEN, quiet_loss_marker, setup_django
 from benchmarks.harness.report import Column, Table, emit
@@ -35,7 +36,7 @@ def caller() -> Callable[[str], None]:
     from django.test import Client
 
     client = Client()
-    headers = {"HTTP_AUTHORIZATION": f"Token {TOKEN}"}
+    headers: dict[str, Any] = {"HTTP_AUTHORIZATION": f"Token {TOKEN}"}
     run = uuid.uuid4().hex[:8]
     counter = iter(range(10**9))
 
