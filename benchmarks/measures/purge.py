@@ -7,7 +7,8 @@ IdempotencyKey.objects.iter_delete_expired, the generator behind manage.py
 purge_idempotency_keys and the Celery purge task, one short transaction per batch (--orm:
 the ORM path used on other databases instead, the batch's ids read first, then deleted;
 --compare: both in turn, batch by batch, on one table, the fair comparison on a busy
-machine). Reported:
+machine, with the ratio of each ORM batch's duration to the statement batch before it).
+Reported:
 
 * rows deleted per second (wall clock, whole purge);
 * the duration of each batch transaction: median, 99th percentile and the longest;
@@ -30,6 +31,7 @@ from benchmarks.harness.cli import Measure
 from benchmarks.harness.inprocess import close_connections, configure
 from benchmarks.harness.postgres import django_database, scratch_database
 from benchmarks.harness.report import Column, Table, conditions, emit
+from benchmarks.harness.stats import ratio
 
 INSERT = """
     INSERT INTO {table} (scope, key, fingerprint, status, claim_token, locked_at,
@@ -135,7 +137,12 @@ def compare(batch_size: int) -> dict[str, dict[str, Any]]:
         durations[name].append(time.perf_counter() - started)
         deleted[name] += count
     return {
-        name: {"deleted": deleted[name], "batches": len(values), **durations_ms(values)}
+        name: {
+            "deleted": deleted[name],
+            "batches": len(values),
+            **durations_ms(values),
+            "durations": values,
+        }
         for name, values in durations.items()
     }
 
@@ -171,13 +178,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def report(results: dict[str, dict[str, Any]]) -> Table:
-    headings = list(next(iter(results.values())))
-    table = Table(
-        "Purge (batch transaction durations in ms)",
-        [Column("path"), *(Column(h, ".1f" if h != "seconds" else ".2f") for h in headings)],
-    )
+    headings = [h for h in next(iter(results.values())) if h != "durations"]
+    columns = [Column(h, ".1f" if h != "seconds" else ".2f") for h in headings]
+    table = Table("Purge (batch transaction durations in ms)", [Column("path"), *columns])
     for path, figures in results.items():
         table.add(path, *(figures[h] for h in headings))
+    if "orm" in results and "statement" in results:
+        orm, statement = results["orm"]["durations"], results["statement"]["durations"]
+        pairs = min(len(orm), len(statement))
+        each = ratio(orm[:pairs], statement[:pairs])
+        table.note = f"ORM batch / statement batch, batch by batch: {each.format()}"
     return table
 
 
