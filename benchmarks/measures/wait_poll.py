@@ -45,7 +45,9 @@ def cases(strategy_name: str, redis_url: str) -> dict[str, Callable[[], None]]:
     strategy = strategies.get_strategy()
 
     def attempt(key: str) -> Attempt:
-        return Attempt("user:1", key, "f" * 64, ttl=3600, lock_timeout=60)
+        # The held key's lease outlasts the run (no heartbeat renews it here): a poll on a
+        # slow machine must still find it in progress, not take it over.
+        return Attempt("user:1", key, "f" * 64, ttl=3600, lock_timeout=3600)
 
     held = attempt("held-" + uuid.uuid4().hex)
     strategy.session(held).__enter__()  # in progress until the end of the run
