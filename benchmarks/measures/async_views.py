@@ -76,9 +76,13 @@ def clients() -> dict[str, tuple[Any, str, bool]]:
     """Case -> (client, path, whether a fresh key is sent)."""
     from django.test import AsyncClient, override_settings
 
+    # A client's handler builds its middleware chain from the settings of its first
+    # request: build each now, under the settings it is for.
     plain = AsyncClient()
+    plain.handler.load_middleware(is_async=True)
     with override_settings(MIDDLEWARE=["django_idempotency.middleware.IdempotencyMiddleware"]):
-        with_middleware = AsyncClient()  # its handler loads the middleware now
+        with_middleware = AsyncClient()
+        with_middleware.handler.load_middleware(is_async=True)
     return {
         "bare": (plain, "/bare/", False),
         "@idempotent, no key": (plain, "/decorated/", False),
