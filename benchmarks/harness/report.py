@@ -60,8 +60,10 @@ class Table:
         widths = [max(len(row[i]) for row in text) for i in range(len(self.columns))]
         lines = [self.title] if self.title else []
         for row in text:
-            cells = zip(row, widths, strict=True)
-            lines.append("  ".join(_align(cell, w, i) for i, (cell, w) in enumerate(cells)))
+            cells = zip(row, widths, self.columns, strict=True)
+            lines.append(
+                "  ".join(_align(cell, w, i, col) for i, (cell, w, col) in enumerate(cells))
+            )
         if self.note:
             lines.append(self.note)
         return "\n".join(line.rstrip() for line in lines)
@@ -86,9 +88,10 @@ def _text(cell: Cell, spec: str) -> str:
     return str(cell)
 
 
-def _align(text: str, width: int, index: int) -> str:
-    """The first column (the case's name) to the left, the figures to the right."""
-    return text.ljust(width) if index == 0 else text.rjust(width)
+def _align(text: str, width: int, index: int, column: Column) -> str:
+    """The first column (the case's name) and text columns to the left, figures (the
+    columns with a format) to the right."""
+    return text.ljust(width) if index == 0 or not column.spec else text.rjust(width)
 
 
 def _raw(cell: Cell) -> Any:
