@@ -122,8 +122,12 @@ def usage() -> str:
 
 
 def run_all(argv: Sequence[str]) -> int:
-    """Every measure in a process of its own, with ``argv`` (``--quick``); a failure is
-    reported and the others still run."""
+    """Every measure in a process of its own, with ``argv`` (``--quick`` or nothing, the
+    one option every measure takes the same way); a failure is reported and the others
+    still run."""
+    if any(arg != "--quick" for arg in argv):
+        print("usage: python -m benchmarks all [--quick]", file=sys.stderr)
+        return 2
     failed = []
     for name in MEASURES:
         print(f"\n=== python -m benchmarks {name} {' '.join(argv)}".rstrip(), flush=True)
