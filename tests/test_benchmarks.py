@@ -12,9 +12,11 @@ import ast
 import json
 import os
 import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,6 +26,8 @@ from benchmarks.harness.report import Column, Table
 from benchmarks.harness.rounds import interleave, orders
 from benchmarks.harness.stats import Spread, ratio, spread
 from benchmarks.measures import MEASURES
+
+from .support.docs import python_blocks
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -186,3 +190,23 @@ def test_a_quick_claim_run_on_sqlite_completes(tmp_path: Path) -> None:
     assert rows["raw sqlite3"]["ratio"] == {"median": 1.0, "min": 1.0, "max": 1.0}
     assert all(row["per s"]["min"] > 0 for row in rows.values())
     assert "db-sqlite: 300 claim+complete per run, 2 runs each" in result.stdout
+
+
+def test_the_example_measure_of_the_docs_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/benchmarks.md's example of a new measure is a working one."""
+    code = python_blocks("benchmarks.md", "Adding a measure")[0]
+    namespace: dict[str, Any] = {"__name__": "header_parse"}
+    exec(compile(code, "docs/benchmarks.md#adding-a-measure", "exec"), namespace)
+    measure = namespace["MEASURE"]
+    assert isinstance(measure, cli.Measure)
+    assert measure.run(cli.parse("header-parse", measure, ["--quick"])) == 0
+    out = capsys.readouterr().out
+    assert "2 rounds x 2000 parses" in out
+    assert re.search(r"^bare\s+\S+ \(\S+\)\s+1\.00 \(1\.00-1\.00\)$", out, re.M), out
+    assert re.search(r"^sf-string\s+\S+ \(\S+\)\s+\d+\.\d\d \(", out, re.M), out
+
+
+def test_all_takes_only_quick() -> None:
+    result = benchmarks("all", "--rounds", "3")
+    assert result.returncode == 2
+    assert "usage: python -m benchmarks all [--quick]" in result.stderr
