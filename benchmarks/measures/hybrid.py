@@ -4,8 +4,9 @@
    POST /api/charges/ of the example project under gunicorn:
 
    * baseline: /baseline/charges/, the same view without the mixin;
-   * db: the db strategy; hybrid: the hybrid strategy (HYBRID_DB_CHECK "always"), with a
-     private redis-server.
+   * db: the db strategy; hybrid: the hybrid strategy with a private redis-server, which
+     holds no loss marker: every new key is also looked up in the database (as with
+     HYBRID_DB_CHECK "always", or for one TTL after a loss).
 
    Each case runs three times on a fresh server: with no measured requests, with
    --requests requests on new keys, and with --requests replays of one key. The server is
