@@ -1,5 +1,6 @@
 # django-idempotency: make run (the example API on SQLite), make test (the whole suite),
-# make matrix (a smoke subset on the other supported Python, Django and DRF versions).
+# make matrix (a smoke subset on the other supported Python, Django and DRF versions),
+# make bench (every benchmark, short).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -77,21 +78,22 @@ mariadb-dev:
 		{ (apt-get update -qq && apt-get install -y -qq pkg-config libmariadb-dev) >/dev/null 2>&1 || echo "could not install libmariadb-dev"; }
 
 ## The pre-commit hooks on every file (.pre-commit-config.yaml): whitespace, YAML and TOML,
-## django-upgrade, ruff check and format, mypy over the package and the tests. They call the
-## tools in $(VENV), so it goes first on PATH.
+## django-upgrade, ruff check and format, mypy over the package, the tests and the benchmarks.
+## They call the tools in $(VENV), so it goes first on PATH.
 lint: $(VENV)/.test
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pre-commit run --all-files --show-diff-on-failure
 
 docs: $(VENV)/.test
 	$(BIN)/mkdocs build --strict
 
-## Claim throughput and the example API under wrk, each against a baseline of the same run
-## (PostgreSQL on 127.0.0.1:5432; figures and method in docs/benchmarks.md)
+## Every measure of benchmarks/ in its short mode (python -m benchmarks all --quick: a few
+## minutes), each against a baseline of the same run. PostgreSQL on 127.0.0.1:5432; Redis is a
+## private redis-server per run. One measure in full: $(BIN)/python -m benchmarks cpu
+## (the measures, their full modes and the conditions: docs/benchmarks.md)
 bench: $(VENV)/.test
 	@command -v wrk >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
 		{ (apt-get update -qq && apt-get install -y -qq wrk) >/dev/null 2>&1 || echo "could not install wrk"; }
-	$(BIN)/python benchmarks/claim.py
-	$(BIN)/python benchmarks/e2e.py
+	$(BIN)/python -m benchmarks all --quick
 
 clean:
 	rm -rf $(VENV) .nox dist site build *.egg-info example_project/db.sqlite3*

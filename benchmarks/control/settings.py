@@ -3,6 +3,9 @@
 BENCH_DATABASE_URL  postgres://user:password@host:port/name (default: the local ``postgres``)
 BENCH_REDIS_URL     the Redis of the redis and hybrid routes (default redis://127.0.0.1:6379/14)
 BENCH_REDIS_PREFIX  their key prefix (default idem-bench)
+
+The harness (benchmarks/harness/control.py) sets all three: a scratch database, a private
+``redis-server``, a prefix of the run's own.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "django_idempotency",
-    "control.orders",
+    "benchmarks.control.orders",
 ]
 
 # As ``django-admin startproject`` writes it.
@@ -41,8 +44,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
-ROOT_URLCONF = "control.urls"
-WSGI_APPLICATION = "control.wsgi.application"
+ROOT_URLCONF = "benchmarks.control.urls"
+WSGI_APPLICATION = "benchmarks.control.wsgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
@@ -84,7 +87,8 @@ IDEMPOTENCY = {
     "REDIS_KEY_PREFIX": os.environ.get("BENCH_REDIS_PREFIX", "idem-bench"),
 }
 
-# The hybrid route queues its outbox drain here; the benchmark runs no worker.
+# Where a Celery app would send the hybrid route's outbox drains; none is loaded (the
+# project's celery.py is for running a worker by hand), so no drain is queued.
 CELERY_BROKER_URL = REDIS_URL
 CELERY_TASK_IGNORE_RESULT = True
 

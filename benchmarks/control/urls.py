@@ -1,6 +1,10 @@
+"""The control project's routes: the plain view, the floors, the view once per strategy."""
+
+from __future__ import annotations
+
 from django.urls import path
 
-from control.orders.views import (
+from benchmarks.control.orders.views import (
     IdempotentOrderList,
     OrderList,
     RoundTripFloor,

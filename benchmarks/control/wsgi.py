@@ -1,6 +1,10 @@
+"""The control project under a WSGI server (gunicorn ``benchmarks.control.wsgi``)."""
+
+from __future__ import annotations
+
 import os
 
 from django.core.wsgi import get_wsgi_application
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "control.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.control.settings")
 application = get_wsgi_application()

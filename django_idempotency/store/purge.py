@@ -125,8 +125,8 @@ class PurgeQuerySet(models.QuerySet[_Key]):
         transaction, ``DELETE … WHERE expires_at <= cutoff AND id IN (SELECT id …
         WHERE expires_at <= cutoff ORDER BY expires_at LIMIT n)``: one round trip, and
         faster than reading the ids first and deleting them in a second statement
-        (``benchmarks/purge.py`` measures both). No ``pre_delete``/``post_delete``
-        signals are sent for the purged rows.
+        (``python -m benchmarks purge --compare`` measures both). No
+        ``pre_delete``/``post_delete`` signals are sent for the purged rows.
         """
         alias = database(using, self._db)
         connection = connections[alias]

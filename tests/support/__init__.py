@@ -1,4 +1,4 @@
-"""What the tests and the benchmarks share: servers, databases, assertions, request helpers.
+"""What the tests share: servers, databases, assertions, request helpers.
 
 * ``services``: where PostgreSQL, Redis and RabbitMQ are, and whether they must be there;
 * ``ports``: free loopback ports;
@@ -17,5 +17,6 @@
 * ``browser``: headless Chromium through Playwright, for the browser tests.
 
 Nothing here imports Django at import time except ``api``, ``assertions`` and ``gates``,
-so that the benchmarks can use the rest without settings.
+so that the rest works before the settings are configured. (The benchmarks have a harness
+of their own, ``benchmarks/harness/``, and do not import this.)
 """

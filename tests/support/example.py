@@ -1,4 +1,4 @@
-"""The example project for end-to-end tests and benchmarks: real servers, real races.
+"""The example project for end-to-end tests: real servers, real races.
 
 ``scratch_database`` makes a fresh, migrated and seeded database (PostgreSQL, MariaDB or
 SQLite); ``example_server`` runs the example payments API under gunicorn against
@@ -138,8 +138,7 @@ def serve(
     """Run ``command`` (a server of the example project, with ``{port}`` in it for a free
     port) against ``database_url`` with the example's environment plus ``settings``; stop
     its whole process group afterwards. It is ready once ``GET ready_path`` with
-    ``ready_token`` answers 200 (``settings`` may name another project, as the
-    benchmarks' control project does)."""
+    ``ready_token`` answers 200 (``settings`` may name another project)."""
     port = free_port()
     server_env = example_env(database_url, settings)
     log = tempfile.NamedTemporaryFile(prefix=f"idem-{name}-", suffix=".log", delete=False)  # noqa: SIM115

@@ -11,7 +11,7 @@ re-raised by the call that collects the results, after the join; a thread that d
 finish in time is a failure.
 
 Django is imported only when a thread finishes, and only if it is installed and
-configured, so that the benchmarks can use this without settings.
+configured, so that this works without settings.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""The control project's one app."""

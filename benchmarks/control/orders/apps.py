@@ -1,6 +1,10 @@
+"""The orders app: the one model the control view writes."""
+
+from __future__ import annotations
+
 from django.apps import AppConfig
 
 
 class OrdersConfig(AppConfig):
-    name = "control.orders"
+    name = "benchmarks.control.orders"
     label = "orders"

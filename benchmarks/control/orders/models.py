@@ -1,3 +1,7 @@
+"""An order: what the control view's POST creates, one row."""
+
+from __future__ import annotations
+
 from django.conf import settings
 from django.db import models
 

@@ -1,3 +1,7 @@
+"""The control view (``OrderList``), the same with the mixin, and the round-trip floors."""
+
+from __future__ import annotations
+
 from django.db import connection, transaction
 from rest_framework import generics, serializers
 
