@@ -4,6 +4,7 @@ runs once per key, replays to a retry, and never replays one user's key to anoth
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from django_idempotency.models import IdempotencyKey
+from example_project.payments import psp
 from example_project.payments.models import Charge
 
 from .factories import UserFactory
@@ -114,24 +116,32 @@ def test_the_viewset_example_protects_create_and_partial_update() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_viewset_example_charges_once_under_a_race(settings: Any) -> None:
-    """Duplicates of one create, released together on real threads while the provider
-    takes 1.5 s (long enough for the duplicates to overlap it on a loaded machine): one
-    charge; every other answer is its replay or a 409."""
-    settings.PSP_DELAY_MS = 1500
+def test_the_viewset_example_charges_once_under_a_race(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Duplicates of one create, released together on real threads: one charge; the
+    provider call of the request that runs holds until every duplicate has its answer (a
+    409 while it runs), so the race overlaps however loaded the machine is."""
     alice = UserFactory(username="alice")
+    duplicates_answered = threading.Event()
+    answered: list[int] = []
+    charge = psp.charge
+
+    def slow_charge(*args: Any, **kwargs: Any) -> str:
+        assert duplicates_answered.wait(60), f"the duplicates never answered: {answered}"
+        return charge(*args, **kwargs)
+
+    monkeypatch.setattr(psp, "charge", slow_charge)
 
     def post(_: int) -> tuple[int, bool, Any]:
         response = send(token_client(alice), "POST", VIEWSET, CHARGE, "race-1")
+        answered.append(response.status_code)
+        if response.status_code == 409 and len(answered) == 7:
+            duplicates_answered.set()
         return response.status_code, replayed(response), json.loads(response.content)
 
     answers = run_at_once(8, post)
     assert Charge.objects.count() == 1, answers
     fresh = [body for status, again, body in answers if status == 201 and not again]
     assert len(fresh) == 1, answers
-    for status, _again, body in answers:
-        if status == 201:
-            assert body == fresh[0]
-        else:
-            assert status == 409 and body["type"].endswith("/request-in-progress"), answers
-    assert any(status == 409 for status, _, _ in answers), f"no overlap: {answers}"
+    conflicts = [body for status, _again, body in answers if status == 409]
+    assert len(conflicts) == 7, answers
+    assert all(body["type"].endswith("/request-in-progress") for body in conflicts), answers
