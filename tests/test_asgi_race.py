@@ -44,7 +44,12 @@ def _redis_env(strategy: str, redis: RedisServer | None) -> dict[str, str]:
     }
 
 
-def _race_once(server_url: str, route: str) -> list[tuple[int, Any]]:
+RACES = 3
+
+
+def _race_once(server_url: str, route: str) -> bool:
+    """One race of ``CLIENTS`` duplicates on a new key: one fresh 201, the others replays
+    or 409s of it, and a replay afterwards. Whether any duplicate overlapped the first."""
     key = f"pay-{uuid.uuid4().hex[:8]}"
     url = server_url + route
     results = race(url, n=CLIENTS, key=key, body=CHARGE)
@@ -52,12 +57,21 @@ def _race_once(server_url: str, route: str) -> list[tuple[int, Any]]:
     summary = race_summary(results)
     assert len(fresh) == 1, summary
     assert len(fresh) + len(replays) + len(conflicts) == CLIENTS, summary
-    assert conflicts, f"the duplicates did not overlap: {summary}"
     assert all(body["id"] == fresh[0]["id"] for body in replays)
     status, body = request(url, key=key, body=CHARGE)
     assert status == 201 and body["_headers"]["idempotent-replayed"] == "true", body
     assert body["id"] == fresh[0]["id"]
-    return results
+    return bool(conflicts)
+
+
+def _race(server_url: str, route: str) -> int:
+    """Races on new keys until the duplicates of one overlapped its first request (a 409
+    among the answers), at most ``RACES``: on a loaded machine the first request may finish
+    before the others arrive. The number of races, hence of charges expected."""
+    for races in range(1, RACES + 1):
+        if _race_once(server_url, route):
+            return races
+    raise AssertionError(f"the duplicates did not overlap in {RACES} races")
 
 
 @pytest.mark.parametrize(("route", "extra"), ROUTES)
@@ -66,8 +80,8 @@ def test_db_strategy_charges_once(route: str, extra: dict[str, str]) -> None:
         scratch_database("postgres") as db,
         uvicorn_server(db, strategy="db", psp_delay_ms=300, env=extra) as server,
     ):
-        _race_once(server.url, route)
-        assert count_rows(db, "payments_charge") == 1
+        races = _race(server.url, route)
+        assert count_rows(db, "payments_charge") == races
         # Without a key the view runs every time (and a key is required here).
         status, body = request(server.url + route, body=CHARGE)
         assert status == 400 and body["type"].endswith("/missing-key"), body
@@ -89,8 +103,8 @@ def test_redis_strategies_charge_once(
             env={**extra, **_redis_env(strategy, running_private_redis)},
         ) as server,
     ):
-        _race_once(server.url, route)
-        assert count_rows(db, "payments_charge") == 1
+        races = _race(server.url, route)
+        assert count_rows(db, "payments_charge") == races
         assert "Traceback" not in server.log()
 
 
