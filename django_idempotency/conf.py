@@ -84,7 +84,7 @@ DEFAULTS: Mapping[str, Any] = {
         "Trailer",
         "Content-Length",
     ),
-    # Largest response body (bytes) that is stored; a larger one releases the key.
+    # Largest response body (bytes) that is stored; a larger one completes the key without it.
     "MAX_STORED_BODY_SIZE": 1024 * 1024,
     # Callable (dotted path) ``(request) -> str`` giving the default scope; None: per user.
     "SCOPE_FUNCTION": None,

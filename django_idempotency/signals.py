@@ -13,7 +13,7 @@ response_replayed = Signal()
 request_conflict = Signal()
 #: A request reused a key with a different fingerprint and got a 422.
 key_mismatch = Signal()
-#: A claimed key was released (exception, 5xx, or a response that cannot be stored).
+#: A claimed key was released (an exception in the view, or a 5xx that is not stored).
 key_released = Signal()
 #: A response was stored under its key.
 response_stored = Signal()
