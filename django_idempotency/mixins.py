@@ -19,6 +19,7 @@ from .conf import conf
 from .errors import IdempotencyError, MisplacedIdempotencyMixin
 from .protocol.engine import IdempotentRequest, transient_conflict_error
 from .protocol.fingerprint import preload_body
+from .protocol.header import header_value
 from .protocol.keysource import KeyFunc, may_carry_body_key, request_key
 from .protocol.options import OPTION_NAMES, Options
 from .protocol.scope import default_scope
@@ -89,7 +90,7 @@ class IdempotencyMixin:
             options = self.get_idempotency_options(request)  # type: ignore[arg-type]
             if options.applies_to(request.method) and (
                 self._idempotency_key_hook() is not None
-                or conf.HEADER in request.headers
+                or header_value(request, conf.HEADER) is not None
                 or may_carry_body_key(request)
             ):
                 # Keep the body for the key and the fingerprint before DRF's parsers (or a

@@ -39,6 +39,7 @@ from ..strategies import get_strategy
 from ..strategies.base import Attempt, Claim, InProgress, Mismatch, Outcome, Replay, Strategy
 from . import waiting
 from .fingerprint import fingerprint, preload_body
+from .header import header_value
 from .keys import downstream_key, key_digest
 from .keysource import KeyFunc, check_key, may_carry_body_key, missing_detail, request_key
 from .lease import keeper
@@ -503,7 +504,10 @@ def takes_part(request: HttpRequest, options: Options, key: KeyFunc | None = Non
         return False
     required = options.required if options.required is not None else conf.REQUIRED
     return (
-        required or key is not None or conf.HEADER in request.headers or may_carry_body_key(request)
+        required
+        or key is not None
+        or header_value(request, conf.HEADER) is not None
+        or may_carry_body_key(request)
     )
 
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import re
 import string
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from django.http import HttpRequest
+from django.http.request import HttpHeaders
 from django.utils.text import format_lazy
 from django.utils.translation import gettext_lazy as _
 
@@ -16,6 +19,19 @@ if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise
 
 MAX_KEY_LENGTH = 255
+
+
+@lru_cache(maxsize=64)
+def _meta_name(header: str) -> str:
+    return HttpHeaders.to_wsgi_name(header)
+
+
+def header_value(request: HttpRequest, header: str) -> str | None:
+    """The request's ``header`` (any case), or None: read from ``request.META``, as
+    ``request.headers`` is built, without building ``request.headers`` (a dict of every
+    header) on every request."""
+    value: str | None = request.META.get(_meta_name(header))
+    return value
 
 
 def _is_visible_ascii(value: str) -> bool:

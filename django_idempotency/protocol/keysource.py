@@ -19,7 +19,7 @@ from django.utils.translation import gettext_lazy as _
 from ..conf import conf
 from ..errors import InvalidBody, InvalidKey, RequestTooLarge
 from .fingerprint import is_json, is_object, parse_json
-from .header import MAX_KEY_LENGTH, parse_key
+from .header import MAX_KEY_LENGTH, header_value, parse_key
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise
@@ -32,7 +32,7 @@ def request_key(request: HttpRequest) -> str | None:
     """The key the request carries in the header or in the ``KEY_BODY_FIELD`` of its JSON
     body, validated; None when it carries none. When both carry one, they must be the same
     key (``InvalidKey`` otherwise): which of two keys a retry meant cannot be guessed."""
-    raw = request.headers.get(conf.HEADER)
+    raw = header_value(request, conf.HEADER)
     header = None if raw is None else parse_key(raw)
     field = conf.KEY_BODY_FIELD
     if field is None or not may_carry_body_key(request):

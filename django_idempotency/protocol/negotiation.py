@@ -16,6 +16,8 @@ from typing import Any
 
 from django.http import HttpRequest
 
+from .header import header_value
+
 #: At most this many media ranges of an ``Accept`` header are read (as DRF does); the
 #: rest are ignored, so a hostile header costs bounded work.
 MAX_ACCEPT_RANGES = 64
@@ -216,7 +218,7 @@ def retry_accepts(request: HttpRequest, content_type: str | None) -> bool:
     the response has no body's media type, a 204 say, which every retry accepts)."""
     if content_type is None:
         return True
-    if not accepts(request.headers.get("Accept"), content_type):
+    if not accepts(header_value(request, "Accept"), content_type):
         return False
     formats = format_media_types(request)
     if formats is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
@@ -94,9 +95,15 @@ def filter_headers(
 def _locale_middleware_installed() -> bool:
     """Whether ``MIDDLEWARE`` holds Django's ``LocaleMiddleware`` (or a subclass). It sets
     ``Content-Language`` with ``USE_I18N = False`` too (to ``LANGUAGE_CODE``)."""
+    return _holds_locale_middleware(tuple(getattr(settings, "MIDDLEWARE", None) or ()))
+
+
+@lru_cache(maxsize=8)
+def _holds_locale_middleware(middleware: tuple[str, ...]) -> bool:
+    """``_locale_middleware_installed()`` for one ``MIDDLEWARE`` list, imported once."""
     from django.middleware.locale import LocaleMiddleware
 
-    for path in getattr(settings, "MIDDLEWARE", None) or ():
+    for path in middleware:
         try:
             middleware = import_string(path)
         except ImportError:

@@ -19,6 +19,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ..conf import conf
 from ..errors import CredentialsNotAuthenticated
+from .header import header_value
 
 #: The ``salted_hmac`` salt of the scope of an anonymous request with a credential cookie
 #: (a fixed string: another salt would give every such request another scope).
@@ -51,7 +52,7 @@ def default_scope(request: HttpRequest) -> str:
     if user is not None and getattr(user, "is_authenticated", False):
         return f"user:{user.pk}"
     for header in conf.CREDENTIAL_HEADERS:
-        if request.headers.get(header):
+        if header_value(request, header):
             raise CredentialsNotAuthenticated(
                 format_lazy(
                     _(
