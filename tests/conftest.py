@@ -16,9 +16,9 @@ from django.conf import settings  # noqa: E402
 from django.db import connections  # noqa: E402
 from rest_framework.test import APIClient  # noqa: E402
 
-from .factories import UserFactory  # noqa: E402
 from .support import services  # noqa: E402
 from .support.api import api_client  # noqa: E402
+from .support.factories import UserFactory  # noqa: E402
 from .support.pgbouncer import pgbouncer_binary  # noqa: E402
 from .support.workers import delete_queue  # noqa: E402
 

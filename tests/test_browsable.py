@@ -36,9 +36,9 @@ from example_project.payments.models import Charge
 from example_project.payments.serializers import ChargeSerializer
 
 from .examples import drf_function_view, drf_viewset
-from .factories import IdempotencyKeyFactory, UserFactory
 from .support.api import replayed
 from .support.assertions import assert_problem
+from .support.factories import IdempotencyKeyFactory, UserFactory
 
 pytestmark = [pytest.mark.urls(__name__), pytest.mark.django_db]
 

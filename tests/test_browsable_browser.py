@@ -19,8 +19,8 @@ from django_idempotency.errors import MissingKey
 from django_idempotency.models import IdempotencyKey
 from example_project.payments.models import Charge
 
-from .factories import UserFactory
 from .support.browser import browser_page
+from .support.factories import UserFactory
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -25,9 +25,9 @@ from django_idempotency.drf import idempotent_api_view
 from django_idempotency.models import IdempotencyKey
 from example_project.payments.models import Charge
 
-from .factories import UserFactory
 from .support.api import replayed, token_client
 from .support.assertions import assert_problem
+from .support.factories import UserFactory
 from .support.threads import in_background, run_at_once
 from .testapp.models import SideEffect
 
@@ -206,7 +206,7 @@ def test_outside_api_view_is_a_check_error() -> None:
     with override_settings(ROOT_URLCONF=__name__):
         (message,) = check_drf_function_views()
     assert message.is_serious() and message.id == "django_idempotency.E021"
-    assert "tests.test_drf_function_views.outside" in message.msg
+    assert "tests.test_drf.outside" in message.msg
     assert "@idempotent_api_view(...)" in (message.hint or "")
 
 

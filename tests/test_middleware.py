@@ -24,8 +24,8 @@ from django_idempotency.models import IdempotencyKey
 from django_idempotency.protocol.replay import REPLAYED_HEADER
 from example_project.payments.models import Charge
 
-from .factories import UserFactory
 from .support.assertions import assert_problem
+from .support.factories import UserFactory
 from .support.threads import in_background
 from .testapp.models import SideEffect
 

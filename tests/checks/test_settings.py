@@ -313,7 +313,7 @@ def test_every_check_id_is_tested_here() -> None:
     source = "".join(path.read_text() for path in modules)
     declared = set(re.findall(r'id=ID \+ "([EW]\d{3})"', source))
     declared |= set(re.findall(r"django_idempotency\.(E\d{3}): ", source))
-    tests = [Path(__file__), Path(__file__).with_name("test_middleware.py")]
+    tests = [Path(__file__), Path(__file__).parents[1] / "test_middleware.py"]
     tested = {t for path in tests for t in re.findall(r"def test_([ew]\d{3})_", path.read_text())}
     assert declared, "no check ids found in django_idempotency/checks/"
     assert declared == {t.upper() for t in tested}
@@ -343,7 +343,7 @@ def url_messages(urlconf: str) -> list[CheckMessage]:
 def test_idempotent_inside_api_view_passes_without_atomic_requests() -> None:
     """``@idempotent`` below ``@api_view`` claims after DRF's authentication and stores
     the response as DRF renders it (tests/test_drf_function_views.py)."""
-    assert "django_idempotency.E020" not in ids(url_messages("tests.test_drf_function_views"))
+    assert "django_idempotency.E020" not in ids(url_messages("tests.test_drf"))
 
 
 def test_e020_idempotent_inside_api_view_under_atomic_requests(
@@ -354,24 +354,24 @@ def test_e020_idempotent_inside_api_view_under_atomic_requests(
     response until the end of the request; ``@transaction.non_atomic_requests`` above
     ``@api_view`` lets it out."""
     monkeypatch.setitem(connections["default"].settings_dict, "ATOMIC_REQUESTS", True)
-    message = only(url_messages("tests.test_drf_function_views"), "E020")
+    message = only(url_messages("tests.test_drf"), "E020")
     assert isinstance(message, Error)
     assert "'inside/'" in message.msg and "ATOMIC_REQUESTS" in message.msg
     assert "idempotent_api_view" in (message.hint or "")
     assert "non_atomic_requests" in (message.hint or "")
     with override_settings(IDEMPOTENCY={"DATABASE": "sqlite"}):  # not the keys' database
-        assert "django_idempotency.E020" not in ids(url_messages("tests.test_drf_function_views"))
+        assert "django_idempotency.E020" not in ids(url_messages("tests.test_drf"))
 
 
 def test_e021_idempotent_outside_api_view() -> None:
     """A construct that can never work with DRF's authentication is an error, with the fix."""
-    message = only(url_messages("tests.test_drf_function_views"), "E021")
+    message = only(url_messages("tests.test_drf"), "E021")
     assert isinstance(message, Error)
     assert "outside" in message.msg and "'outside/'" in message.msg
     assert "credentials-not-authenticated" in message.msg
     assert "@idempotent_api_view(...)" in (message.hint or "")
     with (
-        override_settings(ROOT_URLCONF="tests.test_drf_function_views"),
+        override_settings(ROOT_URLCONF="tests.test_drf"),
         pytest.raises(SystemCheckError, match="E021"),
     ):
         call_command("check")
@@ -381,7 +381,7 @@ def test_the_supported_drf_function_views_pass_the_url_check() -> None:
     # The test URLconf has @idempotent_api_view views, mixin views and plain views.
     assert url_messages("tests.testapp.urls") == []
     # and the test module's URLconf names its wrong order only
-    assert ids(url_messages("tests.test_drf_function_views")) == ["django_idempotency.E021"]
+    assert ids(url_messages("tests.test_drf")) == ["django_idempotency.E021"]
 
 
 @pytest.mark.parametrize("header", ["", "Idempotency Key", "Idem:Key", None, 5, "Clé"])
@@ -441,14 +441,16 @@ def test_e017_header_and_cookie_lists(name: str, value: Any) -> None:
 
 
 @pytest.mark.parametrize("name", ["SCOPE_FUNCTION", "PROBLEM_RENDERER"])
-@pytest.mark.parametrize("path", ["no.such.function", "tests.test_checks.NOT_THERE", 5, "x"])
+@pytest.mark.parametrize(
+    "path", ["no.such.function", "tests.checks.test_settings.NOT_THERE", 5, "x"]
+)
 def test_e018_dotted_paths_of_callables(name: str, path: Any) -> None:
     message = only(run({name: path}), "E018")
     assert name in message.msg
 
 
 def test_e018_accepts_an_importable_callable() -> None:
-    assert run({"SCOPE_FUNCTION": "tests.test_checks.ids"}) == []
+    assert run({"SCOPE_FUNCTION": "tests.checks.test_settings.ids"}) == []
 
 
 @pytest.mark.parametrize("size", [0, -1, 2.5, "many", None])
@@ -541,7 +543,7 @@ def test_no_request_runs_the_view_under_an_error() -> None:
     from django_idempotency.models import IdempotencyKey
     from django_idempotency.protocol.engine import handle
 
-    from .testapp.models import SideEffect
+    from ..testapp.models import SideEffect
 
     def view() -> Any:
         SideEffect.objects.create(label="charged")

@@ -43,10 +43,17 @@ from django_idempotency.mixins import IdempotencyMixin
 from django_idempotency.protocol.header import parse_key
 from example_project.payments.views import ChargeView
 
-from . import test_header
-from .test_keys_properties import bare_keys, blanks, header_like, keys, parameters, quoted
+from ..protocol import test_header
+from ..protocol.test_header_properties import (
+    bare_keys,
+    blanks,
+    header_like,
+    keys,
+    parameters,
+    quoted,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SPECTACULAR = {
     **settings.REST_FRAMEWORK,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

@@ -30,13 +30,13 @@ from django_idempotency.protocol.problems import problem_response
 from django_idempotency.protocol.replay import REPLAYED_HEADER
 from django_idempotency.store.records import ClaimState
 
-from .support.assertions import assert_problem
-from .support.gates import Background
-from .support.gates import gate as the_gate
-from .support.mariadb import with_mariadb
-from .support.threads import run_at_once
-from .support.waiting import wait_until
-from .testapp.models import SideEffect
+from ..support.assertions import assert_problem
+from ..support.gates import Background
+from ..support.gates import gate as the_gate
+from ..support.mariadb import with_mariadb
+from ..support.threads import run_at_once
+from ..support.waiting import wait_until
+from ..testapp.models import SideEffect
 
 pytestmark = pytest.mark.django_db
 
@@ -334,7 +334,7 @@ def tenant_scope(request: HttpRequest) -> str:
     return "tenant:" + request.headers.get("X-Tenant", "none")
 
 
-@override_settings(IDEMPOTENCY={"SCOPE_FUNCTION": "tests.test_engine.tenant_scope"})
+@override_settings(IDEMPOTENCY={"SCOPE_FUNCTION": "tests.protocol.test_engine.tenant_scope"})
 def test_scope_function_setting() -> None:
     handle(request(HTTP_X_TENANT="t1"), view())
     assert IdempotencyKey.objects.get().scope == "tenant:t1"
@@ -564,12 +564,12 @@ def test_sixteen_concurrent_requests_run_the_view_once() -> None:
 
 
 @pytest.mark.mariadb
-@pytest.mark.urls("tests.faults")
+@pytest.mark.urls("tests.support.faults")
 @pytest.mark.django_db(databases=with_mariadb("default"), transaction=True)
 def test_sixteen_concurrent_requests_run_the_view_once_on_mariadb(settings: Any) -> None:
     """The same race with the keys, and the view's write, on MariaDB (the ``db`` strategy's
     ON DUPLICATE KEY claim): one execution, every other request replayed or told to retry."""
-    from . import faults
+    from ..support import faults
 
     settings.IDEMPOTENCY = {"DATABASE": "mariadb"}
     faults.reset()

@@ -15,7 +15,7 @@ from django_idempotency.errors import InvalidBody, RequestTooLarge
 from django_idempotency.protocol.fingerprint import canonical_body, fingerprint, preload_body
 from django_idempotency.protocol.replay import REPLAYED_HEADER
 
-from .testapp.models import SideEffect
+from ..testapp.models import SideEffect
 
 pytestmark = pytest.mark.django_db
 

@@ -12,7 +12,7 @@ from django_idempotency.errors import InvalidKey
 from django_idempotency.protocol.header import MAX_KEY_LENGTH, parse_key
 from django_idempotency.protocol.replay import REPLAYED_HEADER
 
-from .testapp.models import SideEffect
+from ..testapp.models import SideEffect
 
 pytestmark = pytest.mark.django_db
 

@@ -29,10 +29,10 @@ from django_idempotency.models import IdempotencyKey
 from django_idempotency.protocol.fingerprint import canonical_body
 from django_idempotency.protocol.replay import REPLAYED_HEADER
 
-from .support import bodykey
-from .support.assertions import assert_problem
-from .support.threads import run_at_once
-from .testapp.models import SideEffect
+from ..support import bodykey
+from ..support.assertions import assert_problem
+from ..support.threads import run_at_once
+from ..testapp.models import SideEffect
 
 pytestmark = [pytest.mark.urls("tests.support.bodykey"), pytest.mark.django_db]
 

@@ -16,7 +16,7 @@ from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.strategies.base import Attempt, Claim
 from django_idempotency.strategies.db import DatabaseClaim, DatabaseStrategy
 
-from .support.waiting import wait_until
+from ..support.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(databases=["default", "sqlite"], transaction=True)
 

@@ -19,7 +19,7 @@ from django_idempotency.store.status import COMPLETED
 from django_idempotency.strategies.base import Attempt, InProgress
 from django_idempotency.strategies.db import DatabaseStrategy
 
-from .testapp.models import SideEffect
+from ..testapp.models import SideEffect
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

@@ -28,8 +28,8 @@ from django_idempotency.models import IdempotencyKey
 from django_idempotency.protocol.problems import PROBLEM_CONTENT_TYPE
 from django_idempotency.protocol.replay import REPLAYED_HEADER
 
-from .support.assertions import assert_problem
-from .testapp.models import SideEffect
+from ..support.assertions import assert_problem
+from ..testapp.models import SideEffect
 
 pytestmark = [
     pytest.mark.urls("tests.support.negotiation"),

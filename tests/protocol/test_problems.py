@@ -35,9 +35,9 @@ from django_idempotency.errors import IdempotencyError
 from django_idempotency.mixins import IdempotencyMixin
 from django_idempotency.protocol.problems import problem_json
 
-from .factories import UserFactory
-from .support.threads import in_background
-from .testapp.models import SideEffect
+from ..support.factories import UserFactory
+from ..support.threads import in_background
+from ..testapp.models import SideEffect
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -25,10 +25,10 @@ from django_idempotency.mixins import IdempotencyMixin
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.protocol.scope import default_scope
 
-from .factories import UserFactory
-from .support.api import post_json, replayed, token_client
-from .support.assertions import assert_problem
-from .testapp.models import SideEffect
+from ..support.api import post_json, replayed, token_client
+from ..support.assertions import assert_problem
+from ..support.factories import UserFactory
+from ..testapp.models import SideEffect
 
 pytestmark = pytest.mark.django_db
 

@@ -48,11 +48,11 @@ from django_idempotency.models import IdempotencyKey
 from django_idempotency.protocol.writeguard import writes
 from example_project.payments.models import Charge
 
-from .factories import UserFactory
-from .support.api import api_client, replayed
-from .support.assertions import assert_problem
-from .support.threads import run_at_once
-from .testapp.models import SideEffect
+from ..support.api import api_client, replayed
+from ..support.assertions import assert_problem
+from ..support.factories import UserFactory
+from ..support.threads import run_at_once
+from ..testapp.models import SideEffect
 
 pytestmark = [
     pytest.mark.django_db(transaction=True, databases=["default", "keys", "sqlite"]),

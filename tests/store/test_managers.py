@@ -18,14 +18,14 @@ from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.store.records import ClaimResult, ClaimState, KeyRow
 from django_idempotency.store.sql import statements
 
-from .factories import (
+from ..support.factories import (
     CompletedKeyFactory,
     ExpiredKeyFactory,
     IdempotencyKeyFactory,
     StaleKeyFactory,
 )
-from .support.mariadb import MARIADB, MYSQL_PATH, mysql_statements, with_mariadb
-from .support.threads import InBackground, in_background, run_at_once
+from ..support.mariadb import MARIADB, MYSQL_PATH, mysql_statements, with_mariadb
+from ..support.threads import InBackground, in_background, run_at_once
 
 DATABASES = with_mariadb("default", "sqlite")
 pytestmark = pytest.mark.django_db(databases=DATABASES)

@@ -23,7 +23,7 @@ from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.store.records import ClaimState
 from django_idempotency.store.status import COMPLETED, IN_PROGRESS
 
-from .factories import CompletedKeyFactory, IdempotencyKeyFactory
+from ..support.factories import CompletedKeyFactory, IdempotencyKeyFactory
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
 

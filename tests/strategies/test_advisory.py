@@ -24,13 +24,13 @@ from django_idempotency.strategies import get_strategy
 from django_idempotency.strategies.advisory import AdvisoryLockStrategy, lock_name
 from django_idempotency.strategies.base import Attempt, Claim, Mismatch, Replay
 
-from .factories import CompletedKeyFactory, ExpiredKeyFactory, UserFactory
-from .support.assertions import assert_problem
-from .support.gates import Background, Gate
-from .support.gates import gate as the_gate
-from .support.threads import run_at_once
-from .support.waiting import wait_until
-from .testapp.models import SideEffect
+from ..support.assertions import assert_problem
+from ..support.factories import CompletedKeyFactory, ExpiredKeyFactory, UserFactory
+from ..support.gates import Background, Gate
+from ..support.gates import gate as the_gate
+from ..support.threads import run_at_once
+from ..support.waiting import wait_until
+from ..testapp.models import SideEffect
 
 pytestmark = pytest.mark.django_db(databases=["default", "sqlite"])
 

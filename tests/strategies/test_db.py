@@ -14,8 +14,8 @@ from rest_framework.test import APIClient
 from django_idempotency import strategies
 from django_idempotency.models import IdempotencyOutbox
 
-from .factories import UserFactory
-from .support.api import token_client
+from ..support.api import token_client
+from ..support.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
 

@@ -29,10 +29,10 @@ from django_idempotency.strategies.redis.store import get_client, get_store
 from example_project.payments.models import Charge
 from tests.testapp.models import SideEffect
 
-from .factories import StaleKeyFactory, UserFactory
-from .support.api import api_client, post_json, replayed, token_client, wait_in_progress
-from .support.redis_servers import RedisServer, closed_port_url
-from .support.threads import in_background, run_at_once
+from ..support.api import api_client, post_json, replayed, token_client, wait_in_progress
+from ..support.factories import StaleKeyFactory, UserFactory
+from ..support.redis_servers import RedisServer, closed_port_url
+from ..support.threads import in_background, run_at_once
 
 pytestmark = [
     pytest.mark.redis,
@@ -530,8 +530,8 @@ def test_a_db_claim_in_progress_is_left_to_the_db_strategy(hybrid: Any) -> None:
 def test_race_through_the_example_server_charges_once(
     running_private_redis: RedisServer, backend: str
 ) -> None:
-    from .support.databases import count_rows
-    from .support.example import (
+    from ..support.databases import count_rows
+    from ..support.example import (
         assert_one_execution,
         example_server,
         race,
@@ -574,8 +574,8 @@ def test_a_broker_that_is_down_never_fails_the_request(running_private_redis: Re
     """The drain is queued from a background thread: with the Celery broker refusing
     connections the requests still succeed and replay, and the log says why nothing
     was queued (the beat entry drains the outbox later)."""
-    from .support.databases import count_rows
-    from .support.example import example_server, request, scratch_database
+    from ..support.databases import count_rows
+    from ..support.example import example_server, request, scratch_database
 
     charge = {"amount": 1999, "currency": "EUR"}
     with (

@@ -37,7 +37,7 @@ from django_idempotency.conf import conf
 from django_idempotency.decorators import idempotent
 from django_idempotency.mixins import IdempotencyMixin
 
-from .testapp.models import SideEffect
+from ..testapp.models import SideEffect
 
 #: Steps still to come, one per execution, shared by every thread.
 plan: deque[str] = deque()

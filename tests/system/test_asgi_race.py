@@ -11,14 +11,13 @@ strategies.
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 import pytest
 
-from .support.asgi import uvicorn_server
-from .support.databases import count_rows
-from .support.example import race, race_summary, request, scratch_database, split_race
-from .support.redis_servers import RedisServer
+from ..support.asgi import uvicorn_server
+from ..support.databases import count_rows
+from ..support.example import race, race_summary, request, scratch_database, split_race
+from ..support.redis_servers import RedisServer
 
 pytestmark = [pytest.mark.server, pytest.mark.postgres, pytest.mark.django_db(transaction=False)]
 

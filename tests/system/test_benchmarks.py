@@ -27,9 +27,9 @@ from benchmarks.harness.rounds import interleave, orders
 from benchmarks.harness.stats import Spread, ratio, spread
 from benchmarks.measures import MEASURES
 
-from .support.docs import python_blocks
+from ..support.docs import python_blocks
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def benchmarks(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

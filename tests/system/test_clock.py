@@ -24,7 +24,7 @@ from django_idempotency.protocol.lifecycle import Lifecycle
 from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.store.records import ClaimResult, ClaimState
 
-from .factories import CompletedKeyFactory, IdempotencyKeyFactory
+from ..support.factories import CompletedKeyFactory, IdempotencyKeyFactory
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
 

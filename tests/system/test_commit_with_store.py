@@ -35,13 +35,13 @@ from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
 from django_idempotency.store.sql import NOT_STORED_MARKER, commits_in_statement, not_stored
 from django_idempotency.store.status import COMPLETED
 
-from .factories import UserFactory
-from .support.api import replayed, token_client
-from .support.assertions import problem_slug
-from .support.redis_servers import RedisServer
-from .support.services import postgres_url
-from .support.wire import queries_sent
-from .testapp.models import SideEffect
+from ..support.api import replayed, token_client
+from ..support.assertions import problem_slug
+from ..support.factories import UserFactory
+from ..support.redis_servers import RedisServer
+from ..support.services import postgres_url
+from ..support.wire import queries_sent
+from ..testapp.models import SideEffect
 
 pytestmark = [
     pytest.mark.postgres,

@@ -38,8 +38,8 @@ from django_idempotency.protocol.problems import PROBLEM_CONTENT_TYPE
 from django_idempotency.protocol.replay import REPLAYED_HEADER
 from django_idempotency.store.errors import classify_database_error
 
-from .testapp import views
-from .testapp.models import SideEffect
+from ..testapp import views
+from ..testapp.models import SideEffect
 
 #: The DRF view and the function view, with the label of the row each writes.
 ROUTES = {"drf": ("/t/drf-lost/", "drf-lost"), "function": ("/t/fn-lost/", "fn-lost")}

@@ -39,12 +39,12 @@ from django.db import connections
 
 from django_idempotency.store.sql import statements
 
-from .support.databases import count_rows, pg_admin, query_scalar
-from .support.example import ExampleServer, example_server, is_replay, manage, request
-from .support.postgres_servers import PrivatePostgres, postgres_bindir
-from .support.services import in_ci, which
-from .support.threads import in_background
-from .support.waiting import wait_until
+from ..support.databases import count_rows, pg_admin, query_scalar
+from ..support.example import ExampleServer, example_server, is_replay, manage, request
+from ..support.postgres_servers import PrivatePostgres, postgres_bindir
+from ..support.services import in_ci, which
+from ..support.threads import in_background
+from ..support.waiting import wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.server]
 

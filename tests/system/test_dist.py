@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "django_idempotency"
 #: In the sdist, beside the package (PKG-INFO, setup.cfg and the egg-info come from setuptools).
 SDIST_TOP = {"pyproject.toml", "README.md", "LICENSE", "CHANGELOG.md", "MANIFEST.in"}

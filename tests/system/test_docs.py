@@ -22,7 +22,7 @@ import pytest
 
 from django_idempotency import errors
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 pytest.importorskip("mkdocs", reason="the docs extra is not installed")
 pytest.importorskip("material", reason="the docs extra is not installed")
 

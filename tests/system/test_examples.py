@@ -15,10 +15,10 @@ from django_idempotency.models import IdempotencyKey
 from example_project.payments import psp
 from example_project.payments.models import Charge
 
-from .factories import UserFactory
-from .support.api import replayed, token_client
-from .support.assertions import assert_problem
-from .support.threads import run_at_once
+from ..support.api import replayed, token_client
+from ..support.assertions import assert_problem
+from ..support.factories import UserFactory
+from ..support.threads import run_at_once
 
 pytestmark = pytest.mark.django_db
 

@@ -39,14 +39,14 @@ from django_idempotency.strategies.redis import store as redis_store
 from django_idempotency.strategies.redis.store import RedisRecord, encode_record, get_store
 from tests.testapp.models import SideEffect
 
-from . import faults
-from .support.api import replayed
-from .support.assertions import problem_slug
-from .support.mariadb import with_mariadb
-from .support.redis_servers import RedisServer
+from ..support import faults
+from ..support.api import replayed
+from ..support.assertions import problem_slug
+from ..support.mariadb import with_mariadb
+from ..support.redis_servers import RedisServer
 
 pytestmark = [
-    pytest.mark.urls("tests.faults"),
+    pytest.mark.urls("tests.support.faults"),
     pytest.mark.django_db(transaction=True, databases=["default", "sqlite"]),
 ]
 
@@ -127,7 +127,7 @@ def configure(request: pytest.FixtureRequest, settings: Any, prefix: str, name: 
     elif name == "advisory_lock":
         value["STRATEGY"] = "advisory_lock"
     elif name == "custom":
-        value["STRATEGY"] = "tests.custom_strategy.MemoryStrategy"
+        value["STRATEGY"] = "tests.support.custom_strategy.MemoryStrategy"
     else:
         if name.endswith("-cluster"):
             server = request.getfixturevalue("redis_cluster")
@@ -498,7 +498,7 @@ def test_connection_lost_during_view(setup: Setup, client: APIClient) -> None:
                 return
             cursor.execute("SELECT CONNECTION_ID()")
             (thread_id,) = cursor.fetchone()
-        from .support.mariadb import database_url_of, mysql_connect
+        from ..support.mariadb import database_url_of, mysql_connect
 
         with closing(mysql_connect(database_url_of(setup.alias))) as admin:
             admin.cursor().execute(f"KILL CONNECTION {int(thread_id)}")
@@ -535,7 +535,7 @@ def _terminate_the_commit(done: threading.Event) -> None:
     """From another connection: terminate the backend that is running COMMIT."""
     import psycopg
 
-    from .support.services import postgres_url
+    from ..support.services import postgres_url
 
     name = connections["default"].settings_dict["NAME"]
     url = postgres_url()
@@ -596,9 +596,9 @@ def test_worker_killed_during_view(
     """``kill -9`` of the gunicorn worker in the middle of the view (a 4 s payment call of
     the example API): nothing of it commits, and once its claim is dead (lease expired,
     or the lock gone with its connection) exactly one retry runs the view."""
-    from .support.databases import count_rows
-    from .support.example import example_server, race, scratch_database
-    from .support.example import request as http
+    from ..support.databases import count_rows
+    from ..support.example import example_server, race, scratch_database
+    from ..support.example import request as http
 
     env: dict[str, str] = {}
     if strategy in ("redis", "hybrid"):

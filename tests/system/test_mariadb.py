@@ -32,10 +32,10 @@ from django_idempotency.store.records import ClaimResult, ClaimState
 from django_idempotency.store.sql import statements
 from django_idempotency.store.sql.mysql import MariaDBDialect, MySQLDialect
 
-from .support.assertions import assert_problem
-from .support.mariadb import database_url_of, mysql_connect, mysql_statements
-from .support.threads import in_background, run_at_once
-from .testapp.models import SideEffect
+from ..support.assertions import assert_problem
+from ..support.mariadb import database_url_of, mysql_connect, mysql_statements
+from ..support.threads import in_background, run_at_once
+from ..testapp.models import SideEffect
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.django_db(databases=["mariadb"])]
 
@@ -196,7 +196,7 @@ def test_a_lock_wait_timeout_in_the_claim_is_retried(
     assert result.state is ClaimState.IN_PROGRESS
 
 
-@pytest.mark.urls("tests.faults")
+@pytest.mark.urls("tests.support.faults")
 @pytest.mark.django_db(databases=["mariadb"], transaction=True)
 def test_a_claim_that_keeps_timing_out_is_a_503_transient_conflict(
     row_held: tuple[Any, ClaimResult], short_lock_waits: None
@@ -267,7 +267,7 @@ def test_a_real_deadlock_is_transient() -> None:
 
 def _wait_for_lock_wait(timeout: float = 10.0) -> None:
     """Until a transaction of the server waits for a row lock."""
-    from .support.waiting import wait_until
+    from ..support.waiting import wait_until
 
     with server_connection() as watcher:
         cursor = watcher.cursor()
@@ -428,7 +428,7 @@ def test_an_unknown_key_token_changes_nothing() -> None:
 # -- the lease: a slow view keeps its key ---------------------------------------------------
 
 
-@pytest.mark.urls("tests.faults")
+@pytest.mark.urls("tests.support.faults")
 @pytest.mark.django_db(databases=["mariadb"], transaction=True)
 def test_a_view_slower_than_the_lock_timeout_keeps_its_key(settings: Any) -> None:
     """The heartbeat renews the lease on MariaDB (an UPDATE fenced by the token, whose row
@@ -436,7 +436,7 @@ def test_a_view_slower_than_the_lock_timeout_keeps_its_key(settings: Any) -> Non
     while the view still runs, gets 409 instead of taking the key over and running it again."""
     from django.test import Client
 
-    from . import faults
+    from ..support import faults
 
     settings.IDEMPOTENCY = {"DATABASE": ALIAS, "LOCK_TIMEOUT": 1, "HEARTBEAT_INTERVAL": 0.2}
     strategies.reset()
@@ -479,7 +479,7 @@ def test_a_view_slower_than_the_lock_timeout_keeps_its_key(settings: Any) -> Non
 def _wait_for_renewal(pk: int, *, after: Any, lock_timeout: float) -> None:
     """Until the lease has been renewed and the claim is older than ``lock_timeout`` (a
     claimant would take over a lease that was not renewed by now)."""
-    from .support.waiting import wait_until
+    from ..support.waiting import wait_until
 
     def renewed_past_the_timeout() -> bool:
         row = IdempotencyKey.objects.using(ALIAS).get(pk=pk)

@@ -33,10 +33,10 @@ from django_idempotency.protocol.engine import handle
 from django_idempotency.protocol.replay import REPLAYED_HEADER
 from tests.testapp.models import SideEffect
 
-from .support.pgbouncer import PrivatePgBouncer
-from .support.redis_servers import closed_port_url
-from .support.services import REDIS_URL
-from .test_engine import request
+from ..protocol.test_engine import request
+from ..support.pgbouncer import PrivatePgBouncer
+from ..support.redis_servers import closed_port_url
+from ..support.services import REDIS_URL
 
 pytestmark = [
     pytest.mark.postgres,

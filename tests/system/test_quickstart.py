@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from .support.example import ROOT, ExampleServer, example_server, scratch_database
+from ..support.example import ROOT, ExampleServer, example_server, scratch_database
 
 PAGES = [ROOT / "README.md", ROOT / "docs" / "quickstart.md"]
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from .support.databases import count_rows
-from .support.example import (
+from ..support.databases import count_rows
+from ..support.example import (
     example_server,
     is_replay,
     race,

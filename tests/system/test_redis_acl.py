@@ -34,10 +34,10 @@ from django_idempotency.strategies.redis.store import (
 )
 from tests.testapp.models import SideEffect
 
-from .factories import UserFactory
-from .support.api import api_client, assert_runs_once_and_replays, post_json, replayed
-from .support.redis_servers import RedisClusterNodes, RedisServer
-from .support.threads import run_at_once
+from ..support.api import api_client, assert_runs_once_and_replays, post_json, replayed
+from ..support.factories import UserFactory
+from ..support.redis_servers import RedisClusterNodes, RedisServer
+from ..support.threads import run_at_once
 
 pytestmark = [
     pytest.mark.redis,

@@ -19,8 +19,8 @@ from django_idempotency.strategies.redis import store as redis_store
 from django_idempotency.strategies.redis.store import RedisStore, get_client, get_store
 from django_idempotency.strategies.redis.strategy import RedisStrategy
 
-from .support.redis_servers import RedisClusterNodes
-from .support.threads import run_at_once
+from ..support.redis_servers import RedisClusterNodes
+from ..support.threads import run_at_once
 
 pytestmark = pytest.mark.redis_cluster
 
@@ -108,7 +108,7 @@ def test_twenty_threads_claim_one_key_on_the_cluster(
 
 
 def test_unreachable_cluster_is_redis_unavailable(redis_settings: Any) -> None:
-    from .support.redis_servers import closed_port_url
+    from ..support.redis_servers import closed_port_url
 
     redis_settings(closed_port_url(), REDIS_CLUSTER=True, REDIS_FAILURE_MODE="fail_closed")
     started = time.monotonic()
@@ -125,8 +125,8 @@ def test_unreachable_cluster_is_redis_unavailable(redis_settings: Any) -> None:
 @pytest.mark.server
 @pytest.mark.postgres
 def test_race_through_the_example_server_on_the_cluster(redis_cluster: RedisClusterNodes) -> None:
-    from .support.databases import count_rows
-    from .support.example import example_server, race, race_summary, request, scratch_database
+    from ..support.databases import count_rows
+    from ..support.example import example_server, race, race_summary, request, scratch_database
 
     key = f"pay-{uuid.uuid4().hex[:8]}"
     charge = {"amount": 1999, "currency": "EUR"}

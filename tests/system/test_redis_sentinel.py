@@ -23,17 +23,17 @@ from django_idempotency.models import IdempotencyKey
 from django_idempotency.strategies.redis import store as redis_store
 from tests.testapp.models import SideEffect
 
-from .factories import UserFactory
-from .support.api import (
+from ..support.api import (
     api_client,
     assert_runs_once_and_replays,
     post_json,
     replayed,
     wait_in_progress,
 )
-from .support.docs import recipe
-from .support.redis_servers import RedisSentinels, wait_replicated
-from .support.threads import in_background, run_at_once
+from ..support.docs import recipe
+from ..support.factories import UserFactory
+from ..support.redis_servers import RedisSentinels, wait_replicated
+from ..support.threads import in_background, run_at_once
 
 pytestmark = [
     pytest.mark.sentinel,

@@ -23,12 +23,12 @@ from django_idempotency.protocol.problems import PROBLEM_CONTENT_TYPE
 from django_idempotency.strategies.redis import store as redis_store
 from tests.testapp.models import SideEffect
 
-from .factories import UserFactory
-from .support.api import api_client, assert_runs_once_and_replays, post_json, replayed
-from .support.docs import recipe
-from .support.redis_servers import RedisServer
-from .support.threads import run_at_once
-from .support.tls import TlsFiles
+from ..support.api import api_client, assert_runs_once_and_replays, post_json, replayed
+from ..support.docs import recipe
+from ..support.factories import UserFactory
+from ..support.redis_servers import RedisServer
+from ..support.threads import run_at_once
+from ..support.tls import TlsFiles
 
 pytestmark = [
     pytest.mark.redis_tls,

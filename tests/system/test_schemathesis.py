@@ -34,7 +34,7 @@ from schemathesis.specs.openapi.checks import (
 import django_idempotency.contrib.spectacular  # noqa: F401  (registers the extension)
 from example_project import urls as example_urls
 
-from .factories import UserFactory
+from ..support.factories import UserFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

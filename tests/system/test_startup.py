@@ -17,9 +17,9 @@ import pytest
 from django_idempotency.checks import error_text
 from django_idempotency.checks.values import positive_errors
 
-from .support.asgi import uvicorn_command
-from .support.example import ROOT, example_env, gunicorn_command, refused_start
-from .support.workers import Worker
+from ..support.asgi import uvicorn_command
+from ..support.example import ROOT, example_env, gunicorn_command, refused_start
+from ..support.workers import Worker
 
 #: The issue's setting, as the example project reads it from its environment.
 BROKEN = {"IDEMPOTENCY_LOCK_TIMEOUT": "-5"}

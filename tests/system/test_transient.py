@@ -20,10 +20,10 @@ from django.test import override_settings
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.protocol.problems import PROBLEM_CONTENT_TYPE
 
-from .factories import UserFactory
-from .support.api import api_client
-from .testapp import views
-from .testapp.models import SideEffect
+from ..support.api import api_client
+from ..support.factories import UserFactory
+from ..testapp import views
+from ..testapp.models import SideEffect
 
 pytestmark = pytest.mark.django_db(databases=["default", "sqlite"], transaction=True)
 

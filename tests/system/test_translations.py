@@ -35,12 +35,12 @@ from django_idempotency.models import IdempotencyKey
 from django_idempotency.protocol.problems import problem_json
 from django_idempotency.protocol.replay import REPLAYED_HEADER
 
-from .factories import ExpiredKeyFactory, UserFactory
-from .support import bodykey
-from .support.api import token_client
-from .support.assertions import assert_problem
-from .support.threads import in_background
-from .test_body_key import ENTRIES, IDEMPOTENCY_MIDDLEWARE, charge, runs, send
+from ..protocol.test_keysource import ENTRIES, IDEMPOTENCY_MIDDLEWARE, charge, runs, send
+from ..support import bodykey
+from ..support.api import token_client
+from ..support.assertions import assert_problem
+from ..support.factories import ExpiredKeyFactory, UserFactory
+from ..support.threads import in_background
 
 pytestmark = pytest.mark.django_db
 

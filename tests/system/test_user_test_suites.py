@@ -22,10 +22,10 @@ from django_idempotency.strategies.redis.store import get_store, reset_clients
 from tests.testapp import views
 from tests.testapp.models import SideEffect
 
-from .factories import UserFactory
-from .support import services
-from .support.api import replayed
-from .support.redis_servers import delete_prefix
+from ..support import services
+from ..support.api import replayed
+from ..support.factories import UserFactory
+from ..support.redis_servers import delete_prefix
 
 pytestmark = pytest.mark.usefixtures("forget_queued_drains")
 

@@ -18,8 +18,8 @@ from django.utils import timezone
 
 from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
 from django_idempotency.store.status import COMPLETED
-from tests.factories import ExpiredKeyFactory, IdempotencyOutboxFactory
 from tests.support.commands import run_command, start_command
+from tests.support.factories import ExpiredKeyFactory, IdempotencyOutboxFactory
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]

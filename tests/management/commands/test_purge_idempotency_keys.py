@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from django_idempotency.management.durations import format_duration, parse_duration
 from django_idempotency.models import IdempotencyKey
-from tests.factories import CompletedKeyFactory, ExpiredKeyFactory, IdempotencyKeyFactory
+from tests.support.factories import CompletedKeyFactory, ExpiredKeyFactory, IdempotencyKeyFactory
 
 pytestmark = pytest.mark.django_db(databases=["default", "sqlite"])
 

@@ -28,9 +28,9 @@ from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.store.records import ClaimState
 from django_idempotency.store.sql import ASYNC_COMMIT, statements
 
-from .factories import UserFactory
-from .support.api import token_client
-from .testapp.models import SideEffect
+from ...support.api import token_client
+from ...support.factories import UserFactory
+from ...testapp.models import SideEffect
 
 KEYS = IdempotencyKey._meta.db_table
 EFFECTS = SideEffect._meta.db_table

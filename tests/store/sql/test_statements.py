@@ -25,7 +25,7 @@ from django_idempotency.store.sql import Statement, Statements
 from django_idempotency.store.sql.base import BaseDialect
 from django_idempotency.store.sql.mysql import MariaDBDialect, MySQLDialect
 
-SNAPSHOTS = Path(__file__).resolve().parent / "snapshots" / "sql"
+SNAPSHOTS = Path(__file__).resolve().parents[2] / "snapshots" / "sql"
 UPDATE = os.environ.get("UPDATE_SNAPSHOTS", "").lower() not in {"", "0", "false", "no"}
 
 #: The vendors rendered: the backend each is rendered with, and its dialect (None: the one

@@ -16,7 +16,7 @@ from django.test import override_settings
 from django_idempotency.checks.settings import ensure_valid
 from django_idempotency.strategies.redis.config_checks import check_redis_connection
 
-from .support.docs import recipe
+from ...support.docs import recipe
 
 
 def ids(messages: list[CheckMessage]) -> list[str]:

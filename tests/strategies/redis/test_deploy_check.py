@@ -16,8 +16,8 @@ from django.core.management import call_command
 
 from django_idempotency.strategies.redis import store as redis_store
 
-from .support.ports import free_port
-from .support.redis_servers import Blackhole, RedisClusterNodes, RedisServer
+from ...support.ports import free_port
+from ...support.redis_servers import Blackhole, RedisClusterNodes, RedisServer
 
 pytestmark = [pytest.mark.redis]
 

@@ -18,9 +18,9 @@ from django_idempotency import metrics
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.strategies.redis import health as redis_health
 
-from .factories import UserFactory
-from .support.api import api_client, post_json, replayed
-from .support.redis_servers import RedisServer
+from ...support.api import api_client, post_json, replayed
+from ...support.factories import UserFactory
+from ...support.redis_servers import RedisServer
 
 pytestmark = [
     pytest.mark.redis,

@@ -26,8 +26,8 @@ from django_idempotency.strategies.redis.store import (
     get_store,
 )
 
-from .support.redis_servers import Blackhole, RedisServer, closed_port_url
-from .support.threads import run_at_once
+from ...support.redis_servers import Blackhole, RedisServer, closed_port_url
+from ...support.threads import run_at_once
 
 pytestmark = pytest.mark.redis
 

@@ -27,9 +27,9 @@ from django_idempotency.strategies.redis.store import get_store
 from django_idempotency.strategies.redis.strategy import RedisClaim, RedisStrategy
 from tests.testapp.models import SideEffect
 
-from .support.api import post_json
-from .support.redis_servers import Blackhole, RedisServer, closed_port_url
-from .support.threads import in_background, run_at_once
+from ...support.api import post_json
+from ...support.redis_servers import Blackhole, RedisServer, closed_port_url
+from ...support.threads import in_background, run_at_once
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
@@ -380,8 +380,8 @@ def test_check_e012_cache_alias_must_be_django_redis(settings: Any) -> None:
 @pytest.mark.server
 @pytest.mark.postgres
 def test_race_through_the_example_server_charges_once(running_private_redis: RedisServer) -> None:
-    from .support.databases import count_rows
-    from .support.example import (
+    from ...support.databases import count_rows
+    from ...support.example import (
         assert_one_execution,
         example_server,
         race,
