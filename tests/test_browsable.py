@@ -6,7 +6,7 @@ A browser that submits the browsable API's HTML form asks for ``text/html`` firs
 Chromium does for a page); the page's raw-data form (AJAX) sends ``text/html; q=1.0, */*``
 and puts the answer in place of the page only when it is HTML (else it reloads the page,
 and the answer is lost). Before, both got the raw problem JSON. Through Django's test client;
-``tests/test_browsable_api_browser.py`` does the same in Chromium.
+``tests/test_browsable_browser.py`` does the same in Chromium.
 """
 
 from __future__ import annotations

@@ -342,7 +342,7 @@ def url_messages(urlconf: str) -> list[CheckMessage]:
 
 def test_idempotent_inside_api_view_passes_without_atomic_requests() -> None:
     """``@idempotent`` below ``@api_view`` claims after DRF's authentication and stores
-    the response as DRF renders it (tests/test_drf_function_views.py)."""
+    the response as DRF renders it (tests/test_drf.py)."""
     assert "django_idempotency.E020" not in ids(url_messages("tests.test_drf"))
 
 
@@ -644,7 +644,7 @@ def test_valid_view_options_are_accepted(kind: str) -> None:
     declare(kind, {**options, "strategy": "db"})
 
 
-# -- several databases (the run-time refusal: tests/test_several_databases.py) ---------------
+# -- several databases (the run-time refusal: tests/protocol/test_writeguard.py) ---------------
 
 ROUTERS = "tests.support.routers."
 

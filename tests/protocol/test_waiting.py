@@ -1,6 +1,6 @@
 """WAIT in the engine and its wake-ups (django_idempotency.protocol.waiting), in one process.
 
-The gunicorn races are in tests/test_wait.py; here: no wait for a mismatch, the waiter
+The gunicorn races are in tests/system/test_wait_race.py; here: no wait for a mismatch, the waiter
 bound, the timeout, a release taken over by one waiter, and the listeners delivering a
 notification sent from another connection.
 """

@@ -1,4 +1,4 @@
-"""Views for the fault matrix (``@pytest.mark.urls("tests.faults")``).
+"""Views for the fault matrix (``@pytest.mark.urls("tests.support.faults")``).
 
 Every execution of a view takes the next step of ``plan`` (``"ok"`` once the plan is
 empty), writes one ``SideEffect`` row labelled with the request's key on the alias

@@ -104,7 +104,7 @@ ALL = [
     _param("hybrid", pytest.mark.redis, pytest.mark.postgres),
     _param("hybrid-after-loss", pytest.mark.redis, pytest.mark.postgres),
     _param("hybrid-cluster", pytest.mark.redis_cluster, pytest.mark.postgres),
-    _param("custom", pytest.mark.postgres),  # tests/custom_strategy.py, from docs/api.md
+    _param("custom", pytest.mark.postgres),  # tests/support/custom_strategy.py, from docs/api.md
 ]
 #: The strategies on the private Redis node (which a test may flush or kill).
 NODE = [p for p in ALL if p.values[0] in ("redis", "hybrid", "hybrid-after-loss")]

@@ -1,6 +1,6 @@
 """What is MariaDB's own in the db strategy, against the real server (``mariadb``).
 
-The managers' statements run on MariaDB in tests/test_managers.py like on the other
+The managers' statements run on MariaDB in tests/store/test_managers.py like on the other
 databases; here are the ways MariaDB (and MySQL, whose statements run here too) could break
 "one execution, one stored answer, no 500" where PostgreSQL would not: collations that
 make two keys one, the session's time zone, InnoDB's lock waits and deadlocks, a killed

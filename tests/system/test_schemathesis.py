@@ -1,9 +1,9 @@
 """Schemathesis against the example API's OpenAPI schema, in process.
 
 The schema is the one ``manage.py spectacular`` writes for the example project (the example
-with ``drf_spectacular`` installed, as ``tests/test_openapi.py`` builds it): its ``/api/``
-operations, documented by ``django_idempotency.contrib.spectacular``. Schemathesis generates
-requests from it, valid and invalid (``Idempotency-Key`` values from the header's patterns
+with ``drf_spectacular`` installed, as ``tests/contrib/test_spectacular.py`` builds it): its
+``/api/`` operations, documented by ``django_idempotency.contrib.spectacular``. Schemathesis
+generates requests from it, valid and invalid (``Idempotency-Key`` values from the header's patterns
 too), sends them to the test project's WSGI application with a demo user's token, and checks
 each answer against the schema: a status it declares, a content type it declares for that
 status, the headers it declares (``Retry-After``, ``Idempotent-Replayed``), a body that

@@ -1,6 +1,6 @@
 """``manage.py purge_idempotency_keys`` on PostgreSQL and on SQLite: batches, counted
 messages (``ngettext``), silence at ``-v 0``, progress lines on a long run. Its exit
-status in a subprocess is in test_drain_command.py, beside the drain command's."""
+status in a subprocess is in test_drain_idempotency_outbox.py, beside the drain command's."""
 
 from __future__ import annotations
 

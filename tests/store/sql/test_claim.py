@@ -8,7 +8,7 @@ row is written with ``off``, the view's rows and the completion with ``on`` in a
 transaction of the same connection, and every later statement on the connection sees
 ``on``. A claim inside a transaction keeps that transaction's setting. That the setting
 really skips the flush, and what a crash does then, is tested on a private server in
-``tests/test_crash_recovery.py``.
+``tests/system/test_crash_recovery.py``.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ statements are built on a database wrapper that never connects, so every vendor 
 rendered wherever the tests run. After a deliberate change, write the snapshots again
 and review the diff::
 
-    UPDATE_SNAPSHOTS=1 .venv/bin/python -m pytest -q -n 0 tests/test_sql_snapshots.py
+    UPDATE_SNAPSHOTS=1 .venv/bin/python -m pytest -q -n 0 tests/store/sql/test_statements.py
 """
 
 from __future__ import annotations
