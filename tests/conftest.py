@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -39,6 +40,15 @@ _CHECKS: dict[str, Callable[[], bool]] = {
     ),
 }
 _results: dict[str, bool] = {}
+#: The whole-system suites (CONTRIBUTING.md, "Where the tests live"), marked ``system``.
+SYSTEM = Path(__file__).resolve().parent / "system"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the tests of tests/system/ ``system``, so that ``-m "not system"`` runs the rest."""
+    for item in items:
+        if item.path.resolve().is_relative_to(SYSTEM):
+            item.add_marker(pytest.mark.system)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

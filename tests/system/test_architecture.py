@@ -1,4 +1,6 @@
-"""docs/architecture.md's module map names every module of the package, and only those."""
+"""What a newcomer relies on: docs/architecture.md's module map names every module of the
+package, and only those; no import cycle, no function body over 60 lines; the tests mirror
+the package."""
 
 from __future__ import annotations
 
@@ -191,3 +193,55 @@ def test_public_modules_are_named_in_the_api_reference() -> None:
         or (PACKAGE / m.replace(".", "/") / "__init__.py").exists()
         for m in PUBLIC
     )
+
+
+# -- the tests mirror the package (CONTRIBUTING.md, "Where the tests live") --------------------
+
+TESTS = ROOT / "tests"
+#: The folders of tests/ that mirror no folder of the package: the whole-system suites, the
+#: support layer, the test app, the docs' examples (tests written as a project writes them)
+#: and the SQL snapshots.
+NOT_MIRRORED = {"system", "support", "testapp", "examples", "snapshots"}
+
+
+def _counterpart(test: Path) -> Path | None:
+    """The module or folder of the package that ``tests/<folder>/test_<name>.py`` tests:
+    ``django_idempotency/<folder>/<name>.py`` or ``<name>/``, where ``<name>`` may be followed
+    by ``_<what the file adds>`` (``test_decorators_async.py`` tests ``decorators.py``)."""
+    folder = PACKAGE.joinpath(*test.relative_to(TESTS).parent.parts)
+    words = test.stem.removeprefix("test_").split("_")
+    for count in range(len(words), 0, -1):
+        name = "_".join(words[:count])
+        for candidate in (folder / f"{name}.py", folder / name):
+            if candidate.exists() and candidate.name != "__init__.py":
+                return candidate
+    return None
+
+
+def _mirrored_tests() -> list[Path]:
+    return sorted(
+        path
+        for path in TESTS.rglob("test_*.py")
+        if path.relative_to(TESTS).parts[0] not in NOT_MIRRORED
+    )
+
+
+def test_every_test_module_mirrors_what_it_tests() -> None:
+    tests = _mirrored_tests()
+    assert len(tests) > 30
+    strays = [str(path.relative_to(ROOT)) for path in tests if _counterpart(path) is None]
+    assert strays == [], "move each to tests/<folder>/test_<module>.py or to tests/system/"
+
+
+def test_every_folder_of_tests_is_a_package_and_mirrors_one() -> None:
+    folders = {path.parent for path in TESTS.rglob("test_*.py")} - {TESTS}
+    strays = [
+        str(folder.relative_to(ROOT))
+        for folder in sorted(folders)
+        if not (folder / "__init__.py").is_file()
+        or (
+            folder.relative_to(TESTS).parts[0] not in NOT_MIRRORED
+            and not PACKAGE.joinpath(*folder.relative_to(TESTS).parts).is_dir()
+        )
+    ]
+    assert strays == []
