@@ -1,5 +1,5 @@
 """``@idempotent`` on ``async def`` views, through Django's async test client
-(the example of docs/async.md). Races under uvicorn: tests/test_asgi_race.py."""
+(the example of docs/async.md). Races under uvicorn: tests/system/test_asgi_race.py."""
 
 from __future__ import annotations
 

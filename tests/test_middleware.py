@@ -1,5 +1,5 @@
 """``IdempotencyMiddleware`` through the test clients, sync and async stacks (the views of
-docs/middleware.md), and its system checks. Races under uvicorn: tests/test_asgi_race.py."""
+docs/middleware.md), and its system checks. Races under uvicorn: tests/system/test_asgi_race.py."""
 
 from __future__ import annotations
 
