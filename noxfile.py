@@ -35,8 +35,8 @@ DEPS = ["psycopg[binary]", "mysqlclient", "redis", "pytest", "pytest-django", "f
 #: races on real threads (sixteen at once on one key: the managers' claim and takeover, and
 #: whole requests through the engine).
 SMOKE = [
-    "tests/test_managers.py",
-    "tests/test_engine.py",
+    "tests/store/test_managers.py",
+    "tests/protocol/test_engine.py",
     "tests/test_mixins.py",
     "tests/test_decorators.py",
 ]

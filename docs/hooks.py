@@ -8,7 +8,7 @@
   that no longer exists), and ``api.md`` a row for every system check id in
   ``checks.py``. A gap is a warning, so ``mkdocs build --strict`` fails.
 * The fault table of ``how-it-works.md`` has a row for every cell of the fault matrix
-  (``CELLS`` in ``tests/test_faults.py``, each with its ``test_<cell>`` function), and
+  (``CELLS`` in ``tests/system/test_faults.py``, each with its ``test_<cell>`` function), and
   no other row.
 * Each problem page says what its own class's docstring says: a problem class without a
   docstring of its own (an inherited one does not count) is a warning. The headings of
@@ -126,9 +126,9 @@ def _headings(markdown: str) -> set[str]:
 
 
 def fault_cells() -> tuple[list[str], set[str]]:
-    """``CELLS`` of tests/test_faults.py and the names of its test functions, read
+    """``CELLS`` of tests/system/test_faults.py and the names of its test functions, read
     without importing the tests."""
-    tree = ast.parse((ROOT / "tests" / "test_faults.py").read_text(encoding="utf-8"))
+    tree = ast.parse((ROOT / "tests" / "system" / "test_faults.py").read_text(encoding="utf-8"))
     cells: list[str] = []
     tests: set[str] = set()
     for node in tree.body:
@@ -143,11 +143,13 @@ def fault_cells() -> tuple[list[str], set[str]]:
 def check_fault_table(how_it_works: str) -> None:
     cells, tests = fault_cells()
     if not cells:
-        log.warning("tests/test_faults.py has no CELLS")
+        log.warning("tests/system/test_faults.py has no CELLS")
     rows = set(re.findall(r"^\| `([a-z0-9-]+)`:", how_it_works, flags=re.MULTILINE))
     for cell in cells:
         if "test_" + cell.replace("-", "_") not in tests:
-            log.warning("the fault cell %r has no test function in tests/test_faults.py", cell)
+            log.warning(
+                "the fault cell %r has no test function in tests/system/test_faults.py", cell
+            )
         if cell not in rows:
             log.warning("how-it-works.md's fault table has no row for the cell %r", cell)
     for row in sorted(rows - set(cells)):

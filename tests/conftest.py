@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -16,9 +17,9 @@ from django.conf import settings  # noqa: E402
 from django.db import connections  # noqa: E402
 from rest_framework.test import APIClient  # noqa: E402
 
-from .factories import UserFactory  # noqa: E402
 from .support import services  # noqa: E402
 from .support.api import api_client  # noqa: E402
+from .support.factories import UserFactory  # noqa: E402
 from .support.pgbouncer import pgbouncer_binary  # noqa: E402
 from .support.workers import delete_queue  # noqa: E402
 
@@ -39,6 +40,15 @@ _CHECKS: dict[str, Callable[[], bool]] = {
     ),
 }
 _results: dict[str, bool] = {}
+#: The whole-system suites (CONTRIBUTING.md, "Where the tests live"), marked ``system``.
+SYSTEM = Path(__file__).resolve().parent / "system"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the tests of tests/system/ ``system``, so that ``-m "not system"`` runs the rest."""
+    for item in items:
+        if item.path.resolve().is_relative_to(SYSTEM):
+            item.add_marker(pytest.mark.system)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -3,7 +3,7 @@
 A second alias, ``sqlite``, is always present so that the SQL that must work on
 both backends is tested on both in one run. A third, ``keys``, is a second database of the
 same server (PostgreSQL, or SQLite without it) for the tests of keys kept apart from the
-views' data (tests/test_several_databases.py). ``mariadb`` is MariaDB when it answers (and
+views' data (tests/protocol/test_writeguard.py). ``mariadb`` is MariaDB when it answers (and
 always with CI set), for the tests marked ``mariadb``.
 """
 

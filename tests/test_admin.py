@@ -22,7 +22,7 @@ from django_idempotency import models as idem_models
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.protocol.fingerprint import fingerprint
 from django_idempotency.strategies.hybrid import HybridStrategy
-from tests.factories import (
+from tests.support.factories import (
     CompletedKeyFactory,
     ExpiredKeyFactory,
     IdempotencyKeyFactory,

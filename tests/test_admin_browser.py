@@ -20,8 +20,8 @@ import pytest
 from django.utils import timezone
 
 from django_idempotency.models import IdempotencyKey
-from tests.factories import CompletedKeyFactory, ExpiredKeyFactory, StaleKeyFactory
 from tests.support.browser import browser_page
+from tests.support.factories import CompletedKeyFactory, ExpiredKeyFactory, StaleKeyFactory
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -15,8 +15,8 @@ from django_idempotency.protocol.fingerprint import fingerprint
 from django_idempotency.protocol.replay import REPLAYED_HEADER
 from example_project.payments.models import Charge, Refund
 
-from .factories import UserFactory
 from .support.assertions import assert_problem
+from .support.factories import UserFactory
 from .testapp.models import SideEffect
 
 pytestmark = pytest.mark.django_db

@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from django_idempotency import metrics, signals
 from django_idempotency.protocol.fingerprint import fingerprint
-from tests.factories import IdempotencyKeyFactory, StaleKeyFactory
+from tests.support.factories import IdempotencyKeyFactory, StaleKeyFactory
 from tests.testapp.models import SideEffect
 
 pytestmark = pytest.mark.django_db

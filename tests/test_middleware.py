@@ -1,5 +1,5 @@
 """``IdempotencyMiddleware`` through the test clients, sync and async stacks (the views of
-docs/middleware.md), and its system checks. Races under uvicorn: tests/test_asgi_race.py."""
+docs/middleware.md), and its system checks. Races under uvicorn: tests/system/test_asgi_race.py."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from django_idempotency.models import IdempotencyKey
 from django_idempotency.protocol.replay import REPLAYED_HEADER
 from example_project.payments.models import Charge
 
-from .factories import UserFactory
 from .support.assertions import assert_problem
+from .support.factories import UserFactory
 from .support.threads import in_background
 from .testapp.models import SideEffect
 

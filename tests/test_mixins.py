@@ -16,9 +16,9 @@ from django_idempotency.protocol.keys import downstream_key
 from django_idempotency.protocol.replay import REPLAYED_HEADER
 from example_project.payments.models import Charge
 
-from .factories import UserFactory
 from .support.api import token_client
 from .support.assertions import assert_problem
+from .support.factories import UserFactory
 from .support.gates import gate as the_gate
 from .testapp.models import SideEffect
 

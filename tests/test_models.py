@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from django_idempotency.models import IdempotencyKey
 
-from .factories import CompletedKeyFactory, ExpiredKeyFactory, IdempotencyKeyFactory
+from .support.factories import CompletedKeyFactory, ExpiredKeyFactory, IdempotencyKeyFactory
 
 pytestmark = pytest.mark.django_db
 

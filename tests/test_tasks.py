@@ -31,13 +31,13 @@ from django_idempotency.tasks import (
     purge_expired_keys,
 )
 
-from .factories import (
+from .support.api import api_client
+from .support.factories import (
     CompletedKeyFactory,
     ExpiredKeyFactory,
     IdempotencyOutboxFactory,
     UserFactory,
 )
-from .support.api import api_client
 from .support.redis_servers import RedisServer
 from .support.workers import ROOT, Worker, delete_queue
 

@@ -4,7 +4,7 @@
 arguments (typed by :class:`ViewOptions`); ``IdempotencyMixin`` reads them from the class
 attributes ``idempotency_<name>`` (or ``as_view()`` keywords of those names). ``None``, or an
 option left out, falls back to the setting of the same name in ``settings.IDEMPOTENCY``.
-Adding an option: a field here (in both classes; ``tests/test_options.py`` holds them
+Adding an option: a field here (in both classes; ``tests/protocol/test_options.py`` holds them
 together), its check in ``checks.settings.view_option_errors``, its use in the engine, and docs.
 """
 

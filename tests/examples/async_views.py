@@ -1,4 +1,4 @@
-"""The example of docs/async.md; tests/test_async.py runs it."""
+"""The example of docs/async.md; tests/test_decorators_async.py runs it."""
 
 # --8<-- [start:view]
 import json

@@ -1,7 +1,7 @@
-"""Views for the key-in-the-body tests (``tests/test_body_key.py``), one per entry point, each
-in two forms: reading the key where the settings say (the header, ``KEY_BODY_FIELD``) and
-with a key hook of its own, which finds it at ``meta.request_id`` in the JSON body (parsed by
-the view's framework: DRF's ``request.data`` on DRF views).
+"""Views for the key-in-the-body tests (``tests/protocol/test_keysource.py``), one per entry
+point, each in two forms: reading the key where the settings say (the header,
+``KEY_BODY_FIELD``) and with a key hook of its own, which finds it at ``meta.request_id`` in
+the JSON body (parsed by the view's framework: DRF's ``request.data`` on DRF views).
 
 Use with ``@pytest.mark.urls("tests.support.bodykey")``. Every view writes one SideEffect row
 per execution, labelled ``bk-<entry>`` (``bk-hook-<entry>``), and answers 201 with the JSON

@@ -1,5 +1,5 @@
 """Views that answer in more than one representation, one per entry point, for the
-content-negotiation and Content-Language tests (``tests/test_negotiation.py``).
+content-negotiation and Content-Language tests (``tests/protocol/test_negotiation.py``).
 
 Use with ``@pytest.mark.urls("tests.support.negotiation")``. Every view writes one
 SideEffect row per execution and puts the active language into its body, so a test sees

@@ -1,5 +1,5 @@
 """Database routers for the tests of keys and views' data on different databases
-(tests/test_several_databases.py). Each sends the models of some apps to one alias and
+(tests/protocol/test_writeguard.py). Each sends the models of some apps to one alias and
 leaves every other model where Django puts it (``default``)."""
 
 from __future__ import annotations

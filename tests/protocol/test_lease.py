@@ -1,0 +1,145 @@
+"""LeaseKeeper (django_idempotency.protocol.lease) renewing real claims on the real databases."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connections
+from django.utils import timezone
+
+from django_idempotency.models import IdempotencyKey
+from django_idempotency.protocol.lease import LeaseKeeper
+from django_idempotency.protocol.replay import StoredResponse
+from django_idempotency.strategies.base import Attempt, Claim
+from django_idempotency.strategies.db import DatabaseClaim, DatabaseStrategy
+
+from ..support.waiting import wait_until
+
+pytestmark = pytest.mark.django_db(databases=["default", "sqlite"], transaction=True)
+
+
+@pytest.fixture
+def keeper() -> LeaseKeeper:
+    """A keeper of the test's own (its thread idles once the test's leases end)."""
+    return LeaseKeeper()
+
+
+def real_claim(alias: str, key: str = "lease") -> DatabaseClaim:
+    attempt = Attempt(
+        scope="user:1", key=key, fingerprint="f" * 64, ttl=60, lock_timeout=30, database=alias
+    )
+    claim = DatabaseStrategy().claim(attempt)
+    assert isinstance(claim, DatabaseClaim)
+    return claim
+
+
+def locked_at(alias: str, pk: int) -> object:
+    return IdempotencyKey.objects.using(alias).values_list("locked_at", flat=True).get(pk=pk)
+
+
+def test_renews_due_leases(alias: str, keeper: LeaseKeeper) -> None:
+    claim = real_claim(alias)
+    IdempotencyKey.objects.using(alias).filter(pk=claim.pk).update(
+        locked_at=timezone.now() - timedelta(seconds=20)
+    )
+    before = locked_at(alias, claim.pk)
+    with keeper.keep(claim, 0.05) as lease:
+        wait_until(lambda: lease.renewals >= 3)
+        assert not lease.lost
+        after = locked_at(alias, claim.pk)
+        assert after > before  # type: ignore[operator]
+        assert timezone.now() - after < timedelta(seconds=5)  # type: ignore[operator]
+    assert lease not in keeper._leases
+    count = lease.renewals
+    assert claim.renew()  # the claim itself is still ours
+    assert lease.renewals == count
+
+
+def test_marks_the_lease_lost_when_the_token_changed(alias: str, keeper: LeaseKeeper) -> None:
+    claim = real_claim(alias)
+    with keeper.keep(claim, 0.05) as lease:
+        thief = IdempotencyKey.objects.claim(
+            "user:1", "lease", "f" * 64, ttl=60, lock_timeout=0, using=alias
+        )
+        assert thief.taken_over
+        wait_until(lambda: lease.lost)
+        row = IdempotencyKey.objects.using(alias).get(pk=claim.pk)
+        assert row.claim_token == thief.token
+    assert not claim.renew()
+
+
+def test_several_leases_are_renewed_independently(alias: str, keeper: LeaseKeeper) -> None:
+    fast, slow = real_claim(alias, "fast"), real_claim(alias, "slow")
+    started = time.monotonic()
+    with keeper.keep(fast, 0.02) as fast_lease, keeper.keep(slow, 0.5) as slow_lease:
+        wait_until(lambda: fast_lease.renewals >= 5)
+        slow_renewals, elapsed = slow_lease.renewals, time.monotonic() - started
+        assert slow_renewals <= elapsed / 0.5 + 1  # each on its own schedule
+    assert not keeper._leases
+
+
+class _Flaky(Claim):
+    """A claim whose first renewal fails (a dropped connection), to test the retry."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def renew(self) -> bool:
+        self.calls += 1
+        if self.calls == 1:
+            raise ConnectionError("dropped")
+        return True
+
+    def store(self, response: StoredResponse, *, commit: bool) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def release(self) -> bool:  # pragma: no cover
+        raise NotImplementedError
+
+
+def test_a_failed_renewal_is_retried(keeper: LeaseKeeper) -> None:
+    claim = _Flaky()
+    with keeper.keep(claim, 0.02) as lease:
+        wait_until(lambda: lease.renewals >= 2)
+    assert claim.calls >= 3 and not lease.lost
+
+
+def test_unrenewable_claims_and_zero_intervals_are_not_kept(keeper: LeaseKeeper) -> None:
+    claim = _Flaky()
+    claim.renewable = False
+    with keeper.keep(claim, 0.01):
+        assert not keeper._leases
+    with keeper.keep(_Flaky(), 0):
+        assert not keeper._leases
+    assert keeper._thread is None
+
+
+@pytest.mark.postgres
+def test_the_keeper_gives_its_connection_back_when_idle(keeper: LeaseKeeper) -> None:
+    claim = real_claim("default")
+    with keeper.keep(claim, 0.02) as lease:
+        wait_until(lambda: lease.renewals >= 1)
+        wait_until(lambda: others_connected() >= 1)  # the keeper connected to renew
+    wait_until(lambda: others_connected() == 0)
+    assert keeper._thread is not None and keeper._thread.is_alive()
+
+
+def others_connected() -> int:
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        row = cursor.fetchone()
+    return int(row[0])
+
+
+def test_a_keeper_thread_per_process(keeper: LeaseKeeper) -> None:
+    with keeper.keep(_Flaky(), 10):
+        first = keeper._thread
+        with keeper.keep(_Flaky(), 10):
+            assert keeper._thread is first
+    assert isinstance(first, threading.Thread) and first.daemon

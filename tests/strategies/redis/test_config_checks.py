@@ -1,0 +1,133 @@
+"""The system checks of the Redis connection
+(django_idempotency.strategies.redis.config_checks): a Sentinel cache without its factory
+(E080), unreadable TLS files (E081), unverified TLS (W080).
+The recipes of docs/redis.md pass them."""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.checks import CheckMessage, run_checks
+from django.test import override_settings
+
+from django_idempotency.checks.settings import ensure_valid
+from django_idempotency.strategies.redis.config_checks import check_redis_connection
+
+from ...support.docs import recipe
+
+
+def ids(messages: list[CheckMessage]) -> list[str]:
+    return [m.id or "" for m in messages]
+
+
+def checked(idempotency: dict[str, Any], caches: dict[str, Any] | None = None) -> list[str]:
+    more = {} if caches is None else {"CACHES": {"default": {}, **caches}}
+    with override_settings(IDEMPOTENCY=idempotency, **more):
+        messages = check_redis_connection()
+    assert all(m.hint for m in messages)
+    return ids(messages)
+
+
+def sentinel_cache(**options: Any) -> dict[str, Any]:
+    """The docs' Sentinel cache, its OPTIONS changed by ``options`` (None removes one)."""
+    cache = recipe("redis.md", "Sentinel", 0)["CACHES"]["idempotency"]
+    merged = {**cache["OPTIONS"], **options}
+    cache["OPTIONS"] = {k: v for k, v in merged.items() if v is not None}
+    return cache
+
+
+ALIAS = {"STRATEGY": "redis", "REDIS_CACHE_ALIAS": "idempotency"}
+
+
+def test_the_sentinel_recipe_passes() -> None:
+    namespace = recipe("redis.md", "Sentinel", 0)
+    assert checked(namespace["IDEMPOTENCY"], namespace["CACHES"]) == []
+
+
+def test_e080_sentinel_client_without_the_sentinel_factory() -> None:
+    assert checked(ALIAS, {"idempotency": sentinel_cache(CONNECTION_FACTORY=None)}) == [
+        "django_idempotency.E080"
+    ]
+
+
+def test_e080_is_satisfied_by_the_global_django_redis_factory(settings: Any) -> None:
+    settings.DJANGO_REDIS_CONNECTION_FACTORY = "django_redis.pool.SentinelConnectionFactory"
+    assert checked(ALIAS, {"idempotency": sentinel_cache(CONNECTION_FACTORY=None)}) == []
+
+
+def test_e080_sentinel_client_without_sentinels() -> None:
+    assert checked(ALIAS, {"idempotency": sentinel_cache(SENTINELS=None)}) == [
+        "django_idempotency.E080"
+    ]
+
+
+def test_e080_only_for_the_redis_strategies() -> None:
+    caches = {"idempotency": sentinel_cache(CONNECTION_FACTORY=None)}
+    assert checked({**ALIAS, "STRATEGY": "db"}, caches) == []
+
+
+def test_e080_stops_manage_py_check(settings: Any) -> None:
+    """A Sentinel cache without the factory would fail every request; the check makes
+    start-up fail instead (run_checks is what runserver, migrate and check call)."""
+    caches = {**settings.CACHES, "idempotency": sentinel_cache(CONNECTION_FACTORY=None)}
+    with override_settings(IDEMPOTENCY=ALIAS, CACHES=caches):
+        assert "django_idempotency.E080" in ids(run_checks())
+
+
+def test_the_tls_recipes_pass_when_their_files_exist(tmp_path: Path) -> None:
+    for name in ("ca.pem", "client.pem", "client.key"):
+        (tmp_path / name).write_text("PEM")
+    for index in range(3):
+        namespace = recipe("redis.md", "TLS", index, {"/etc/redis/tls/": f"{tmp_path}/"})
+        assert checked(namespace["IDEMPOTENCY"], namespace.get("CACHES")) == [], index
+
+
+@pytest.mark.parametrize("index", [0, 1, 2], ids=["url", "django-redis", "django"])
+def test_e081_a_tls_file_that_does_not_exist(tmp_path: Path, index: int) -> None:
+    (tmp_path / "ca.pem").write_text("PEM")
+    (tmp_path / "client.pem").write_text("PEM")  # client.key is missing
+    namespace = recipe("redis.md", "TLS", index, {"/etc/redis/tls/": f"{tmp_path}/"})
+    assert checked(namespace["IDEMPOTENCY"], namespace.get("CACHES")) == ["django_idempotency.E081"]
+
+
+def test_e081_in_a_cache_location_query(tmp_path: Path) -> None:
+    cache = {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": f"rediss://r:6380/0?ssl_ca_certs={tmp_path}/nowhere.pem",
+    }
+    assert checked(ALIAS, {"idempotency": cache}) == ["django_idempotency.E081"]
+
+
+@pytest.mark.parametrize("value", ["none", "NONE", ssl.CERT_NONE])
+def test_w080_certificates_not_verified(value: Any) -> None:
+    cache = {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": "rediss://r:6380/0",
+        "OPTIONS": {"ssl_cert_reqs": value},
+    }
+    assert checked(ALIAS, {"idempotency": cache}) == ["django_idempotency.W080"]
+    url = {"STRATEGY": "hybrid", "REDIS_URL": "rediss://r:6380/0?ssl_cert_reqs=none"}
+    assert checked(url) == ["django_idempotency.W080"]
+
+
+def test_the_url_is_ignored_when_a_cache_alias_wins(tmp_path: Path) -> None:
+    cache = {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": "redis://r:6379/0"}
+    settings = {**ALIAS, "REDIS_URL": f"rediss://r/0?ssl_ca_certs={tmp_path}/nowhere.pem"}
+    assert checked(settings, {"idempotency": cache}) == []
+
+
+def test_e080_stops_the_process_like_the_other_settings_errors() -> None:
+    """The Redis connection's errors are enforced with the settings' (start-up, first use):
+    a Sentinel cache without its factory would otherwise fail every request with a 500."""
+    from django_idempotency.errors import InvalidConfiguration
+
+    caches = {"default": {}, "idempotency": sentinel_cache(CONNECTION_FACTORY=None)}
+    with (
+        override_settings(CACHES=caches, IDEMPOTENCY=dict(ALIAS)),
+        pytest.raises(InvalidConfiguration, match=r"django_idempotency\.E080"),
+    ):
+        ensure_valid()
+    ensure_valid()  # the test settings again: valid

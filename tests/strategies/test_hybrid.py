@@ -1,0 +1,609 @@
+"""The ``hybrid`` strategy on real Redis servers and the real PostgreSQL database.
+
+Redis losses are real: ``FLUSHALL`` on a private ``redis-server``, or a private server
+killed with SIGKILL and started again (without persistence, so its data is gone).
+Side effects are counted in ``SideEffect`` rows (the test views) and ``Charge`` rows
+(the example API).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+from rest_framework.test import APIClient
+
+from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
+from django_idempotency.protocol.lifecycle import Lifecycle
+from django_idempotency.protocol.problems import PROBLEM_CONTENT_TYPE
+from django_idempotency.protocol.replay import StoredResponse
+from django_idempotency.store.status import COMPLETED
+from django_idempotency.strategies import load_strategy
+from django_idempotency.strategies.base import Attempt, InProgress, Replay
+from django_idempotency.strategies.hybrid import EPOCH_SUFFIX, HybridClaim, HybridStrategy
+from django_idempotency.strategies.redis.store import get_client, get_store
+from example_project.payments.models import Charge
+from tests.testapp.models import SideEffect
+
+from ..support.api import api_client, post_json, replayed, token_client, wait_in_progress
+from ..support.factories import StaleKeyFactory, UserFactory
+from ..support.redis_servers import RedisServer, closed_port_url
+from ..support.threads import in_background, run_at_once
+
+pytestmark = [
+    pytest.mark.redis,
+    pytest.mark.postgres,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("forget_queued_drains"),
+]
+
+
+@pytest.fixture
+def hybrid(redis_settings: Any, running_private_redis: RedisServer) -> Any:
+    """``hybrid(**more)``: the hybrid strategy on the private Redis server."""
+
+    def apply(**more: Any) -> dict[str, Any]:
+        more.setdefault("STRATEGY", "hybrid")
+        return redis_settings(running_private_redis.url, **more)
+
+    apply(HYBRID_DB_CHECK="always")
+    return apply
+
+
+def _record(key: str) -> Any:
+    """The Redis record of ``key`` (the test views' scope is the user)."""
+    outbox = IdempotencyOutbox.objects.filter(key=key).first()
+    row = IdempotencyKey.objects.filter(key=key).first()
+    scope = (outbox or row).scope  # type: ignore[union-attr]
+    return get_store().get(scope, key)
+
+
+# -- the hot path ----------------------------------------------------------------------------
+
+
+def test_registered_under_its_name(hybrid: Any) -> None:
+    assert isinstance(load_strategy("hybrid"), HybridStrategy)
+
+
+def test_new_key_runs_once_writes_only_the_outbox_and_replays_from_redis(
+    hybrid: Any, api: APIClient
+) -> None:
+    key = uuid.uuid4().hex
+    first = post_json(api, key, {"amount": 5})
+    assert first.status_code == 201 and not replayed(first)
+    assert SideEffect.objects.count() == 1
+    # The request wrote its outbox row in the view's transaction, and no IdempotencyKey row.
+    assert IdempotencyKey.objects.count() == 0
+    row = IdempotencyOutbox.objects.get(key=key)
+    assert (row.response_status, bytes(row.response_body)) == (201, first.content)
+    record = _record(key)
+    assert record is not None and record.status == COMPLETED
+    assert record.response.body == first.content
+
+    # The replay is served from Redis: no SQL at all.
+    with CaptureQueriesContext(connection) as queries:
+        again = post_json(api, key, {"amount": 5})
+    assert again.status_code == 201 and replayed(again)
+    assert again.content == first.content
+    assert again["Content-Type"] == first["Content-Type"]
+    assert not [q for q in queries.captured_queries if "idempotency" in q["sql"]]
+    assert SideEffect.objects.count() == 1
+
+
+def test_same_key_other_request_is_422(hybrid: Any, api: APIClient) -> None:
+    key = uuid.uuid4().hex
+    assert post_json(api, key, {"amount": 5}).status_code == 201
+    other = post_json(api, key, {"amount": 6})
+    assert other.status_code == 422
+    assert other["Content-Type"] == PROBLEM_CONTENT_TYPE
+    assert other.json()["status"] == 422
+    assert SideEffect.objects.count() == 1
+
+
+def test_duplicate_while_the_view_runs_is_409(hybrid: Any, api: APIClient) -> None:
+    key = uuid.uuid4().hex
+    user = UserFactory()
+    running = in_background(lambda: post_json(api_client(user), key, {"sleep": 1.0}))
+    wait_in_progress(f"user:{user.pk}", key)
+    client = api_client(user)
+    duplicate = post_json(client, key, {"sleep": 1.0})
+    slow = running.result(10)
+    assert duplicate.status_code == 409
+    assert duplicate["Content-Type"] == PROBLEM_CONTENT_TYPE
+    assert int(duplicate["Retry-After"]) >= 1
+    assert slow.status_code == 201
+    assert replayed(post_json(client, key, {"sleep": 1.0}))
+    assert SideEffect.objects.filter(label="drf").count() == 1
+
+
+def test_error_in_the_view_rolls_back_and_releases_the_key(hybrid: Any, api: APIClient) -> None:
+    key = uuid.uuid4().hex
+    with pytest.raises(RuntimeError):
+        post_json(api, key, {"raise": True})
+    assert SideEffect.objects.count() == 0
+    assert IdempotencyOutbox.objects.count() == 0
+    retry = post_json(api, key, {"raise": False})
+    assert retry.status_code == 201 and not replayed(retry)
+    assert SideEffect.objects.count() == 1
+
+
+def test_a_client_error_is_stored_and_replayed(hybrid: Any, api: APIClient) -> None:
+    key = uuid.uuid4().hex
+    first = post_json(api, key, {"invalid": True})
+    assert first.status_code == 400
+    again = post_json(api, key, {"invalid": True})
+    assert again.status_code == 400 and replayed(again)
+    assert again.content == first.content
+    assert SideEffect.objects.count() == 1
+
+
+def test_example_charge_view_charges_once(hybrid: Any) -> None:
+    user = UserFactory()
+    client = token_client(user)
+    key = uuid.uuid4().hex
+    body = {"amount": 1999, "currency": "EUR"}
+    first = post_json(client, key, body, path="/api/charges/")
+    assert first.status_code == 201, first.content
+    again = post_json(client, key, body, path="/api/charges/")
+    assert again.status_code == 201 and replayed(again)
+    assert again.json()["id"] == first.json()["id"]
+    assert post_json(client, key, {**body, "amount": 1}, path="/api/charges/").status_code == 422
+    assert Charge.objects.count() == 1
+
+
+def test_racing_threads_run_the_view_once(hybrid: Any) -> None:
+    user = UserFactory()
+    key = uuid.uuid4().hex
+    clients = [api_client(user) for _ in range(10)]
+    statuses = run_at_once(10, lambda i: post_json(clients[i], key, {"sleep": 0.3}).status_code)
+    assert sorted(set(statuses)) <= [201, 409] and statuses.count(201) >= 1
+    assert SideEffect.objects.count() == 1
+
+
+def _attempt(key: str, *, atomic: bool = True) -> Attempt:
+    return Attempt(
+        scope="user:1",
+        key=key,
+        fingerprint="f" * 64,
+        ttl=60,
+        lock_timeout=5,
+        method="POST",
+        path="/t/",
+        atomic=atomic,
+    )
+
+
+def test_a_view_that_rolls_back_has_its_response_stored_afterwards(hybrid: Any) -> None:
+    strategy = load_strategy("hybrid")
+    attempt = _attempt(uuid.uuid4().hex)
+    with Lifecycle(strategy, attempt) as outcome_life:
+        outcome = outcome_life.outcome
+        assert isinstance(outcome, HybridClaim)
+        SideEffect.objects.create(label="undone")
+        transaction.set_rollback(True)  # what DRF does with ATOMIC_REQUESTS on an APIException
+        outcome_life.complete(StoredResponse(400, {"Content-Type": "application/json"}, b"{}"))
+    assert SideEffect.objects.count() == 0
+    assert IdempotencyOutbox.objects.get(key=attempt.key).response_status == 400
+    with Lifecycle(strategy, attempt) as again_life:
+        again = again_life.outcome
+        assert isinstance(again, Replay) and again.response.status == 400
+
+
+def test_without_atomic_the_outbox_row_commits_on_its_own(hybrid: Any) -> None:
+    strategy = load_strategy("hybrid")
+    attempt = _attempt(uuid.uuid4().hex, atomic=False)
+    with Lifecycle(strategy, attempt) as outcome_life:
+        outcome = outcome_life.outcome
+        assert isinstance(outcome, HybridClaim)
+        SideEffect.objects.create(label="kept")
+        outcome_life.complete(StoredResponse(201, {}, b"ok"))
+    assert SideEffect.objects.count() == 1
+    assert IdempotencyOutbox.objects.filter(key=attempt.key).exists()
+    with Lifecycle(strategy, attempt) as again_life:
+        again = again_life.outcome
+        assert isinstance(again, Replay) and again.response.body == b"ok"
+
+
+def test_released_claim_lets_the_next_request_run(hybrid: Any) -> None:
+    strategy = load_strategy("hybrid")
+    attempt = _attempt(uuid.uuid4().hex)
+    with Lifecycle(strategy, attempt) as outcome_life:
+        outcome = outcome_life.outcome
+        assert isinstance(outcome, HybridClaim)
+        SideEffect.objects.create(label="undone")
+        outcome_life.release()  # e.g. a 5xx response
+    assert SideEffect.objects.count() == 0
+    assert get_store().get(attempt.scope, attempt.key) is None
+    with Lifecycle(strategy, attempt) as again_life:
+        again = again_life.outcome
+        assert isinstance(again, HybridClaim)
+        again_life.release()
+    with Lifecycle(strategy, attempt) as holder_life:
+        holder = holder_life.outcome
+        assert isinstance(holder, HybridClaim)
+        with Lifecycle(strategy, attempt) as duplicate_life:
+            duplicate = duplicate_life.outcome
+            assert isinstance(duplicate, InProgress)
+        holder_life.release()
+
+
+# -- Redis loses data ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("drained", [False, True], ids=["in-outbox", "drained"])
+def test_flushall_then_retry_replays_from_the_database(
+    hybrid: Any, api: APIClient, running_private_redis: RedisServer, drained: bool
+) -> None:
+    key = uuid.uuid4().hex
+    first = post_json(api, key, {"amount": 5})
+    assert first.status_code == 201
+    if drained:
+        assert IdempotencyOutbox.objects.drain(100).drained == 1
+        assert IdempotencyKey.objects.get(key=key).status == COMPLETED
+    get_client().flushall()
+    assert _record(key) is None
+
+    retry = post_json(api, key, {"amount": 5})
+    assert retry.status_code == 201 and replayed(retry)
+    assert retry.content == first.content
+    assert SideEffect.objects.count() == 1
+    # Redis was refilled: the next retry needs no SQL.
+    record = _record(key)
+    assert record is not None and record.status == COMPLETED
+    with CaptureQueriesContext(connection) as queries:
+        assert replayed(post_json(api, key, {"amount": 5}))
+    assert not [q for q in queries.captured_queries if "idempotency" in q["sql"]]
+    assert post_json(api, key, {"amount": 6}).status_code == 422
+    assert SideEffect.objects.count() == 1
+
+
+def test_redis_killed_and_restarted_then_retry_replays(
+    hybrid: Any, api: APIClient, running_private_redis: RedisServer
+) -> None:
+    key = uuid.uuid4().hex
+    first = post_json(api, key, {"amount": 5})
+    assert first.status_code == 201
+    running_private_redis.kill()
+    running_private_redis.start()  # same port, no persistence: everything is gone
+
+    retry = post_json(api, key, {"amount": 5})
+    if retry.status_code == 503 or not replayed(retry):  # pragma: no cover - diagnostics
+        pytest.fail(f"{retry.status_code} {retry.content!r}")
+    assert retry.content == first.content
+    assert SideEffect.objects.count() == 1
+    assert replayed(post_json(api, key, {"amount": 5}))
+    record = _record(key)
+    assert record is not None and record.status == COMPLETED
+    assert SideEffect.objects.count() == 1
+
+
+def test_redis_losing_a_claim_mid_view_cannot_commit_twice(
+    hybrid: Any, running_private_redis: RedisServer
+) -> None:
+    """A flush while the first owner is in its view lets a second owner in; the outbox's
+    unique constraint refuses the slower commit, whose writes roll back."""
+    user = UserFactory()
+    key = uuid.uuid4().hex
+    running = in_background(lambda: post_json(api_client(user), key, {"sleep": 1.0}))
+    wait_in_progress(f"user:{user.pk}", key)
+    get_client().flushall()
+    client = api_client(user)
+    fast = post_json(client, key, {"sleep": 1.0})
+    slow = running.result(10)
+    statuses = sorted([fast.status_code, slow.status_code])
+    assert statuses == [201, 409], statuses
+    loser = fast if fast.status_code == 409 else slow
+    assert loser.json()["type"].endswith("lease-lost")
+    assert SideEffect.objects.count() == 1
+    assert IdempotencyOutbox.objects.filter(key=key).count() == 1
+    retry = post_json(client, key, {"sleep": 1.0})
+    assert retry.status_code == 201 and replayed(retry)
+
+
+# -- HYBRID_DB_CHECK = "after_loss" ----------------------------------------------------------
+
+
+def _marker(
+    client: Any, *, run_id: str | None = None, evicted: int | None = None, age: float
+) -> str:
+    """A loss marker as the server would have written it ``age`` seconds ago."""
+    info = client.info("server") | client.info("stats")
+    run_id = run_id or str(info["run_id"])
+    evicted = int(info["evicted_keys"]) if evicted is None else evicted
+    return f"{run_id} {evicted} {int(time.time() - age)}"
+
+
+def test_after_loss_detects_a_flush_and_a_restart(
+    hybrid: Any, api: APIClient, running_private_redis: RedisServer
+) -> None:
+    hybrid(HYBRID_DB_CHECK="after_loss")
+    strategy = load_strategy("hybrid")
+    assert isinstance(strategy, HybridStrategy)
+    store = get_store()
+    client = get_client()
+    marker = store.prefix + EPOCH_SUFFIX
+    run_id = client.info("server")["run_id"]
+
+    assert strategy.loss_suspected(store, 60)  # no marker yet: written now
+    written = client.get(marker)
+    assert isinstance(written, bytes) and written.decode().split()[0] == run_id
+    assert strategy.loss_suspected(store, 60)  # within TTL of the marker
+    client.set(marker, _marker(client, age=120))
+    assert not strategy.loss_suspected(store, 60)  # quiet: no database check
+    client.set(marker, _marker(client, run_id="ab" * 20, age=120))
+    assert strategy.loss_suspected(store, 60)  # restart / failover
+    client.set(marker, "{not a marker}")
+    assert strategy.loss_suspected(store, 60)  # unreadable: written again
+
+    # A flush removes the marker: the key is looked up and replayed.
+    key = uuid.uuid4().hex
+    first = post_json(api, key, {"amount": 5})
+    client.flushall()
+    retry = post_json(api, key, {"amount": 5})
+    assert retry.status_code == 201 and replayed(retry) and retry.content == first.content
+    assert SideEffect.objects.count() == 1
+
+
+def test_after_loss_detects_an_eviction(hybrid: Any, api: APIClient, redis_prefix: str) -> None:
+    """Redis evicts records under memory pressure: the marker stays (``volatile-lru``
+    evicts only keys with a TTL, which the marker has not), but its eviction count is no
+    longer the server's, so new keys are looked up again and a retry of an evicted key
+    replays instead of running the view a second time."""
+    server = RedisServer(extra=("--maxmemory", "4mb", "--maxmemory-policy", "volatile-lru"))
+    server.start()
+    try:
+        hybrid(HYBRID_DB_CHECK="after_loss", REDIS_URL=server.url, TTL=600)
+        store = get_store()
+        client = get_client()
+        client.set(store.prefix + EPOCH_SUFFIX, _marker(client, age=7200))
+        key = uuid.uuid4().hex
+        first = post_json(api, key, {"amount": 5})
+        assert first.status_code == 201 and _record(key) is not None
+        # Fill the server past maxmemory: the oldest keys, the record among them, go.
+        filler = b"x" * 100_000
+        for i in range(200):
+            client.set(f"filler:{i}", filler, ex=3600)
+        assert _record(key) is None and int(client.info("stats")["evicted_keys"]) > 0
+        assert client.exists(store.prefix + EPOCH_SUFFIX)
+        with CaptureQueriesContext(connection) as queries:
+            retry = post_json(api, key, {"amount": 5})
+        # Looked up in the database (the outbox) before the view: the eviction was seen.
+        assert any("django_idempotency_idempotencyoutbox" in q["sql"] for q in queries)
+        assert retry.status_code == 201 and replayed(retry) and retry.content == first.content
+        assert SideEffect.objects.count() == 1
+    finally:
+        server.stop()
+
+
+def test_after_loss_claims_and_checks_the_marker_in_one_round_trip(
+    hybrid: Any, api: APIClient
+) -> None:
+    """A quiet server: a new key is one Redis script before the view and one after the
+    commit, and the only idempotency statement in PostgreSQL is the outbox insert."""
+    hybrid(HYBRID_DB_CHECK="after_loss", TTL=600)
+    store = get_store()
+    client = get_client()
+    client.set(store.prefix + EPOCH_SUFFIX, _marker(client, age=7200))
+    post_json(api, uuid.uuid4().hex, {"amount": 1})  # warm: connections, scripts loaded
+    before = client.info("commandstats")
+    with CaptureQueriesContext(connection) as queries:
+        response = post_json(api, uuid.uuid4().hex, {"amount": 5})
+    after = client.info("commandstats")
+    assert response.status_code == 201
+    calls = {
+        name: after[name]["calls"] - before.get(name, {"calls": 0})["calls"]
+        for name in after
+        if after[name]["calls"] != before.get(name, {"calls": 0})["calls"]
+    }
+    # The claim script and the completion script, and what the claim script calls.
+    assert calls.pop("cmdstat_evalsha") == 2
+    assert set(calls) <= {"cmdstat_get", "cmdstat_set", "cmdstat_info", "cmdstat_time"}
+    ours = [q["sql"] for q in queries.captured_queries if "django_idempotency" in q["sql"]]
+    assert len(ours) == 1 and ours[0].startswith("WITH fenced AS")
+
+
+def test_after_loss_without_a_check_still_refuses_a_second_commit(
+    hybrid: Any, api: APIClient
+) -> None:
+    """A loss the marker cannot see (a record deleted by hand): the view runs again, but
+    its commit is refused and rolled back, Redis is refilled, the next retry replays."""
+    hybrid(HYBRID_DB_CHECK="after_loss", TTL=60)
+    store = get_store()
+    client = get_client()
+    client.set(store.prefix + EPOCH_SUFFIX, _marker(client, age=3600))
+
+    for drained in (False, True):
+        key = uuid.uuid4().hex
+        before = SideEffect.objects.count()
+        first = post_json(api, key, {"amount": 5})
+        assert first.status_code == 201
+        if drained:
+            IdempotencyOutbox.objects.drain(100)
+        scope = IdempotencyKey.objects.filter(key=key).values_list("scope", flat=True).first()
+        scope = scope or IdempotencyOutbox.objects.get(key=key).scope
+        client.delete(store.record_key(scope, key))
+
+        refused = post_json(api, key, {"amount": 5})
+        assert refused.status_code == 409, refused.content
+        assert refused.json()["type"].endswith("lease-lost")
+        assert SideEffect.objects.count() == before + 1  # the second run was rolled back
+        retry = post_json(api, key, {"amount": 5})
+        assert retry.status_code == 201 and replayed(retry) and retry.content == first.content
+
+
+# -- Redis down -------------------------------------------------------------------------------
+
+
+def test_redis_down_falls_back_to_the_db_strategy(hybrid: Any, api: APIClient) -> None:
+    hybrid(REDIS_URL=closed_port_url())
+    key = uuid.uuid4().hex
+    first = post_json(api, key, {"amount": 5})
+    assert first.status_code == 201 and not replayed(first)
+    row = IdempotencyKey.objects.get(key=key)
+    assert row.status == COMPLETED
+    # The fallback writes the outbox row too (it excludes a hybrid commit of the key).
+    assert IdempotencyOutbox.objects.filter(key=key).count() == 1
+    again = post_json(api, key, {"amount": 5})
+    assert again.status_code == 201 and replayed(again)
+    assert post_json(api, key, {"amount": 6}).status_code == 422
+    assert SideEffect.objects.count() == 1
+
+
+def test_redis_down_fail_closed_is_503(hybrid: Any, api: APIClient) -> None:
+    hybrid(REDIS_URL=closed_port_url(), REDIS_FAILURE_MODE="fail_closed")
+    response = post_json(api, uuid.uuid4().hex, {"amount": 5})
+    assert response.status_code == 503
+    assert response["Content-Type"] == PROBLEM_CONTENT_TYPE
+    assert response.json()["type"].endswith("store-unavailable")
+    assert SideEffect.objects.count() == 0
+    assert IdempotencyKey.objects.count() == IdempotencyOutbox.objects.count() == 0
+
+
+def test_key_committed_by_hybrid_replays_when_redis_goes_down(hybrid: Any, api: APIClient) -> None:
+    key = uuid.uuid4().hex
+    first = post_json(api, key, {"amount": 5})
+    assert first.status_code == 201
+    assert IdempotencyKey.objects.count() == 0  # only in the outbox
+    hybrid(REDIS_URL=closed_port_url())
+    retry = post_json(api, key, {"amount": 5})
+    assert retry.status_code == 201 and replayed(retry) and retry.content == first.content
+    assert post_json(api, key, {"amount": 6}).status_code == 422
+    assert SideEffect.objects.count() == 1
+    # The fallback's claim was given back; the outbox row still holds the key.
+    assert IdempotencyKey.objects.count() == 0
+
+
+def test_db_strategy_replays_a_key_found_only_in_the_outbox(hybrid: Any, api: APIClient) -> None:
+    key = uuid.uuid4().hex
+    first = post_json(api, key, {"amount": 5})
+    hybrid(STRATEGY="db")
+    retry = post_json(api, key, {"amount": 5})
+    assert retry.status_code == 201 and replayed(retry) and retry.content == first.content
+    assert post_json(api, key, {"amount": 6}).status_code == 422
+    assert SideEffect.objects.count() == 1
+
+
+def test_a_db_claim_in_progress_is_left_to_the_db_strategy(hybrid: Any) -> None:
+    """A key that a db claim holds (made while Redis was down) answers 409 while its lease
+    is fresh, then replays; a stale one is taken over through the db strategy."""
+    user = UserFactory()
+    scope = f"user:{user.pk}"
+    body = {"sleep": 1.0}
+    working = hybrid()
+    hybrid(REDIS_URL=closed_port_url())
+    key = uuid.uuid4().hex
+    running = in_background(lambda: post_json(api_client(user), key, body))
+    deadline = time.monotonic() + 5
+    while not IdempotencyKey.objects.filter(key=key).exists() and time.monotonic() < deadline:
+        time.sleep(0.02)  # the fallback's claim committed; its view is running
+    hybrid(**{k: v for k, v in working.items() if k != "STRATEGY"})
+    client = api_client(user)
+    duplicate = post_json(client, key, body)
+    slow = running.result(10)
+    assert duplicate.status_code == 409, duplicate.content
+    assert slow.status_code == 201
+    retry = post_json(client, key, body)
+    assert retry.status_code == 201 and replayed(retry)
+    assert retry.content == slow.content
+    record = get_store().get(scope, key)
+    assert record is not None and record.status == COMPLETED  # refilled
+    assert SideEffect.objects.count() == 1
+
+    # A stale db claim (its owner crashed) with this request's fingerprint is taken over.
+    fingerprint = IdempotencyKey.objects.get(key=key).fingerprint
+    stale = StaleKeyFactory(scope=scope, fingerprint=fingerprint)
+    taken = post_json(client, stale.key, body)
+    assert taken.status_code == 201 and not replayed(taken)
+    assert IdempotencyKey.objects.get(key=stale.key).status == COMPLETED
+    assert SideEffect.objects.count() == 2
+
+
+# -- end to end: the example API under gunicorn ---------------------------------------------
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+def test_race_through_the_example_server_charges_once(
+    running_private_redis: RedisServer, backend: str
+) -> None:
+    from ..support.databases import count_rows
+    from ..support.example import (
+        assert_one_execution,
+        example_server,
+        race,
+        request,
+        scratch_database,
+    )
+
+    key = f"pay-{uuid.uuid4().hex[:8]}"
+    charge = {"amount": 1999, "currency": "EUR"}
+    with (
+        scratch_database(backend) as db,
+        example_server(
+            db,
+            strategy="hybrid",
+            psp_delay_ms=300,
+            env={
+                "REDIS_URL": running_private_redis.url,
+                # The drain messages go to the private server too.
+                "CELERY_BROKER_URL": running_private_redis.url,
+            },
+        ) as server,
+    ):
+        url = server.url + "/api/charges/"
+        results = race(url, n=20, key=key, body=charge)
+        fresh = assert_one_execution(results, n=20)
+        # Redis loses everything; the retry is replayed from the outbox.
+        import redis
+
+        redis.Redis.from_url(running_private_redis.url).flushall()
+        status, body = request(url, key=key, body=charge)
+        assert status == 201 and body["_headers"]["idempotent-replayed"] == "true"
+        assert body["id"] == fresh[0]["id"]
+        assert count_rows(db, "payments_charge") == 1
+        assert count_rows(db, "django_idempotency_idempotencyoutbox") == 1
+        assert "Traceback" not in server.log()
+
+
+@pytest.mark.server
+def test_a_broker_that_is_down_never_fails_the_request(running_private_redis: RedisServer) -> None:
+    """The drain is queued from a background thread: with the Celery broker refusing
+    connections the requests still succeed and replay, and the log says why nothing
+    was queued (the beat entry drains the outbox later)."""
+    from ..support.databases import count_rows
+    from ..support.example import example_server, request, scratch_database
+
+    charge = {"amount": 1999, "currency": "EUR"}
+    with (
+        scratch_database("postgres") as db,
+        example_server(
+            db,
+            strategy="hybrid",
+            workers=1,
+            env={
+                "REDIS_URL": running_private_redis.url,
+                "CELERY_BROKER_URL": closed_port_url(),
+                "IDEMPOTENCY_LOG_LEVEL": "WARNING",
+            },
+        ) as server,
+    ):
+        url = server.url + "/api/charges/"
+        for _ in range(3):
+            key = uuid.uuid4().hex
+            started = time.monotonic()
+            status, body = request(url, key=key, body=charge)
+            assert status == 201, body
+            assert time.monotonic() - started < 2, "the request waited for the broker"
+            status, body = request(url, key=key, body=charge)
+            assert status == 201 and body["_headers"]["idempotent-replayed"] == "true"
+        assert count_rows(db, "payments_charge") == 3
+        assert count_rows(db, "django_idempotency_idempotencyoutbox") == 3
+        deadline = time.monotonic() + 10
+        while "could not queue" not in server.log() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "could not queue django_idempotency.drain_outbox" in server.log()
+        assert "Traceback" not in server.log().split("could not queue")[0]

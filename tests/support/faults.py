@@ -1,0 +1,154 @@
+"""Views for the fault matrix (``@pytest.mark.urls("tests.support.faults")``).
+
+Every execution of a view takes the next step of ``plan`` (``"ok"`` once the plan is
+empty), writes one ``SideEffect`` row labelled with the request's key on the alias
+that holds the keys, and answers with that row's id as ``effect``: a response names
+the execution that produced it, so a test can tell whether that execution's writes
+committed.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from django.db import transaction
+from django.http import (
+    FileResponse,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBase,
+    JsonResponse,
+    StreamingHttpResponse,
+)
+from django.urls import path
+from django.views.decorators.csrf import csrf_exempt
+from rest_framework import exceptions
+from rest_framework.request import Request
+from rest_framework.views import APIView
+
+from django_idempotency.conf import conf
+from django_idempotency.decorators import idempotent
+from django_idempotency.mixins import IdempotencyMixin
+
+from ..testapp.models import SideEffect
+
+#: Steps still to come, one per execution, shared by every thread.
+plan: deque[str] = deque()
+_plan_lock = threading.Lock()
+#: Called by the ``interfere`` step before the write (set by the test).
+interference: list[Callable[[str], None]] = []
+#: Bodies above this size are not stored (the tests set MAX_STORED_BODY_SIZE to it).
+LIMIT = 4096
+#: Hooks that already raised once, by key.
+_hooks_raised: set[str] = set()
+#: Set when an execution of the view begins (a test starts a duplicate only then).
+view_started = threading.Event()
+
+
+class Refused(exceptions.APIException):
+    status_code = 409
+    default_code = "refused"
+
+
+def reset() -> None:
+    plan.clear()
+    interference.clear()
+    _hooks_raised.clear()
+    view_started.clear()
+
+
+def _next_step() -> str:
+    with _plan_lock:
+        return plan.popleft() if plan else "ok"
+
+
+def _write(key: str) -> int:
+    return int(SideEffect.objects.using(conf.DATABASE).create(label=key).pk)
+
+
+def _payload(effect: int) -> bytes:
+    return json.dumps({"effect": effect}).encode()
+
+
+def execute(key: str) -> HttpResponseBase:
+    """One execution of the view for ``key``: its step, its write and its answer."""
+    step = _next_step()
+    view_started.set()
+    if step == "raise_before":
+        raise RuntimeError("the view failed before writing")
+    if step == "interfere":
+        for interfere in interference:
+            interfere(key)
+    effect = _write(key)
+    if step == "ok":
+        return HttpResponse(_payload(effect), status=201, content_type="application/json")
+    if step == "stream":
+        chunks = iter([b'{"effect": ', str(effect).encode(), b"}"])
+        return StreamingHttpResponse(chunks, status=201, content_type="application/json")
+    if step == "file":
+        return FileResponse(io.BytesIO(_payload(effect)), status=201)
+    if step == "large":
+        body = json.dumps({"effect": effect, "pad": "x" * (2 * LIMIT)})
+        return HttpResponse(body, status=201, content_type="application/json")
+    if step == "hook":
+        transaction.on_commit(lambda: _hook_raises_once(key), using=conf.DATABASE)
+        return HttpResponse(_payload(effect), status=201, content_type="application/json")
+    if step == "refuse":
+        raise Refused({"effect": str(effect)})
+    if step == "slow_refuse":
+        time.sleep(1.0)
+        raise Refused({"effect": str(effect)})
+    if step == "raise_after":
+        raise RuntimeError("the view failed after writing")
+    if step == "interfere":
+        return HttpResponse(_payload(effect), status=201, content_type="application/json")
+    raise AssertionError(f"unknown step {step!r}")
+
+
+def _hook_raises_once(key: str) -> None:
+    if key not in _hooks_raised:
+        _hooks_raised.add(key)
+        raise ConnectionError("the broker is down (an on_commit hook)")
+
+
+class FaultView(IdempotencyMixin, APIView):
+    idempotency_required = True
+
+    def post(self, request: Request) -> HttpResponseBase:
+        return execute(request.headers["Idempotency-Key"])
+
+
+@csrf_exempt
+@idempotent(required=True)
+def fault_function(request: HttpRequest) -> HttpResponseBase:
+    if request.method != "POST":
+        return JsonResponse({}, status=405)
+    return execute(request.headers["Idempotency-Key"])
+
+
+def new_key() -> str:
+    return "fault-" + uuid.uuid4().hex
+
+
+def body_of(response: Any) -> dict[str, Any]:
+    """The JSON of a response, streamed or not."""
+    if getattr(response, "streaming", False):
+        if not hasattr(response, "_fault_body"):
+            response._fault_body = b"".join(response.streaming_content)
+        raw = response._fault_body
+    else:
+        raw = response.content
+    return dict(json.loads(raw)) if raw else {}
+
+
+urlpatterns = [
+    path("fault/drf/", FaultView.as_view()),
+    path("fault/fn/", fault_function),
+]

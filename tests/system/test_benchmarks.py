@@ -1,0 +1,212 @@
+"""The benchmark harness: every measure answers ``--help``, the statistics are right, the
+rounds interleave, ``--quick`` applies, and the cheapest measure runs to the end.
+
+The benchmarks measure speed; these tests only check that the harness computes and prints
+what it says, on numbers known in advance, and that a measure still runs (the claim loops on
+SQLite, which need no server).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import pkgutil
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks import measures
+from benchmarks.harness import cli
+from benchmarks.harness.report import Column, Table
+from benchmarks.harness.rounds import interleave, orders
+from benchmarks.harness.stats import Spread, ratio, spread
+from benchmarks.measures import MEASURES
+
+from ..support.docs import python_blocks
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def benchmarks(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``python -m benchmarks *args`` from the checkout."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("name", list(MEASURES))
+def test_every_measure_answers_help(name: str) -> None:
+    result = benchmarks(name, "--help")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"usage: python -m benchmarks {name} ")
+    summary = (cli.load(name).doc or "").strip().splitlines()[0]
+    assert summary in result.stdout
+    assert "--quick" in result.stdout and "--json" in result.stdout
+
+
+def test_the_listing_names_every_measure() -> None:
+    result = benchmarks("--help")
+    assert result.returncode == 0, result.stderr
+    listed = [line.split()[0] for line in result.stdout.split("measures:\n", 1)[1].splitlines()]
+    assert listed == list(MEASURES)
+
+
+def test_an_unknown_measure_is_refused() -> None:
+    result = benchmarks("no-such-measure")
+    assert result.returncode == 2
+    assert "no measure 'no-such-measure'" in result.stderr
+
+
+def test_every_measure_module_is_registered_once() -> None:
+    modules = {f"benchmarks.measures.{m.name}" for m in pkgutil.iter_modules(measures.__path__)}
+    assert sorted(MEASURES.values()) == sorted(modules)
+    for name in MEASURES:
+        assert isinstance(cli.load(name), cli.Measure)
+
+
+def test_nothing_in_benchmarks_imports_the_tests() -> None:
+    importers = []
+    for path in (ROOT / "benchmarks").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            if any(name == "tests" or name.startswith("tests.") for name in names):
+                importers.append(str(path.relative_to(ROOT)))
+    assert importers == []
+
+
+def test_a_ratio_is_taken_within_each_round() -> None:
+    # Rounds of 2/1, 4/2, 6/2: ratios 2, 2, 3.
+    assert ratio([2, 4, 6], [1, 2, 2]) == Spread(median=2, low=2, high=3)
+    # Four rounds: the median is the mean of the middle two, 1.5 and 2.5.
+    assert ratio([3, 5, 1, 8], [2, 2, 1, 2]) == Spread(median=2.0, low=1.0, high=4.0)
+    # Not the ratio of the medians (6 / 2 = 3 here): each round is paired with its own.
+    assert ratio([1, 6, 100], [1, 2, 100]).median == 1.0
+
+
+def test_a_cost_ratio_is_the_baseline_over_the_candidate() -> None:
+    plain, route = [2.0, 3.0, 4.0], [4.0, 4.0, 5.0]
+    assert ratio(plain, route) == Spread(median=0.75, low=0.5, high=0.8)
+
+
+def test_rounds_of_different_lengths_are_refused() -> None:
+    with pytest.raises(ValueError, match="3 rounds against 2"):
+        ratio([1, 2, 3], [1, 2])
+    with pytest.raises(ValueError, match="no values"):
+        spread([])
+
+
+def test_a_spread_prints_its_median_then_its_range() -> None:
+    assert spread([0.56, 0.80, 0.66]).format() == "0.66 (0.56-0.80)"
+    assert spread([1200.4, 980.0, 1500.9]).format(".0f") == "1200 (980-1501)"
+
+
+def test_rotated_rounds_start_one_case_later_each_round() -> None:
+    assert orders(["a", "b", "c"], 4) == [
+        ["a", "b", "c"],
+        ["b", "c", "a"],
+        ["c", "a", "b"],
+        ["a", "b", "c"],
+    ]
+    assert orders(["a", "b", "c"], 3, "flip") == [["a", "b", "c"], ["c", "b", "a"], ["a", "b", "c"]]
+
+
+def test_shuffled_rounds_are_the_same_every_run_and_run_every_case() -> None:
+    first = orders(list("abcdef"), 5, "shuffle")
+    assert first == orders(list("abcdef"), 5, "shuffle")
+    assert all(sorted(order) == list("abcdef") for order in first)
+    assert len({tuple(order) for order in first}) > 1
+
+
+def test_interleave_runs_every_case_once_per_round_in_the_round_order() -> None:
+    calls: list[tuple[str, int]] = []
+    seen: list[dict[str, int]] = []
+
+    def run(name: str, r: int) -> int:
+        calls.append((name, r))
+        return 10 * r + "abc".index(name)
+
+    results = interleave(["a", "b", "c"], 2, run, "flip", lambda r, this: seen.append(this))
+    assert calls == [("a", 0), ("b", 0), ("c", 0), ("c", 1), ("b", 1), ("a", 1)]
+    assert results == {"a": [0, 10], "b": [1, 11], "c": [2, 12]}
+    # progress gets each round's results in the order of the names, whatever the run order.
+    assert [list(this) for this in seen] == [["a", "b", "c"], ["a", "b", "c"]]
+
+
+def test_quick_sets_the_options_not_given() -> None:
+    measure = cli.load("claim")
+    args = cli.parse("claim", measure, ["--quick", "--rounds", "5"])
+    assert args.rounds == 5  # given: it wins
+    assert args.requests == measure.quick["requests"]
+    assert args.sqlite_requests == measure.quick["sqlite_requests"]
+    assert args.argv == ["--quick", "--rounds", "5"]
+    full = cli.parse("claim", measure, [])
+    assert (full.rounds, full.requests) == (measure.rounds, measure.requests)
+
+
+def test_a_table_aligns_its_columns_and_keeps_raw_numbers_for_json() -> None:
+    table = Table("t", [Column("case"), Column("per s", ".0f"), Column("ratio", ".2f")])
+    table.add("baseline", 1000.4, spread([1.0, 1.0]))
+    table.add("candidate", 512.0, ratio([0.5, 0.6, 0.4], [1.0, 1.0, 1.0]))
+    assert table.render().splitlines() == [
+        "t",
+        "case       per s             ratio",
+        "baseline    1000  1.00 (1.00-1.00)",
+        "candidate    512  0.50 (0.40-0.60)",
+    ]
+    assert table.as_dict()["rows"][1] == {
+        "case": "candidate",
+        "per s": 512.0,
+        "ratio": {"median": 0.5, "min": 0.4, "max": 0.6},
+    }
+
+
+def test_a_quick_claim_run_on_sqlite_completes(tmp_path: Path) -> None:
+    out = tmp_path / "claim.json"
+    result = benchmarks(
+        "claim", "--quick", "--cases", "db-sqlite", "--rounds", "2", "--json", str(out),
+        timeout=180,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    (table,) = json.loads(out.read_text())["tables"]
+    rows = {row["variant"]: row for row in table["rows"]}
+    assert list(rows) == ["raw sqlite3", "strategy db", "manager claim/complete"]
+    assert rows["raw sqlite3"]["ratio"] == {"median": 1.0, "min": 1.0, "max": 1.0}
+    assert all(row["per s"]["min"] > 0 for row in rows.values())
+    assert "db-sqlite: 300 claim+complete per run, 2 runs each" in result.stdout
+
+
+def test_the_example_measure_of_the_docs_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/benchmarks.md's example of a new measure is a working one."""
+    code = python_blocks("benchmarks.md", "Adding a measure")[0]
+    namespace: dict[str, Any] = {"__name__": "header_parse"}
+    exec(compile(code, "docs/benchmarks.md#adding-a-measure", "exec"), namespace)
+    measure = namespace["MEASURE"]
+    assert isinstance(measure, cli.Measure)
+    assert measure.run(cli.parse("header-parse", measure, ["--quick"])) == 0
+    out = capsys.readouterr().out
+    assert "2 rounds x 2000 parses" in out
+    assert re.search(r"^bare\s+\S+ \(\S+\)\s+1\.00 \(1\.00-1\.00\)$", out, re.M), out
+    assert re.search(r"^sf-string\s+\S+ \(\S+\)\s+\d+\.\d\d \(", out, re.M), out
+
+
+def test_all_takes_only_quick() -> None:
+    result = benchmarks("all", "--rounds", "3")
+    assert result.returncode == 2
+    assert "usage: python -m benchmarks all [--quick]" in result.stderr
