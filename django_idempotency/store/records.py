@@ -2,7 +2,8 @@
 
 One row shape, :class:`KeyRow`, as the SQL reads it; :class:`KeyRecord` is that row seen
 by the ``hybrid`` strategy (docs/hybrid.md), :func:`lease_lapsed` is the lease rule
-in Python, and :func:`kept_ttl` how far the completion keeps the claim's expiry. The reference is docs/api.md ("The model and its manager").
+in Python, and :func:`kept_ttl` says when the completion keeps the claim's expiry. The
+reference is docs/api.md ("The model and its manager").
 """
 
 from __future__ import annotations
