@@ -112,8 +112,14 @@ def fill(rows: int, fillfactor: int | None) -> str:
     sql(FILL.format(table=table), [SCOPE, FINGERPRINT, headers, BODY, rows])
     sql(f"ANALYZE {table}")
     options = sql("SELECT reloptions FROM pg_class WHERE relname = %s", [table])[0][0]
-    indexes = [name for (name,) in sql("SELECT indexname FROM pg_indexes WHERE tablename = %s "
-                                       "ORDER BY indexname", [table])]  # fmt: skip
+    pages = "pg_relation_size(indexname::regclass) / current_setting('block_size')::int"
+    indexes = [
+        f"{name} ({count:,} pages)"
+        for name, count in sql(
+            f"SELECT indexname, {pages} FROM pg_indexes WHERE tablename = %s ORDER BY indexname",
+            [table],
+        )
+    ]
     size = sql("SELECT pg_size_pretty(pg_total_relation_size(%s))", [table])[0][0]
     return (
         f"{rows:,} rows ({size}); table options {options or 'none'}; "
