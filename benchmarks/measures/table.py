@@ -26,10 +26,12 @@ over insert only's, median (min-max) over the rounds.
 from __future__ import annotations
 
 import argparse
+import itertools
 import re
 import subprocess
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Any
 
@@ -127,7 +129,7 @@ def fill(rows: int, fillfactor: int | None) -> str:
     )
 
 
-def strategy_keys(keys: Iterator[str]) -> Callable[[int], None]:
+def strategy_keys(next_key: Callable[[], str]) -> Callable[[int], None]:
     """``n`` new keys claimed and completed through the db strategy's Lifecycle."""
     from django_idempotency.protocol.lifecycle import Lifecycle
     from django_idempotency.protocol.replay import StoredResponse
@@ -139,7 +141,7 @@ def strategy_keys(keys: Iterator[str]) -> Callable[[int], None]:
 
     def run(n: int) -> None:
         for _ in range(n):
-            attempt = Attempt(scope=SCOPE, key=next(keys), fingerprint=FINGERPRINT, ttl=TTL,
+            attempt = Attempt(scope=SCOPE, key=next_key(), fingerprint=FINGERPRINT, ttl=TTL,
                               lock_timeout=60.0, method="POST", path="/api/charges/",
                               database="default")  # fmt: skip
             with Lifecycle(strategy, attempt) as lifecycle:
@@ -160,17 +162,40 @@ def insert_only(n: int) -> None:
         sql(statement, [SCOPE, str(uuid.uuid4()), FINGERPRINT, uuid.uuid4(), headers, BODY, TTL])
 
 
-def sequential() -> Iterator[str]:
-    """Keys in increasing order, after every uuid4 key (``~`` sorts after hex digits)."""
-    n = 0
-    while True:
-        n += 1
-        yield f"~{n:012d}"
+def sequential() -> Callable[[], str]:
+    """Keys in increasing order, after every uuid4 key (``~`` sorts after hex digits); one
+    counter for every thread (``next`` of an ``itertools.count`` is atomic)."""
+    numbers = itertools.count(1)
+    return lambda: f"~{next(numbers):012d}"
 
 
-def uuid4_keys() -> Iterator[str]:
-    while True:
-        yield str(uuid.uuid4())
+def uuid4_key() -> str:
+    return str(uuid.uuid4())
+
+
+def in_threads(write: Callable[[int], None], threads: int) -> Callable[[int], None]:
+    """``write`` shared among ``threads`` threads, each on a connection of its own, which
+    flushes its statistics and closes before the thread ends."""
+    if threads <= 1:
+        return write
+
+    def run(n: int) -> None:
+        from django.db import connection
+
+        def part(count: int) -> None:
+            try:
+                write(count)
+                sql("SELECT pg_stat_force_next_flush()")
+                sql("SELECT 1")
+            finally:
+                connection.close()
+
+        shares = [n // threads + (1 if i < n % threads else 0) for i in range(threads)]
+        with ThreadPoolExecutor(threads) as pool:
+            for done in [pool.submit(part, share) for share in shares]:
+                done.result()
+
+    return run
 
 
 def counters() -> dict[str, int]:
@@ -231,6 +256,8 @@ def options(parser: argparse.ArgumentParser) -> None:
         help="completed keys in the table before the rounds (default: %(default)s)")  # fmt: skip
     add("--fillfactor", type=int, default=None,
         help="ALTER TABLE … SET (fillfactor) before the fill (default: as migrated)")  # fmt: skip
+    add("--threads", type=int, default=1,
+        help="threads writing each case's keys at once (default: %(default)s)")  # fmt: skip
     add("--wal-compression", default="off",
         help="the server's wal_compression: off, pglz, lz4 or zstd (default: off)")  # fmt: skip
 
@@ -239,7 +266,8 @@ def run(args: argparse.Namespace) -> int:
     import django_idempotency
 
     settings = {**SERVER, "wal_compression": args.wal_compression}
-    print(conditions(f"{args.rounds} rounds of {args.requests} keys per case"), flush=True)
+    what = f"{args.rounds} rounds of {args.requests} keys per case, {args.threads} thread(s)"
+    print(conditions(what), flush=True)
     with ExitStack() as stack:
         server = stack.enter_context(private_server(settings))
         stack.callback(close_connections)
@@ -248,9 +276,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"server {sql('SHOW server_version')[0][0]}, {settings}", flush=True)
         print(fill(args.rows, args.fillfactor), flush=True)
         writers: dict[str, Callable[[int], None]] = {
-            "uuid4": strategy_keys(uuid4_keys()),
-            "sequential": strategy_keys(sequential()),
-            "insert only": insert_only,
+            "uuid4": in_threads(strategy_keys(uuid4_key), args.threads),
+            "sequential": in_threads(strategy_keys(sequential()), args.threads),
+            "insert only": in_threads(insert_only, args.threads),
         }
         results = interleave(
             CASES,
