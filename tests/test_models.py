@@ -7,7 +7,7 @@ from io import StringIO
 
 import pytest
 from django.core.management import call_command
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 
 from django_idempotency.models import IdempotencyKey
@@ -21,6 +21,18 @@ def test_migrations_are_in_step_with_the_models() -> None:
     out = StringIO()
     call_command("makemigrations", "--check", "--dry-run", stdout=out, stderr=out)
     assert "No changes detected" in out.getvalue()
+
+
+@pytest.mark.postgres
+def test_the_key_table_leaves_room_on_its_pages_for_the_completion() -> None:
+    """fillfactor 80 on PostgreSQL: the completed row version fits on the page of its claim
+    (a HOT update)."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "SELECT reloptions FROM pg_class WHERE oid = %s::regclass",
+            [IdempotencyKey._meta.db_table],
+        )
+        assert cursor.fetchone()[0] == ["fillfactor=80"]
 
 
 @pytest.mark.django_db(databases=["default", "sqlite"])

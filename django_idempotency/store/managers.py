@@ -15,7 +15,7 @@ from django.db import NotSupportedError, OperationalError, connections, models
 
 from .errors import is_transient
 from .purge import PurgeQuerySet
-from .records import ClaimResult, ClaimState, KeyRow
+from .records import ClaimResult, ClaimState, KeyRow, kept_ttl
 from .sql import Statement, Statements, database, statements
 from .status import IN_PROGRESS
 
@@ -290,6 +290,7 @@ class KeyStatements:
         values["response_headers"] = sql.prep("response_headers", response.headers, connection)
         values["response_body"] = sql.prep("response_body", response.body, connection)
         values["ttl"] = float(ttl)
+        values["kept_ttl"] = kept_ttl(float(ttl))
         if commit:
             return _folding(sql.complete_and_commit).store_and_commit(connection, values)
         _row, count = sql.complete.execute(connection, values)

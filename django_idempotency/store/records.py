@@ -1,8 +1,9 @@
 """What the managers return about a key: the claim's outcome, a row, a record, a drain.
 
 One row shape, :class:`KeyRow`, as the SQL reads it; :class:`KeyRecord` is that row seen
-by the ``hybrid`` strategy (docs/hybrid.md), and :func:`lease_lapsed` is the lease rule
-in Python. The reference is docs/api.md ("The model and its manager").
+by the ``hybrid`` strategy (docs/hybrid.md), :func:`lease_lapsed` is the lease rule
+in Python, and :func:`kept_ttl` says when the completion keeps the claim's expiry. The
+reference is docs/api.md ("The model and its manager").
 """
 
 from __future__ import annotations
@@ -79,6 +80,21 @@ def lease_lapsed(locked_at: datetime | None, cutoff: datetime) -> bool:
     filter (``IdempotencyKeyQuerySet.purgeable``) keeps exactly the leases it calls live.
     """
     return locked_at is None or locked_at <= cutoff
+
+
+#: The share of the TTL by which the completion may leave a key's expiry where its claim
+#: put it (the claim's now plus TTL) rather than move it to the completion's now plus TTL.
+#: A request that completes within 1 % of the TTL of its claim (864 s of a day) keeps it:
+#: the completion then changes no indexed column, and PostgreSQL can update the row on its
+#: heap page without a new index entry (a HOT update). A completed key is therefore kept
+#: for the TTL from its claim, and never less than 99 % of the TTL from its completion.
+EXPIRY_SLACK = 0.01
+
+
+def kept_ttl(ttl: float) -> float:
+    """The least TTL, from the completion's now, at which the completion keeps the expiry
+    the claim wrote (``store.sql.owner.complete``): ``ttl`` less :data:`EXPIRY_SLACK` of it."""
+    return ttl * (1 - EXPIRY_SLACK)
 
 
 @dataclass(frozen=True)

@@ -123,6 +123,50 @@ def test_claim_after_complete_returns_the_stored_response(alias: str) -> None:
     assert again.response == RESPONSE
 
 
+def test_a_quick_completion_keeps_the_expiry_of_its_claim(alias: str) -> None:
+    """Completed within 1 % of the TTL of its claim, the key keeps the claim's expiry: the
+    completion writes no indexed column (a HOT update on PostgreSQL)."""
+    first = claim(alias, ttl=3600)
+    assert first.token is not None and first.pk is not None
+    claimed = row(alias, first.pk)["expires_at"]
+    assert IdempotencyKey.objects.complete(first.pk, first.token, RESPONSE, ttl=3600, using=alias)
+    values = row(alias, first.pk)
+    assert values["status"] == "completed" and values["expires_at"] == claimed
+    assert timedelta(seconds=3564) <= values["expires_at"] - values["completed_at"]
+
+
+def test_a_long_request_has_its_ttl_counted_from_the_completion(alias: str) -> None:
+    """A request that ran longer than 1 % of the TTL (here 60 s of 3600) is kept for the
+    whole TTL after its completion, not for what is left of its claim's."""
+    first = claim(alias, ttl=3600)
+    assert first.token is not None and first.pk is not None
+    age(alias, first.pk, expires_at=timedelta(seconds=60 - 3600))  # claimed a minute ago
+    assert IdempotencyKey.objects.complete(first.pk, first.token, RESPONSE, ttl=3600, using=alias)
+    values = row(alias, first.pk)
+    lifetime = values["expires_at"] - values["completed_at"]
+    assert timedelta(seconds=3599) < lifetime <= timedelta(seconds=3601)
+
+
+@pytest.mark.postgres
+def test_the_completion_is_a_hot_update_on_postgresql() -> None:
+    """The completion changes no indexed column of the key row, so PostgreSQL writes its new
+    version on the same heap page without a new index entry (pg_stat: n_tup_hot_upd)."""
+    first = claim("default")
+    assert first.token is not None and first.pk is not None
+    table = IdempotencyKey._meta.db_table
+    counts = (
+        "SELECT pg_stat_get_xact_tuples_updated(%s::regclass), "
+        "pg_stat_get_xact_tuples_hot_updated(%s::regclass)"
+    )
+    with transaction.atomic(using="default"), connections["default"].cursor() as cursor:
+        cursor.execute(counts, [table, table])
+        before = cursor.fetchone()
+        assert IdempotencyKey.objects.complete(first.pk, first.token, RESPONSE, ttl=3600)
+        cursor.execute(counts, [table, table])
+        after = cursor.fetchone()
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 1)
+
+
 def test_other_fingerprint_is_a_mismatch(alias: str) -> None:
     first = claim(alias)
     assert claim(alias, fingerprint=OTHER_PRINT).state is ClaimState.MISMATCH

@@ -136,11 +136,14 @@ def claim_values(response_headers: Any) -> dict[str, Any]:
 
 def complete_values(response_headers: Any) -> dict[str, Any]:
     """The completion statement's values but the row and the token."""
+    from django_idempotency.store.records import kept_ttl
+
     return {
         "response_status": 201,
         "response_headers": response_headers,
         "response_body": BODY,
         "ttl": TTL,
+        "kept_ttl": kept_ttl(TTL),
     }
 
 

@@ -23,8 +23,12 @@ def _owner(s: Schema) -> list[Part]:
 
 
 def complete(s: Schema) -> list[Part]:
-    """The response stored and the key completed, its TTL counted from now."""
+    """The response stored and the key completed, its TTL counted from now, or from the
+    claim when that is at most ``ttl - kept_ttl`` earlier (the expiry the claim wrote is
+    kept: no indexed column changes, so PostgreSQL updates the row in place, a HOT
+    update; see :data:`~django_idempotency.store.records.EXPIRY_SLACK`)."""
     col = s.col
+    expires = col("expires_at")
     return [
         f"UPDATE {s.table} SET {col('status')} = '{COMPLETED}', {col('response_status')} = ",
         Param("response_status"),
@@ -34,8 +38,13 @@ def complete(s: Schema) -> list[Part]:
         Param("response_body"),
         f", {col('completed_at')} = ",
         Now(),
-        f", {col('locked_at')} = NULL, {col('expires_at')} = ",
+        f", {col('locked_at')} = NULL, {expires} = CASE WHEN {expires} >= ",
+        Now("kept_ttl"),
+        f" AND {expires} <= ",
         Now("ttl"),
+        f" THEN {expires} ELSE ",
+        Now("ttl"),
+        " END",
         *_owner(s),
     ]
 
