@@ -8,6 +8,7 @@ methods are listed in docs/api.md ("The model and its manager").
 from __future__ import annotations
 
 import uuid
+from contextlib import nullcontext
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -174,7 +175,32 @@ class IdempotencyOutboxManager(models.Manager[_Outbox]):
     def _drain_once(
         self, alias: str, batch_size: int, hold_partial: timedelta | None
     ) -> DrainResult:
-        """One transaction of :meth:`drain`."""
+        """One transaction of :meth:`drain`: one statement where the dialect has it
+        (:mod:`~django_idempotency.store.sql.drain`, PostgreSQL), else the ORM's three."""
+        connection = connections[alias]
+        sql = statements(connection)
+        statement = sql.drain_batch if hold_partial is None else sql.drain_batch_hold
+        if statement is None:
+            return self._drain_orm(alias, batch_size, hold_partial)
+        values: dict[str, Any] = {"limit": int(batch_size)}
+        if hold_partial is not None:
+            values["hold"] = -hold_partial.total_seconds()
+        # In autocommit the statement is its own transaction; in the caller's, a savepoint
+        # of its own, so that a retry after a deadlock starts from there.
+        inside: Any = (
+            transaction.atomic(using=alias) if connection.in_atomic_block else nullcontext()
+        )
+        with inside:
+            (taken, moved, stored), _count = statement.execute(connection, values)
+        if moved < taken:
+            return DrainResult(held=taken)
+        return DrainResult(drained=stored, discarded=moved - stored)
+
+    def _drain_orm(
+        self, alias: str, batch_size: int, hold_partial: timedelta | None
+    ) -> DrainResult:
+        """One transaction of :meth:`drain` through the ORM: the batch read, its live rows
+        written as keys (``bulk_create``), the batch deleted."""
         features = connections[alias].features
         now = timezone.now()
         with transaction.atomic(using=alias):
