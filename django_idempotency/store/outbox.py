@@ -142,14 +142,17 @@ class IdempotencyOutboxManager(models.Manager[_Outbox]):
     ) -> DrainResult:
         """Move up to ``batch_size`` rows into IdempotencyKey, in one transaction.
 
-        ``SELECT … ORDER BY id LIMIT n FOR UPDATE SKIP LOCKED`` (on PostgreSQL and on
-        MariaDB 10.6+ and MySQL; MariaDB 10.5 waits for the rows another drainer holds
-        instead; SQLite has one writer at a time and a plain SELECT) picks rows no other
-        drainer holds; one ``INSERT … ON CONFLICT (scope, key) DO UPDATE`` (``ON
-        DUPLICATE KEY UPDATE`` on MySQL and MariaDB) writes them as completed
-        keys with fresh claim tokens (which also fences out a ``db`` claim of the same
-        key that is still running); one ``DELETE`` removes them. Expired rows are only
-        deleted. A crash before the commit rolls all of it back, and running it again
+        On PostgreSQL the batch is one statement
+        (:func:`~django_idempotency.store.sql.drain.drain_batch`): the same steps as
+        below in data-modifying CTEs, no row passing through the client, expiry judged on
+        the database's clock. Elsewhere, through the ORM: ``SELECT … ORDER BY id LIMIT n
+        FOR UPDATE SKIP LOCKED`` (on MariaDB 10.6+ and MySQL; MariaDB 10.5 waits for the
+        rows another drainer holds instead; SQLite has one writer at a time and a plain
+        SELECT) picks rows no other drainer holds; one ``INSERT … ON CONFLICT (scope,
+        key) DO UPDATE`` (``ON DUPLICATE KEY UPDATE`` on MySQL and MariaDB) writes them as
+        completed keys with fresh claim tokens (which also fences out a ``db`` claim of the
+        same key that is still running); one ``DELETE`` removes them. Expired rows are
+        only deleted. A crash before the commit rolls all of it back, and running it again
         writes the same rows again: several drainers at once, or one run after a crash,
         neither lose nor duplicate a row.
 
