@@ -18,8 +18,11 @@ of --batch-size until it is empty. The cases, interleaved round by round:
 Reported per case: rows/s (all workers) and per worker; the client's CPU per row
 (``time.process_time`` of this process over the drain, every worker's thread included);
 WAL bytes per row (``pg_current_wal_lsn()`` before and after); and, round by round, the
-case's rows/s and CPU per row as a ratio to the reference's. Every round checks that each
-row became exactly one key and the outbox is empty (the exit status is 1 otherwise).
+case's rows/s and CPU per row as a ratio to the reference's. Then --rounds more rounds in
+which the cases take batches of one outbox in turn on one thread, each batch timed alone, so
+that a busy moment of the machine weighs on every case alike (the steadier ratio on a shared
+machine). Every round checks that each row became exactly one key and the outbox is empty
+(the exit status is 1 otherwise).
 """
 
 from __future__ import annotations
@@ -88,31 +91,25 @@ ON CONFLICT (scope, key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint,
 """
 
 
-def reference_worker(url: str, batch_size: int) -> Callable[[], int]:
-    """A drainer running :data:`REFERENCE` on a bare psycopg connection in autocommit,
-    opened before the clock starts; it returns the rows it moved."""
+Batch = Callable[[], int]
+
+
+def reference_batch(url: str, batch_size: int) -> tuple[Batch, Callable[[], None]]:
+    """One batch of :data:`REFERENCE` on a bare psycopg connection in autocommit, opened
+    now (before the clock starts), and what closes it; a batch returns the rows it moved."""
     import psycopg
 
     conn = psycopg.connect(url, autocommit=True)
 
-    def drain() -> int:
-        moved = 0
-        try:
-            while True:
-                count = conn.execute(REFERENCE, (batch_size,)).rowcount
-                moved += count
-                if count < batch_size:
-                    return moved
-        finally:
-            conn.close()
+    def batch() -> int:
+        return int(conn.execute(REFERENCE, (batch_size,)).rowcount)
 
-    return drain
+    return batch, conn.close
 
 
-def library_worker(case: str, batch_size: int) -> Callable[[], int]:
-    """A drainer calling the manager (``case`` "library": ``drain()``, "orm": its ORM
-    path), on this thread's Django connection, opened before the clock starts; it returns
-    the rows it moved."""
+def library_batch(case: str, batch_size: int) -> tuple[Batch, Callable[[], None]]:
+    """One batch through the manager (``case`` "library": ``drain()``, "orm": its ORM
+    path) on this thread's Django connection, opened now, and what closes it."""
     from django.db import connection
 
     from django_idempotency.models import IdempotencyOutbox
@@ -120,21 +117,18 @@ def library_worker(case: str, batch_size: int) -> Callable[[], int]:
     manager: Any = IdempotencyOutbox.objects
     connection.ensure_connection()
 
-    def drain() -> int:
-        moved = 0
-        try:
-            while True:
-                if case == "orm":
-                    result = manager._drain_orm("default", batch_size, None)
-                else:
-                    result = manager.drain(batch_size)
-                moved += result.rows
-                if result.rows < batch_size:
-                    return moved
-        finally:
-            connection.close()
+    def batch() -> int:
+        if case == "orm":
+            return int(manager._drain_orm("default", batch_size, None).rows)
+        return int(manager.drain(batch_size).rows)
 
-    return drain
+    return batch, connection.close
+
+
+def batcher(case: str, url: str, batch_size: int) -> tuple[Batch, Callable[[], None]]:
+    if case == "reference":
+        return reference_batch(url, batch_size)
+    return library_batch(case, batch_size)
 
 
 def prepare(url: str, rows: int, salt: str) -> int:
@@ -156,17 +150,18 @@ def run_case(url: str, case: str, args: argparse.Namespace, round_: int) -> dict
     started = threading.Barrier(args.workers + 1)
     moved: list[int] = []
 
-    def thread(make: Callable[[], Callable[[], int]]) -> None:
-        drain = make()  # connected before the clock starts
+    def thread() -> None:
+        batch, close = batcher(case, url, args.batch_size)  # connected before the clock
         started.wait()
-        moved.append(drain())
+        rows = 0
+        try:
+            while (count := batch()) == args.batch_size:
+                rows += count
+            moved.append(rows + count)
+        finally:
+            close()
 
-    def maker() -> Callable[[], int]:
-        if case == "reference":
-            return reference_worker(url, args.batch_size)
-        return library_worker(case, args.batch_size)
-
-    threads = [threading.Thread(target=thread, args=(maker,)) for _ in range(args.workers)]
+    threads = [threading.Thread(target=thread) for _ in range(args.workers)]
     for each in threads:
         each.start()
     started.wait()
@@ -183,6 +178,37 @@ def run_case(url: str, case: str, args: argparse.Namespace, round_: int) -> dict
         "cpu": cpu / total * 1e6,
         "wal": wal / total,
         "ok": float(total == keys == args.rows and left == 0),
+    }
+
+
+def run_paired(url: str, args: argparse.Namespace, round_: int) -> dict[str, dict[str, float]]:
+    """One round of the cases taking batches of one outbox in turn, on this thread (the
+    order rotating every turn), each batch timed alone: the load of the machine weighs on
+    every case alike. Each case's rows/s over its own batches, and CPU per row."""
+    prepare(url, args.rows, f"paired-{round_}")
+    batches = {case: batcher(case, url, args.batch_size) for case in args.cases}
+    figures = {case: {"rows": 0.0, "wall": 0.0, "cpu": 0.0} for case in args.cases}
+    turn, running = 0, list(args.cases)
+    try:
+        while running:
+            shift = turn % len(running)
+            for case in running[shift:] + running[:shift]:
+                cpu, wall = time.process_time(), time.perf_counter()
+                count = batches[case][0]()
+                figures[case]["wall"] += time.perf_counter() - wall
+                figures[case]["cpu"] += time.process_time() - cpu
+                figures[case]["rows"] += count
+                if count < args.batch_size:
+                    running.remove(case)
+            turn += 1
+    finally:
+        for _batch, close in batches.values():
+            close()
+    keys = scalar(url, f"SELECT count(DISTINCT key) FROM {KEYS}")
+    ok = float(keys == sum(f["rows"] for f in figures.values()) == args.rows)
+    return {
+        case: {"rows/s": f["rows"] / f["wall"], "cpu": f["cpu"] / f["rows"] * 1e6, "ok": ok}
+        for case, f in figures.items()
     }
 
 
@@ -220,8 +246,14 @@ def run(args: argparse.Namespace) -> int:
             "rotate",
             progress,
         )
-    emit([report(results, args.workers)], args.json)
-    return 0 if all(f["ok"] for rounds in results.values() for f in rounds) else 1
+        paired: dict[str, list[dict[str, float]]] = {case: [] for case in args.cases}
+        for r in range(args.rounds):
+            for case, figures in run_paired(url, args, r).items():
+                paired[case].append(figures)
+            print(f"paired round {r + 1} done", flush=True)
+    emit([report(results, args.workers), report_paired(paired)], args.json)
+    every = [f for found in (results, paired) for rounds in found.values() for f in rounds]
+    return 0 if all(f["ok"] for f in every) else 1
 
 
 def report(results: dict[str, list[dict[str, float]]], workers: int) -> Table:
@@ -253,6 +285,31 @@ def report(results: dict[str, list[dict[str, float]]], workers: int) -> Table:
     table.note = "every row moved exactly once in every round: " + (
         "yes" if all(f["ok"] for rounds in results.values() for f in rounds) else "NO"
     )
+    return table
+
+
+def report_paired(results: dict[str, list[dict[str, float]]]) -> Table:
+    table = Table(
+        "Batch by batch, the cases in turn on one outbox (median (min-max) of the rounds)",
+        [
+            Column("case"),
+            Column("rows/s in its batches", ",.0f"),
+            Column("client CPU µs/row", ".1f"),
+            Column("rows/s ÷ reference", ".2f"),
+            Column("CPU/row ÷ reference", ".2f"),
+        ],
+    )
+    base = results.get("reference")
+    for case, rounds in results.items():
+        rate = [f["rows/s"] for f in rounds]
+        cpu = [f["cpu"] for f in rounds]
+        table.add(
+            case,
+            spread(rate),
+            spread(cpu),
+            None if base is None else ratio(rate, [f["rows/s"] for f in base]),
+            None if base is None else ratio(cpu, [f["cpu"] for f in base]),
+        )
     return table
 
 
