@@ -141,7 +141,7 @@ def prepare(url: str, rows: int, salt: str) -> int:
         conn.execute(f"VACUUM ANALYZE {OUTBOX}")
         conn.execute(f"VACUUM ANALYZE {KEYS}")
         conn.execute("CHECKPOINT")
-        return int(conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()[0])
+    return int(scalar(url, "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"))
 
 
 def run_case(url: str, case: str, args: argparse.Namespace, round_: int) -> dict[str, float]:
