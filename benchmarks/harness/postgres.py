@@ -9,6 +9,7 @@ run as root) on a free loopback port, where no other client writes WAL, and remo
 
 from __future__ import annotations
 
+import glob
 import os
 import pwd
 import shutil
@@ -26,8 +27,9 @@ from .processes import free_port
 ADMIN_URL = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 
 
-#: Where Debian puts the server's programs (``initdb`` is not on PATH there).
-BINDIRS = ("/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/16/bin", "/usr/lib/postgresql/17/bin")
+#: Where Debian puts the server's programs (``initdb`` is not on PATH there), one directory
+#: per major version.
+DEBIAN_BINDIRS = "/usr/lib/postgresql/*/bin"
 
 
 def admin(sql: str, admin_url: str | None = None) -> None:
@@ -62,8 +64,9 @@ def bindir() -> Path | None:
     found = shutil.which("initdb")
     candidates = [os.environ.get("BENCH_POSTGRES_BINDIR", "")]
     candidates += [str(Path(found).parent)] if found else []
-    for candidate in [*candidates, *BINDIRS]:
-        if candidate and (Path(candidate) / "initdb").is_file():
+    debian = sorted(glob.glob(DEBIAN_BINDIRS), reverse=True)  # the newest version first
+    for candidate in [*candidates, *debian]:
+        if candidate and all((Path(candidate) / p).is_file() for p in ("initdb", "pg_ctl")):
             return Path(candidate)
     return None
 
