@@ -16,6 +16,7 @@ MEASURES: dict[str, str] = {
     "wait": "benchmarks.measures.wait",
     "wait-poll": "benchmarks.measures.wait_poll",
     "purge": "benchmarks.measures.purge",
+    "drain": "benchmarks.measures.drain",
     "hybrid": "benchmarks.measures.hybrid",
     "table": "benchmarks.measures.table",
 }

@@ -8,6 +8,7 @@ methods are listed in docs/api.md ("The model and its manager").
 from __future__ import annotations
 
 import uuid
+from contextlib import nullcontext
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -141,14 +142,17 @@ class IdempotencyOutboxManager(models.Manager[_Outbox]):
     ) -> DrainResult:
         """Move up to ``batch_size`` rows into IdempotencyKey, in one transaction.
 
-        ``SELECT … ORDER BY id LIMIT n FOR UPDATE SKIP LOCKED`` (on PostgreSQL and on
-        MariaDB 10.6+ and MySQL; MariaDB 10.5 waits for the rows another drainer holds
-        instead; SQLite has one writer at a time and a plain SELECT) picks rows no other
-        drainer holds; one ``INSERT … ON CONFLICT (scope, key) DO UPDATE`` (``ON
-        DUPLICATE KEY UPDATE`` on MySQL and MariaDB) writes them as completed
-        keys with fresh claim tokens (which also fences out a ``db`` claim of the same
-        key that is still running); one ``DELETE`` removes them. Expired rows are only
-        deleted. A crash before the commit rolls all of it back, and running it again
+        On PostgreSQL the batch is one statement
+        (:func:`~django_idempotency.store.sql.drain.drain_batch`): the same steps as
+        below in data-modifying CTEs, no row passing through the client, expiry judged on
+        the database's clock. Elsewhere, through the ORM: ``SELECT … ORDER BY id LIMIT n
+        FOR UPDATE SKIP LOCKED`` (on MariaDB 10.6+ and MySQL; MariaDB 10.5 waits for the
+        rows another drainer holds instead; SQLite has one writer at a time and a plain
+        SELECT) picks rows no other drainer holds; one ``INSERT … ON CONFLICT (scope,
+        key) DO UPDATE`` (``ON DUPLICATE KEY UPDATE`` on MySQL and MariaDB) writes them as
+        completed keys with fresh claim tokens (which also fences out a ``db`` claim of the
+        same key that is still running); one ``DELETE`` removes them. Expired rows are
+        only deleted. A crash before the commit rolls all of it back, and running it again
         writes the same rows again: several drainers at once, or one run after a crash,
         neither lose nor duplicate a row.
 
@@ -174,7 +178,32 @@ class IdempotencyOutboxManager(models.Manager[_Outbox]):
     def _drain_once(
         self, alias: str, batch_size: int, hold_partial: timedelta | None
     ) -> DrainResult:
-        """One transaction of :meth:`drain`."""
+        """One transaction of :meth:`drain`: one statement where the dialect has it
+        (:mod:`~django_idempotency.store.sql.drain`, PostgreSQL), else the ORM's three."""
+        connection = connections[alias]
+        sql = statements(connection)
+        statement = sql.drain_batch if hold_partial is None else sql.drain_batch_hold
+        if statement is None:
+            return self._drain_orm(alias, batch_size, hold_partial)
+        values: dict[str, Any] = {"limit": int(batch_size)}
+        if hold_partial is not None:
+            values["hold"] = -hold_partial.total_seconds()
+        # In autocommit the statement is its own transaction; in the caller's, a savepoint
+        # of its own, so that a retry after a deadlock starts from there.
+        inside: Any = (
+            transaction.atomic(using=alias) if connection.in_atomic_block else nullcontext()
+        )
+        with inside:
+            (taken, moved, stored), _count = statement.execute(connection, values)
+        if moved < taken:
+            return DrainResult(held=taken)
+        return DrainResult(drained=stored, discarded=moved - stored)
+
+    def _drain_orm(
+        self, alias: str, batch_size: int, hold_partial: timedelta | None
+    ) -> DrainResult:
+        """One transaction of :meth:`drain` through the ORM: the batch read, its live rows
+        written as keys (``bulk_create``), the batch deleted."""
         features = connections[alias].features
         now = timezone.now()
         with transaction.atomic(using=alias):

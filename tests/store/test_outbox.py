@@ -1,16 +1,21 @@
 """``IdempotencyOutbox.objects``: add, lookup and drain, on PostgreSQL and SQLite.
 
 The concurrency of ``add`` (a second insert of a key waits for the first transaction)
-is shown with two real connections on PostgreSQL; the drain under several workers at
-once is in ``test_tasks.py``, with real Celery worker processes.
+is shown with two real connections on PostgreSQL; the drain (one statement per batch on
+PostgreSQL) with several drainer threads at once and with a drainer process killed
+mid-batch; with real Celery worker processes in ``test_tasks.py``.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +29,7 @@ from django_idempotency.store.records import ClaimState
 from django_idempotency.store.status import COMPLETED, IN_PROGRESS
 
 from ..support.factories import CompletedKeyFactory, IdempotencyKeyFactory
+from ..support.threads import run_at_once
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
 
@@ -373,3 +379,182 @@ def test_add_fenced_keeps_a_stale_claim_renewed_while_it_waits() -> None:
     assert result == [False]
     assert IdempotencyKey.objects.filter(pk=stale.pk).exists()
     assert not IdempotencyOutbox.objects.filter(key="race").exists()
+
+
+# -- the drain as one statement (PostgreSQL) and what it does over existing key rows ---------
+
+
+@pytest.mark.parametrize("using", BACKENDS)
+def test_drain_overwrites_every_kind_of_key_row_alike(using: str) -> None:
+    """What a key row already holds does not change what the drain writes, on the one
+    statement (PostgreSQL) as on the ORM path (SQLite): a ``db`` claim still running (the
+    fallback's), a live completed row with another fingerprint and an expired one are all
+    replaced by the outbox row, as a completed key with a fresh claim token; the row's id
+    is kept."""
+    existing = {
+        "running": IdempotencyKeyFactory(_using=using, scope="user:1", key="running"),
+        "other": CompletedKeyFactory(
+            _using=using, scope="user:1", key="other", fingerprint="0" * 64, response_body=b"x"
+        ),
+        "old": CompletedKeyFactory(
+            _using=using,
+            scope="user:1",
+            key="old",
+            expires_at=timezone.now() - timedelta(seconds=5),
+        ),
+    }
+    for key in [*existing, "new"]:
+        assert _add(using, key)
+    outbox = {row.key: row for row in IdempotencyOutbox.objects.using(using)}
+    result = IdempotencyOutbox.objects.drain(10, using=using)
+    assert (result.drained, result.discarded, result.held) == (4, 0, 0)
+    rows = {row.key: row for row in IdempotencyKey.objects.using(using)}
+    assert set(rows) == {"running", "other", "old", "new"}
+    for key, row in rows.items():
+        source = outbox[key]
+        assert (row.status, row.locked_at, row.fingerprint) == (COMPLETED, None, "f" * 64)
+        assert (row.response_status, row.response_headers) == (201, RESPONSE.headers)
+        assert bytes(row.response_body or b"") == RESPONSE.body
+        assert (row.request_method, row.request_path) == ("POST", "/x/")
+        assert row.created_at == row.completed_at == source.created_at
+        assert row.expires_at == source.expires_at
+        if key in existing:
+            assert row.pk == existing[key].pk
+            assert row.claim_token != existing[key].claim_token
+    assert len({row.claim_token for row in rows.values()}) == 4
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("hold", [None, timedelta(seconds=30)], ids=["plain", "hold"])
+def test_a_drain_batch_is_one_statement_on_postgres(hold: timedelta | None) -> None:
+    for index in range(30):
+        assert _add("default", f"k{index}")
+    with CaptureQueriesContext(connections["default"]) as queries:
+        result = IdempotencyOutbox.objects.drain(20, using="default", hold_partial=hold)
+    assert result.drained == 20
+    assert len(queries) == 1, [q["sql"][:60] for q in queries.captured_queries]
+    assert IdempotencyOutbox.objects.count() == 10
+
+
+@pytest.mark.postgres
+def test_a_drainer_skips_the_batch_another_one_holds() -> None:
+    """SKIP LOCKED: while one drainer's transaction holds its batch, a second drainer takes
+    the next rows at once, without waiting and without touching the first one's; when the
+    first rolls back, its rows are there to be drained again."""
+    for index in range(30):
+        assert _add("default", f"k{index:02d}")
+    holding = threading.Event()
+    release = threading.Event()
+
+    def first() -> None:
+        try:
+            with transaction.atomic():
+                assert IdempotencyOutbox.objects.drain(10, using="default").drained == 10
+                holding.set()
+                assert release.wait(30)
+                transaction.set_rollback(True)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    try:
+        assert holding.wait(30)
+        started = time.monotonic()
+        second = IdempotencyOutbox.objects.drain(100, using="default")
+        waited = time.monotonic() - started
+        done = set(IdempotencyKey.objects.values_list("key", flat=True))
+    finally:
+        release.set()
+        thread.join(30)
+    assert second.drained == 20 and waited < 5
+    assert done == {f"k{index:02d}" for index in range(10, 30)}, "the first batch was skipped"
+    assert IdempotencyOutbox.objects.count() == 10  # the first batch rolled back
+    assert IdempotencyOutbox.objects.drain(100, using="default").drained == 10
+    assert IdempotencyKey.objects.count() == 30
+
+
+@pytest.mark.postgres
+def test_parallel_drainers_move_every_row_exactly_once() -> None:
+    """Four threads, each with its own connection, drain one outbox at once in small
+    batches: every row becomes a key with its own response, none twice, and the row
+    counts the drainers report add up to the outbox's."""
+    total = 4000
+    IdempotencyOutbox.objects.bulk_create(
+        [
+            IdempotencyOutbox(
+                scope="user:1",
+                key=f"p{index:05d}",
+                fingerprint=f"{index:064x}",
+                request_method="POST",
+                request_path="/x/",
+                response_status=201,
+                response_headers={},
+                response_body=f"body {index}".encode(),
+                expires_at=timezone.now() + timedelta(hours=1),
+            )
+            for index in range(total)
+        ]
+    )
+
+    def drain(_: int) -> list[int]:
+        moved = []
+        while (result := IdempotencyOutbox.objects.drain(50, using="default")).rows:
+            moved.append(result.drained)
+        return moved
+
+    batches = run_at_once(4, drain)
+    assert sum(sum(each) for each in batches) == total
+    assert sum(1 for each in batches if each) >= 2, "more than one drainer took batches"
+    assert IdempotencyOutbox.objects.count() == 0
+    rows = dict(IdempotencyKey.objects.values_list("key", "response_body"))
+    assert len(rows) == total == IdempotencyKey.objects.count()
+    assert all(bytes(rows[f"p{i:05d}"] or b"") == f"body {i}".encode() for i in range(total))
+
+
+#: A drainer process: it drains one batch in a transaction, says so, and waits to be killed.
+_DRAINER = """
+import sys, time, django
+django.setup()
+from django.db import transaction
+from django_idempotency.models import IdempotencyOutbox
+with transaction.atomic():
+    print(IdempotencyOutbox.objects.drain(int(sys.argv[1])).drained, flush=True)
+    time.sleep(120)
+"""
+
+
+@pytest.mark.postgres
+def test_a_drainer_killed_mid_batch_loses_nothing() -> None:
+    """A real process drains a batch (the statement has run: the rows are deleted and the
+    keys written in its transaction) and is killed with SIGKILL before it commits: every
+    row is still in the outbox, no key was written, and the next drain moves them all."""
+    for index in range(300):
+        assert _add("default", f"k{index:03d}")
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "TEST_DATABASE_NAME": str(connections["default"].settings_dict["NAME"]),
+        "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+    }
+    drainer = subprocess.Popen(
+        [sys.executable, "-c", _DRAINER, "200"], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert drainer.stdout is not None
+        assert drainer.stdout.readline().strip() == "200", "the batch was drained, uncommitted"
+        # Another drainer skips the batch the doomed one holds.
+        assert IdempotencyOutbox.objects.drain(1000).drained == 100
+    finally:
+        drainer.kill()
+        drainer.wait(30)
+    assert IdempotencyOutbox.objects.count() == 200
+    assert IdempotencyKey.objects.count() == 100
+    # The rows are skipped until the server has ended the killed backend (rolled back).
+    moved = 0
+    deadline = time.monotonic() + 30
+    while IdempotencyOutbox.objects.exists() and time.monotonic() < deadline:
+        moved += IdempotencyOutbox.objects.drain(1000).drained
+        time.sleep(0.05)
+    assert moved == 200
+    assert IdempotencyKey.objects.count() == 300 and IdempotencyOutbox.objects.count() == 0

@@ -44,6 +44,10 @@ class BaseDialect:
     #: Whether the ``hybrid`` strategy's outbox insert can fence a stale claim in the same
     #: statement (a data-modifying CTE).
     fences_in_outbox_add = False
+    #: Whether a batch of the outbox drain is one statement (data-modifying CTEs and
+    #: ``gen_random_uuid()``: :mod:`~django_idempotency.store.sql.drain`); elsewhere the
+    #: manager reads the batch, writes the keys and deletes the rows in three.
+    moves_in_statement = False
     #: What a ``SELECT`` of values alone needs before its ``WHERE`` (``" FROM DUAL"``).
     from_nothing = ""
     #: Whether ``INSERT … ON CONFLICT (…) DO UPDATE … WHERE`` (a conditional upsert) is

@@ -37,6 +37,7 @@ class PostgreSQLDialect(BaseDialect):
     async_commit = ASYNC_COMMIT
     commits_in_statement = True
     fences_in_outbox_add = True
+    moves_in_statement = True
 
 
 def and_commit(write: list[Part], cte: list[Part] | None = None) -> list[Part]:

@@ -15,7 +15,7 @@ from django.apps import apps
 from django.db import DEFAULT_DB_ALIAS, models
 
 from ..records import READ_COLUMNS, KeyRow
-from . import claim, completed, fence, outbox, owner, purge, read
+from . import claim, completed, drain, fence, outbox, owner, purge, read
 from .base import BaseDialect
 from .mysql import MariaDBDialect, MySQLDialect
 from .outbox import OUTBOX_ADD_COLUMNS
@@ -129,12 +129,18 @@ class Statements:
     def _upserts(self, s: Schema) -> None:
         """The conditional upserts, where the dialect has them (None elsewhere): the
         completed record over an expired one (``advisory_lock``), the outbox row over an
-        expired one (``hybrid``)."""
+        expired one (``hybrid``), and the outbox drain's batch as one statement."""
         self.store: Statement | None = None
         self.outbox_add: Statement | None = None
         if s.dialect.upserts:
             self.store = s.statement(*completed.store(s))
             self.outbox_add = s.statement(*outbox.outbox_add(s))
+        #: One batch of the outbox drain, without and with ``hold_partial``.
+        self.drain_batch: Statement | None = None
+        self.drain_batch_hold: Statement | None = None
+        if s.dialect.moves_in_statement:
+            self.drain_batch = s.statement(*drain.drain_batch(s, hold=False))
+            self.drain_batch_hold = s.statement(*drain.drain_batch(s, hold=True))
 
     def _commit_forms(self, s: Schema) -> None:
         """The statements that fold more into one query where the dialect can: a write and
