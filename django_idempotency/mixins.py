@@ -65,8 +65,12 @@ class IdempotencyMixin:
     # -- hooks ---------------------------------------------------------------------------
 
     def get_idempotency_options(self, request: Request) -> Options:
-        """This view's options, from its ``idempotency_<option>`` attributes."""
-        return Options(**declared_options(self, {}))
+        """This view's options, from its ``idempotency_<option>`` attributes (read once
+        per request: DRF makes a view instance per request)."""
+        options: Options | None = self.__dict__.get("_idempotency_declared")
+        if options is None:
+            options = self._idempotency_declared = Options(**declared_options(self, {}))
+        return options
 
     def get_idempotency_scope(self, request: Request) -> str:
         """Whose key this is: the authenticated user by default. Override for tenants
