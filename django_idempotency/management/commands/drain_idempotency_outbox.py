@@ -35,8 +35,8 @@ from django.utils.translation import gettext_noop, ngettext, pgettext_lazy
 
 from ...conf import conf
 from ...models import IdempotencyOutbox
-from ..progress import DEFAULT_EVERY, Progress
-from .purge_idempotency_keys import batch_size, check_database, duration
+from ..arguments import add_database, add_progress_every, batch_size, database, duration
+from ..progress import Progress
 
 #: Seconds between two passes of ``--loop``, by default.
 DEFAULT_INTERVAL = 10.0
@@ -126,26 +126,17 @@ class Command(BaseCommand):
                 "(default %(default)s); a failed pass is retried after --interval."
             ),
         )
-        parser.add_argument(
-            "--progress-every",
-            type=duration,
-            default=timedelta(seconds=DEFAULT_EVERY),
-            metavar="DURATION",
-            help=_(
+        add_progress_every(
+            parser,
+            _(
                 "At -v 1 and above, a progress line at most this often "
                 "(default %(every)ss; 0: after every batch)."
-            )
-            % {"every": f"{DEFAULT_EVERY:g}"},
+            ),
         )
-        parser.add_argument(
-            "--database",
-            default=None,
-            help=_("Database alias of the outbox (default: IDEMPOTENCY['DATABASE'])."),
-        )
+        add_database(parser, _("Database alias of the outbox (default: IDEMPOTENCY['DATABASE'])."))
 
     def handle(self, *args: Any, **options: Any) -> None:
-        using: str = options["database"] or conf.DATABASE
-        check_database(using)
+        using = database(options)
         if options["max_failures"] < 1:
             raise CommandError(
                 _("--max-failures: must be 1 or more, not %(value)d")

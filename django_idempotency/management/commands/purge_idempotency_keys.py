@@ -14,45 +14,22 @@ rows at once and can be interrupted at any point. Like Django's commands: silent
 
 from __future__ import annotations
 
-import argparse
 import time
 from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError, connections
+from django.db import DatabaseError
 from django.utils.formats import number_format
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop, ngettext, pgettext_lazy
 
-from ...conf import conf
 from ...models import IdempotencyKey
-from ..durations import format_duration, parse_duration
-from ..progress import DEFAULT_EVERY, Progress
+from ..arguments import add_database, add_progress_every, batch_size, database, duration
+from ..durations import format_duration
+from ..progress import Progress
 
 DEFAULT_BATCH_SIZE = 1000
-MAX_BATCH_SIZE = 100_000
-
-
-def batch_size(value: str) -> int:
-    try:
-        size = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            _("must be a whole number, not %(value)s") % {"value": repr(value)}
-        ) from None
-    if not 1 <= size <= MAX_BATCH_SIZE:
-        raise argparse.ArgumentTypeError(
-            _("must be between 1 and %(max)d, not %(size)d") % {"max": MAX_BATCH_SIZE, "size": size}
-        )
-    return size
-
-
-def duration(value: str) -> timedelta:
-    try:
-        return parse_duration(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 class Command(BaseCommand):
@@ -84,26 +61,19 @@ class Command(BaseCommand):
             metavar="DURATION",
             help=_("Only keys that expired at least this long ago, e.g. 90s, 2h, 7d, 1h30m."),
         )
-        parser.add_argument(
-            "--progress-every",
-            type=duration,
-            default=timedelta(seconds=DEFAULT_EVERY),
-            metavar="DURATION",
-            help=_(
+        add_progress_every(
+            parser,
+            _(
                 "At -v 1 and above, a progress line (rows deleted, rate, time left) at "
                 "most this often (default %(every)ss; 0: after every batch)."
-            )
-            % {"every": f"{DEFAULT_EVERY:g}"},
+            ),
         )
-        parser.add_argument(
-            "--database",
-            default=None,
-            help=_("Database alias holding the keys (default: IDEMPOTENCY['DATABASE'])."),
+        add_database(
+            parser, _("Database alias holding the keys (default: IDEMPOTENCY['DATABASE']).")
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        using: str = options["database"] or conf.DATABASE
-        check_database(using)
+        using = database(options)
         older_than: timedelta | None = options["older_than"]
         verbosity: int = options["verbosity"]
 
@@ -192,16 +162,6 @@ class Command(BaseCommand):
                     "longest": number_format(longest * 1000, 0),
                 }
             )
-        )
-
-
-def check_database(using: str) -> None:
-    """``CommandError`` unless ``using`` is an alias of ``DATABASES``."""
-    if using not in connections.settings:
-        known = ", ".join(sorted(connections.settings))
-        raise CommandError(
-            _("--database: unknown database alias %(alias)s (known: %(known)s)")
-            % {"alias": repr(using), "known": known}
         )
 
 

@@ -1,0 +1,71 @@
+"""The command-line arguments the library's management commands share: their types
+(``--batch-size``, durations such as ``90s`` or ``1h30m``) and the ``--database`` and
+``--progress-every`` options, each command with its own help text."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import timedelta
+from typing import Any
+
+from django.core.management.base import CommandError, CommandParser
+from django.db import connections
+from django.utils.translation import gettext as _
+
+from ..conf import conf
+from .durations import parse_duration
+from .progress import DEFAULT_EVERY
+
+MAX_BATCH_SIZE = 100_000
+
+
+def batch_size(value: str) -> int:
+    """``--batch-size``: a whole number from 1 to ``MAX_BATCH_SIZE``."""
+    try:
+        size = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            _("must be a whole number, not %(value)s") % {"value": repr(value)}
+        ) from None
+    if not 1 <= size <= MAX_BATCH_SIZE:
+        raise argparse.ArgumentTypeError(
+            _("must be between 1 and %(max)d, not %(size)d") % {"max": MAX_BATCH_SIZE, "size": size}
+        )
+    return size
+
+
+def duration(value: str) -> timedelta:
+    """A duration argument (``90s``, ``2h``, ``7d``, ``1h30m``)."""
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def add_progress_every(parser: CommandParser, help_text: str) -> None:
+    """``--progress-every DURATION``; ``help_text`` may name the default as ``%(every)s``."""
+    parser.add_argument(
+        "--progress-every",
+        type=duration,
+        default=timedelta(seconds=DEFAULT_EVERY),
+        metavar="DURATION",
+        help=help_text % {"every": f"{DEFAULT_EVERY:g}"},
+    )
+
+
+def add_database(parser: CommandParser, help_text: str) -> None:
+    """``--database ALIAS``, by default ``IDEMPOTENCY["DATABASE"]``."""
+    parser.add_argument("--database", default=None, help=help_text)
+
+
+def database(options: dict[str, Any]) -> str:
+    """The alias ``--database`` names (or ``IDEMPOTENCY["DATABASE"]``); ``CommandError``
+    unless it is an alias of ``DATABASES``."""
+    using: str = options["database"] or conf.DATABASE
+    if using not in connections.settings:
+        known = ", ".join(sorted(connections.settings))
+        raise CommandError(
+            _("--database: unknown database alias %(alias)s (known: %(known)s)")
+            % {"alias": repr(using), "known": known}
+        )
+    return using
