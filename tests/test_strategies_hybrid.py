@@ -24,7 +24,7 @@ from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.store.status import COMPLETED
 from django_idempotency.strategies import load_strategy
 from django_idempotency.strategies.base import Attempt, InProgress, Replay
-from django_idempotency.strategies.hybrid import EPOCH_SUFFIX, HybridClaim, HybridStrategy
+from django_idempotency.strategies.hybrid import HybridClaim, HybridStrategy
 from django_idempotency.strategies.redis.store import get_client, get_store
 from example_project.payments.models import Charge
 from tests.testapp.models import SideEffect
@@ -307,14 +307,19 @@ def test_redis_losing_a_claim_mid_view_cannot_commit_twice(
 # -- HYBRID_DB_CHECK = "after_loss" ----------------------------------------------------------
 
 
-def _marker(
-    client: Any, *, run_id: str | None = None, evicted: int | None = None, age: float
-) -> str:
-    """A loss marker as the server would have written it ``age`` seconds ago."""
+def _quiet(client: Any, store: Any) -> None:
+    """The loss marker as a server that has lost nothing for a while holds it: its run id
+    and eviction count, no suspicion window."""
     info = client.info("server") | client.info("stats")
-    run_id = run_id or str(info["run_id"])
-    evicted = int(info["evicted_keys"]) if evicted is None else evicted
-    return f"{run_id} {evicted} {int(time.time() - age)}"
+    marker, _checked, suspect = store.loss_keys()
+    client.set(marker, f"{info['run_id']} {info['evicted_keys']}")
+    client.delete(suspect)
+
+
+def _expire_the_check(client: Any, store: Any) -> None:
+    """What ``loss_check_interval`` (10 ms) does on its own: the next claim compares the
+    marker with INFO."""
+    client.delete(store.loss_keys()[1])
 
 
 def test_after_loss_detects_a_flush_and_a_restart(
@@ -325,21 +330,27 @@ def test_after_loss_detects_a_flush_and_a_restart(
     assert isinstance(strategy, HybridStrategy)
     store = get_store()
     client = get_client()
-    marker = store.prefix + EPOCH_SUFFIX
+    marker, _checked, suspect = store.loss_keys()
     run_id = client.info("server")["run_id"]
 
     assert strategy.loss_suspected(store, 60)  # no marker yet: written now
     written = client.get(marker)
     assert isinstance(written, bytes) and written.decode().split()[0] == run_id
-    assert strategy.loss_suspected(store, 60)  # within TTL of the marker
-    client.set(marker, _marker(client, age=120))
+    assert strategy.loss_suspected(store, 60)  # within the window after the loss
+    assert 0 < client.pttl(suspect) <= 24 * 3600 * 1000
+    _quiet(client, store)
     assert not strategy.loss_suspected(store, 60)  # quiet: no database check
-    client.set(marker, _marker(client, run_id="ab" * 20, age=120))
-    assert strategy.loss_suspected(store, 60)  # restart / failover
+    client.set(marker, f"{'ab' * 20} 0")  # written by another server run
+    assert not strategy.loss_suspected(store, 60)  # not compared before the interval...
+    _expire_the_check(client, store)
+    assert strategy.loss_suspected(store, 60)  # ...then seen: a restart / failover
+    assert client.get(marker) == written
     client.set(marker, "{not a marker}")
+    _expire_the_check(client, store)
     assert strategy.loss_suspected(store, 60)  # unreadable: written again
 
     # A flush removes the marker: the key is looked up and replayed.
+    _quiet(client, store)
     key = uuid.uuid4().hex
     first = post_json(api, key, {"amount": 5})
     client.flushall()
@@ -359,7 +370,7 @@ def test_after_loss_detects_an_eviction(hybrid: Any, api: APIClient, redis_prefi
         hybrid(HYBRID_DB_CHECK="after_loss", REDIS_URL=server.url, TTL=600)
         store = get_store()
         client = get_client()
-        client.set(store.prefix + EPOCH_SUFFIX, _marker(client, age=7200))
+        _quiet(client, store)
         key = uuid.uuid4().hex
         first = post_json(api, key, {"amount": 5})
         assert first.status_code == 201 and _record(key) is not None
@@ -368,7 +379,9 @@ def test_after_loss_detects_an_eviction(hybrid: Any, api: APIClient, redis_prefi
         for i in range(200):
             client.set(f"filler:{i}", filler, ex=3600)
         assert _record(key) is None and int(client.info("stats")["evicted_keys"]) > 0
-        assert client.exists(store.prefix + EPOCH_SUFFIX)
+        assert client.exists(store.loss_keys()[0])
+        # The eviction is seen at the first claim after the check interval (10 ms).
+        time.sleep(HybridStrategy.loss_check_interval)
         with CaptureQueriesContext(connection) as queries:
             retry = post_json(api, key, {"amount": 5})
         # Looked up in the database (the outbox) before the view: the eviction was seen.
@@ -379,31 +392,45 @@ def test_after_loss_detects_an_eviction(hybrid: Any, api: APIClient, redis_prefi
         server.stop()
 
 
+def _commandstats(client: Any, run: Any) -> dict[str, int]:
+    """The commands the server ran during ``run()`` (``INFO commandstats``), by name; the
+    first INFO, which the second counts, left out."""
+    before = client.info("commandstats")
+    run()
+    after = client.info("commandstats")
+    calls = {name: stats["calls"] for name, stats in after.items()}
+    calls["cmdstat_info"] -= 1
+    for name, stats in before.items():
+        calls[name] -= stats["calls"]
+    return {name.removeprefix("cmdstat_"): n for name, n in calls.items() if n}
+
+
 def test_after_loss_claims_and_checks_the_marker_in_one_round_trip(
     hybrid: Any, api: APIClient
 ) -> None:
-    """A quiet server: a new key is one Redis script before the view and one after the
-    commit, and the only idempotency statement in PostgreSQL is the outbox insert."""
+    """A quiet server: a new key is one Redis script before the view (SET NX PX GET and
+    one MGET of the loss keys) and one SET after the commit, and the only idempotency
+    statement in PostgreSQL is the outbox insert; a replay is the script's SET alone. The
+    counts are the server's own (``INFO commandstats``, which counts the commands a script
+    runs besides the EVALSHA)."""
     hybrid(HYBRID_DB_CHECK="after_loss", TTL=600)
     store = get_store()
     client = get_client()
-    client.set(store.prefix + EPOCH_SUFFIX, _marker(client, age=7200))
+    _quiet(client, store)
     post_json(api, uuid.uuid4().hex, {"amount": 1})  # warm: connections, scripts loaded
-    before = client.info("commandstats")
+    client.set(store.loss_keys()[1], "1", px=600_000)  # the INFO check is not due
+    key = uuid.uuid4().hex
     with CaptureQueriesContext(connection) as queries:
-        response = post_json(api, uuid.uuid4().hex, {"amount": 5})
-    after = client.info("commandstats")
-    assert response.status_code == 201
-    calls = {
-        name: after[name]["calls"] - before.get(name, {"calls": 0})["calls"]
-        for name in after
-        if after[name]["calls"] != before.get(name, {"calls": 0})["calls"]
-    }
-    # The claim script and the completion script, and what the claim script calls.
-    assert calls.pop("cmdstat_evalsha") == 2
-    assert set(calls) <= {"cmdstat_get", "cmdstat_set", "cmdstat_info", "cmdstat_time"}
+        calls = _commandstats(client, lambda: post_json(api, key, {"amount": 5}))
+    assert calls == {"evalsha": 1, "set": 2, "mget": 1}, calls
     ours = [q["sql"] for q in queries.captured_queries if "django_idempotency" in q["sql"]]
     assert len(ours) == 1 and ours[0].startswith("WITH fenced AS")
+    replay = _commandstats(client, lambda: post_json(api, key, {"amount": 5}))
+    assert replay == {"evalsha": 1, "set": 1}, replay
+    # Once per loss_check_interval per server, the claim also compares with INFO.
+    client.delete(store.loss_keys()[1])
+    calls = _commandstats(client, lambda: post_json(api, uuid.uuid4().hex, {"amount": 5}))
+    assert calls == {"evalsha": 1, "set": 3, "mget": 1, "info": 2}, calls
 
 
 def test_after_loss_without_a_check_still_refuses_a_second_commit(
@@ -414,7 +441,7 @@ def test_after_loss_without_a_check_still_refuses_a_second_commit(
     hybrid(HYBRID_DB_CHECK="after_loss", TTL=60)
     store = get_store()
     client = get_client()
-    client.set(store.prefix + EPOCH_SUFFIX, _marker(client, age=3600))
+    _quiet(client, store)
 
     for drained in (False, True):
         key = uuid.uuid4().hex
