@@ -8,11 +8,13 @@ Side effects are counted in ``SideEffect`` rows (the test views) and ``Charge`` 
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from typing import Any
 
 import pytest
+import redis
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
@@ -31,7 +33,7 @@ from tests.testapp.models import SideEffect
 
 from .factories import StaleKeyFactory, UserFactory
 from .support.api import api_client, post_json, replayed, token_client, wait_in_progress
-from .support.redis_servers import RedisServer, closed_port_url
+from .support.redis_servers import RedisServer, closed_port_url, wait_replicated
 from .support.threads import in_background, run_at_once
 
 pytestmark = [
@@ -431,6 +433,141 @@ def test_after_loss_claims_and_checks_the_marker_in_one_round_trip(
     client.delete(store.loss_keys()[1])
     calls = _commandstats(client, lambda: post_json(api, uuid.uuid4().hex, {"amount": 5}))
     assert calls == {"evalsha": 1, "set": 3, "mget": 1, "info": 2}, calls
+
+
+def _admin(server: RedisServer) -> Any:
+    """A client of the test's own (the app's pooled connections stay as they are)."""
+    return redis.Redis.from_url(server.url, socket_timeout=5)
+
+
+def test_after_loss_sees_a_restart_that_brought_back_an_older_snapshot(
+    hybrid: Any, api: APIClient, running_private_redis: RedisServer
+) -> None:
+    """Redis restarts with its data (an RDB snapshot, as AOF ``everysec`` loses its last
+    second): the marker comes back, the records written after the snapshot do not. The
+    server must load the claim script again (NOSCRIPT), and that is when the claim compares
+    the marker with INFO: the run id changed, so the lost key is looked up and replayed."""
+    hybrid(HYBRID_DB_CHECK="after_loss", TTL=600)
+    store = get_store()
+    admin = _admin(running_private_redis)
+    _quiet(admin, store)
+    post_json(api, uuid.uuid4().hex, {"amount": 1})  # the process's first claim compared
+    # The 10 ms interval alone would not compare again for ten minutes.
+    admin.set(store.loss_keys()[1], "1", px=600_000)
+    admin.save()
+    key = uuid.uuid4().hex
+    first = post_json(api, key, {"amount": 5})
+    assert first.status_code == 201 and not store.verify_due
+    running_private_redis.kill()
+    running_private_redis.start()
+    admin = _admin(running_private_redis)
+    marker, checked, _suspect = store.loss_keys()
+    assert admin.exists(marker, checked) == 2 and admin.get(store.record_key(*_scope(key))) is None
+    with contextlib.suppress(redis.ConnectionError):
+        get_client().ping()  # the app's connection notices the restart and reconnects
+    assert not store.verify_due
+
+    retry = post_json(api, key, {"amount": 5})
+    assert retry.status_code == 201 and replayed(retry) and retry.content == first.content
+    assert SideEffect.objects.count() == 2
+    assert admin.exists(store.loss_keys()[2])  # new keys are looked up for the window
+
+
+def _scope(key: str) -> tuple[str, str]:
+    outbox = IdempotencyOutbox.objects.filter(key=key).first()
+    row = IdempotencyKey.objects.filter(key=key).first()
+    return (outbox or row).scope, key  # type: ignore[union-attr]
+
+
+def test_after_loss_sees_a_failover_to_a_replica_that_missed_the_last_writes(
+    hybrid: Any, api: APIClient
+) -> None:
+    """A replica is promoted after it missed the last key the primary committed: it has
+    the marker (replicated, with the old primary's run id) and a fresh ``checked``, but
+    not the claim script (Redis 7 does not replicate the script cache), so the first claim
+    there compares the marker with INFO, sees another run id, and the missed key is
+    replayed from PostgreSQL instead of running again."""
+    with RedisServer().start() as primary:
+        replica = RedisServer(extra=("--replicaof", "127.0.0.1", str(primary.port)))
+        with replica.start():
+            hybrid(HYBRID_DB_CHECK="after_loss", REDIS_URL=primary.url, TTL=600)
+            store = get_store()
+            admin = _admin(primary)
+            _quiet(admin, store)
+            replicated, missed = uuid.uuid4().hex, uuid.uuid4().hex
+            first = post_json(api, replicated, {"amount": 1})
+            admin.set(store.loss_keys()[1], "1", px=600_000)
+            wait_replicated(primary.port)
+            _admin(replica).execute_command("REPLICAOF", "NO", "ONE")  # promoted
+            lost = post_json(api, missed, {"amount": 2})  # on the old primary only
+            assert first.status_code == lost.status_code == 201
+
+            # The clients follow the failover (DNS, a proxy, Sentinel): a new connection.
+            hybrid(HYBRID_DB_CHECK="after_loss", REDIS_URL=replica.url, TTL=600)
+            store = get_store()
+            store.verify_due = False  # only the missing script tells
+            promoted = _admin(replica)
+            assert promoted.exists(*store.loss_keys()[:2]) == 2
+            assert promoted.get(store.record_key(*_scope(missed))) is None
+
+            retry = post_json(api, missed, {"amount": 2})
+            assert replayed(retry) and retry.content == lost.content
+            assert replayed(post_json(api, replicated, {"amount": 1}))
+            assert SideEffect.objects.count() == 2
+            assert promoted.exists(store.loss_keys()[2])
+
+
+def test_after_loss_sees_its_marker_evicted(hybrid: Any, api: APIClient) -> None:
+    """Under an ``allkeys-*`` policy the marker itself can be evicted (here: deleted, as an
+    eviction would): a claim that finds it missing compares at once, whatever the
+    interval, and looks the key up."""
+    hybrid(HYBRID_DB_CHECK="after_loss", TTL=600)
+    store = get_store()
+    client = get_client()
+    _quiet(client, store)
+    key = uuid.uuid4().hex
+    first = post_json(api, key, {"amount": 5})
+    client.set(store.loss_keys()[1], "1", px=600_000)
+    client.delete(store.loss_keys()[0], store.record_key(*_scope(key)))
+    retry = post_json(api, key, {"amount": 5})
+    assert retry.status_code == 201 and replayed(retry) and retry.content == first.content
+    assert SideEffect.objects.count() == 1
+    marker, _checked, suspect = store.loss_keys()
+    assert client.exists(marker, suspect) == 2  # written again, and the window open
+
+
+def _outbox_reads(queries: CaptureQueriesContext) -> list[str]:
+    """The idempotency statements that are not the outbox insert (the lookups)."""
+    ours = [q["sql"] for q in queries.captured_queries if "django_idempotency" in q["sql"]]
+    return [sql for sql in ours if not sql.startswith("WITH fenced AS")]
+
+
+def test_hybrid_redis_ttl_keeps_the_hot_window_and_replays_from_postgresql_after_it(
+    hybrid: Any, api: APIClient
+) -> None:
+    """``HYBRID_REDIS_TTL``: a completed record lives that long in Redis, then a replay is
+    answered from PostgreSQL and refills Redis for another hot window; and every key new in
+    Redis is looked up (Redis cannot tell one it let expire from a new one)."""
+    hybrid(HYBRID_DB_CHECK="after_loss", TTL=600, HYBRID_REDIS_TTL=1)
+    store = get_store()
+    key = uuid.uuid4().hex
+    with CaptureQueriesContext(connection) as queries:
+        first = post_json(api, key, {"amount": 5})
+    assert first.status_code == 201 and len(_outbox_reads(queries)) == 1
+    assert 0 < store.pttl(*_scope(key)) <= 1000
+    assert replayed(post_json(api, key, {"amount": 5}))  # from Redis, in the window
+    deadline = time.monotonic() + 5
+    while _record(key) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _record(key) is None
+
+    with CaptureQueriesContext(connection) as queries:
+        retry = post_json(api, key, {"amount": 5})
+    assert retry.status_code == 201 and replayed(retry) and retry.content == first.content
+    assert len(_outbox_reads(queries)) == 1
+    assert 0 < store.pttl(*_scope(key)) <= 1000  # refilled for one hot window
+    assert post_json(api, key, {"amount": 6}).status_code == 422
+    assert SideEffect.objects.count() == 1
 
 
 def test_after_loss_without_a_check_still_refuses_a_second_commit(
