@@ -17,4 +17,5 @@ MEASURES: dict[str, str] = {
     "wait-poll": "benchmarks.measures.wait_poll",
     "purge": "benchmarks.measures.purge",
     "hybrid": "benchmarks.measures.hybrid",
+    "hybrid-claim": "benchmarks.measures.hybrid_claim",
 }
