@@ -33,7 +33,12 @@ from tests.testapp.models import SideEffect
 
 from .factories import StaleKeyFactory, UserFactory
 from .support.api import api_client, post_json, replayed, token_client, wait_in_progress
-from .support.redis_servers import RedisServer, closed_port_url, wait_replicated
+from .support.redis_servers import (
+    RedisClusterNodes,
+    RedisServer,
+    closed_port_url,
+    wait_replicated,
+)
 from .support.threads import in_background, run_at_once
 
 pytestmark = [
@@ -568,6 +573,95 @@ def test_hybrid_redis_ttl_keeps_the_hot_window_and_replays_from_postgresql_after
     assert 0 < store.pttl(*_scope(key)) <= 1000  # refilled for one hot window
     assert post_json(api, key, {"amount": 6}).status_code == 422
     assert SideEffect.objects.count() == 1
+
+
+# -- "after_loss" on a Redis Cluster: the loss keys of each hash slot ----------------------
+
+
+@pytest.fixture
+def on_cluster(redis_settings: Any, redis_cluster: RedisClusterNodes) -> Any:
+    redis_settings(
+        redis_cluster.url,
+        STRATEGY="hybrid",
+        REDIS_CLUSTER=True,
+        HYBRID_DB_CHECK="after_loss",
+        TTL=600,
+        REDIS_SOCKET_TIMEOUT=2.0,
+    )
+    return redis_cluster
+
+
+def _slot_node(key_name: str) -> Any:
+    """A plain client of the primary that serves ``key_name``'s slot."""
+    node = get_client().get_node_from_key(key_name)  # type: ignore[union-attr]
+    return redis.Redis(host=node.host, port=node.port, socket_timeout=5)
+
+
+def _quiet_slot(scope: str, key: str) -> tuple[str, str, str]:
+    """The loss keys of the slot of (scope, key), as on a node that lost nothing lately,
+    with the INFO comparison not due for ten minutes."""
+    keys = get_store().loss_keys_for(scope, key)
+    node = _slot_node(keys[0])
+    info = node.info("server") | node.info("stats")
+    node.set(keys[0], f"{info['run_id']} {info['evicted_keys']}")
+    node.set(keys[1], "1", px=600_000)
+    node.delete(keys[2])
+    return keys
+
+
+@pytest.mark.redis_cluster
+def test_after_loss_on_a_cluster_a_quiet_slot_reads_nothing_in_postgresql(on_cluster: Any) -> None:
+    """Each slot has its loss keys, in the record's slot (one script per claim): a new key
+    on a quiet slot is not looked up, as on a single node; its replay is Redis alone."""
+    user = UserFactory()
+    client = api_client(user)
+    key = uuid.uuid4().hex
+    loss_keys = _quiet_slot(f"user:{user.pk}", key)
+    assert (
+        len(
+            {
+                get_client().keyslot(name)
+                for name in [*loss_keys, get_store().record_key(f"user:{user.pk}", key)]
+            }
+        )
+        == 1
+    )  # type: ignore[union-attr]
+    with CaptureQueriesContext(connection) as queries:
+        first = post_json(client, key, {"amount": 5})
+    assert first.status_code == 201 and _outbox_reads(queries) == []
+    with CaptureQueriesContext(connection) as queries:
+        assert replayed(post_json(client, key, {"amount": 5}))
+    assert not [q for q in queries.captured_queries if "idempotency" in q["sql"]]
+    assert SideEffect.objects.count() == 1
+
+
+@pytest.mark.redis_cluster
+@pytest.mark.parametrize("loss", ["flushed", "failed-over"])
+def test_after_loss_on_a_cluster_sees_a_slot_that_lost_its_records(
+    on_cluster: Any, loss: str
+) -> None:
+    """The node of a slot was flushed (its marker is gone with the record) or another node
+    now serves it (its marker holds another run id, compared once ``checked`` expired): the
+    lost key is looked up in PostgreSQL and replayed, and the slot stays suspect."""
+    user = UserFactory()
+    client = api_client(user)
+    scope, key = f"user:{user.pk}", uuid.uuid4().hex
+    marker, checked, suspect = _quiet_slot(scope, key)
+    first = post_json(client, key, {"amount": 5})
+    assert first.status_code == 201
+    node = _slot_node(marker)
+    node.delete(get_store().record_key(scope, key))
+    if loss == "flushed":
+        node.delete(marker)
+    else:
+        node.set(marker, f"{'ab' * 20} 0")
+        node.delete(checked)
+    with CaptureQueriesContext(connection) as queries:
+        retry = post_json(client, key, {"amount": 5})
+    assert retry.status_code == 201 and replayed(retry) and retry.content == first.content
+    assert len(_outbox_reads(queries)) == 1
+    assert SideEffect.objects.count() == 1
+    assert node.exists(suspect) and node.get(marker) != f"{'ab' * 20} 0".encode()
 
 
 def test_after_loss_without_a_check_still_refuses_a_second_commit(

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from django.db import DatabaseError, transaction
-from redis.cluster import RedisCluster
 
 from ..conf import conf
 from ..errors import LeaseLost, StoreUnavailable
@@ -263,9 +262,9 @@ class HybridStrategy(RedisStrategy):
                     fingerprint,
                     token,
                     lease,
-                    loss_keys=store.loss_keys(),
+                    loss_keys=store.loss_keys_for(scope, key),
                     window_ms=self._window_ms(attempt.ttl),
-                    interval_ms=to_ms(self.loss_check_interval),
+                    interval_ms=to_ms(self._interval(store)),
                 )
                 checks[:] = [check]
                 return won, record
@@ -277,7 +276,7 @@ class HybridStrategy(RedisStrategy):
             if claim is None:
                 outcome.check_db = self._must_check_db(store, attempt)
             else:
-                outcome.check_db = self._loss_reported(store, checks[-1], attempt.ttl)
+                outcome.check_db = self._loss_reported(store, checks[-1], attempt.ttl, attempt)
         return outcome, record
 
     def _beneath_foreign_claim(self, attempt: Attempt) -> Outcome:
@@ -340,14 +339,21 @@ class HybridStrategy(RedisStrategy):
     #: failover is also seen at once (the server must load the claim script again), a
     #: flush at once (the marker is gone); an eviction within this interval.
     loss_check_interval: float = 0.01
+    #: The same on a Redis Cluster, where each hash slot has its loss keys (the claim's
+    #: script may touch one slot only), so per slot: at most 16 384 comparisons per interval
+    #: over the cluster. Shorter than ``cluster-node-timeout`` (15 s by default), so that a
+    #: replica is never promoted before its slots' ``checked`` keys expired.
+    cluster_loss_check_interval: float = 5.0
+
+    def _interval(self, store: RedisStore) -> float:
+        return self.cluster_loss_check_interval if store.cluster else self.loss_check_interval
 
     @staticmethod
     def _marker_applies(store: RedisStore, attempt: Attempt) -> bool:
-        """``"after_loss"`` on a single node (a Cluster's nodes lose data each on its own:
-        every new key is looked up there) whose records live as long as their keys (with
-        a shorter ``HYBRID_REDIS_TTL`` a key new in Redis may be one it let expire), unless
-        the user's ACL refused the loss check in the last ``LOSS_CHECK_RETRY`` seconds."""
-        if conf.HYBRID_DB_CHECK != "after_loss" or isinstance(store.client, RedisCluster):
+        """``"after_loss"`` with records that live as long as their keys (with a shorter
+        ``HYBRID_REDIS_TTL`` a key new in Redis may be one it let expire), unless the user's
+        ACL refused the loss check in the last ``LOSS_CHECK_RETRY`` seconds."""
+        if conf.HYBRID_DB_CHECK != "after_loss":
             return False
         if redis_ttl(attempt.ttl) < attempt.ttl:
             return False
@@ -363,24 +369,29 @@ class HybridStrategy(RedisStrategy):
     def _must_check_db(self, store: RedisStore, attempt: Attempt) -> bool:
         if not self._marker_applies(store, attempt):
             return True
-        return self.loss_suspected(store, attempt.ttl)
+        return self.loss_suspected(store, attempt.ttl, attempt)
 
-    def loss_suspected(self, store: RedisStore, ttl: float) -> bool:
+    def loss_suspected(self, store: RedisStore, ttl: float, attempt: Attempt | None = None) -> bool:
         """Whether a key kept ``ttl`` seconds that is new in Redis must be looked up in the
-        database: Redis may have lost records (the loss check, see docs/hybrid.md); True
-        whenever that cannot be told."""
-        if isinstance(store.client, RedisCluster):
+        database: Redis may have lost records (the loss check, see docs/hybrid.md; on a
+        Cluster that of ``attempt``'s slot); True whenever that cannot be told."""
+        if attempt is None and store.cluster:
             return True
+        keys = (
+            store.loss_keys()
+            if attempt is None
+            else store.loss_keys_for(attempt.scope, attempt.key)
+        )
         try:
-            check = store.loss_suspected(
-                store.loss_keys(), self._window_ms(ttl), to_ms(self.loss_check_interval)
-            )
+            check = store.loss_suspected(keys, self._window_ms(ttl), to_ms(self._interval(store)))
         except RedisUnavailable:
             logger.debug("could not read the Redis loss marker", exc_info=True)
             return True
-        return self._loss_reported(store, check, ttl)
+        return self._loss_reported(store, check, ttl, attempt)
 
-    def _loss_reported(self, store: RedisStore, check: LossCheck, ttl: float) -> bool:
+    def _loss_reported(
+        self, store: RedisStore, check: LossCheck, ttl: float, attempt: Attempt | None = None
+    ) -> bool:
         if check.refused:
             self._loss_check_refused(store, check.reason)
         elif check.verdict < 0:

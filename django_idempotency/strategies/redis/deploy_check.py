@@ -101,7 +101,7 @@ def steps(store: Any) -> Iterator[tuple[str, str, Callable[[], None]]]:
     yield "waking the waiters", "PUBLISH", lambda: store.notify(PROBE_SCOPE, key)
     if conf.WAIT > 0:
         yield "waiting", "SUBSCRIBE", lambda: _subscribe(store)
-    if conf.STRATEGY == "hybrid" and conf.HYBRID_DB_CHECK == "after_loss" and not cluster:
+    if conf.STRATEGY == "hybrid" and conf.HYBRID_DB_CHECK == "after_loss":
         yield LOSS_STEP, "EVALSHA (SET, MGET, INFO)", lambda: _loss_check(store, key, token)
 
 
@@ -180,7 +180,7 @@ def _loss_check(store: Any, key: str, token: str) -> None:
 
     from .store import LossCheckDenied
 
-    keys = store.loss_keys("hybrid-check")
+    keys = _probe_loss_keys(store, key)
     store.verify_due = True
     try:
         won, _record, check = store.claim_checking_loss(
@@ -194,6 +194,20 @@ def _loss_check(store: Any, key: str, token: str) -> None:
     finally:
         with contextlib.suppress(Exception):
             store.client.delete(*keys)
+
+
+def _probe_loss_keys(store: Any, key: str) -> tuple[str, str, str]:
+    """Loss keys of the probe's own, in its record's Cluster slot (never the real ones)."""
+    from redis.crc import key_slot
+
+    from ...protocol.keys import key_digest
+    from .store import slot_tag
+
+    tag = "hybrid-check"
+    if store.cluster:
+        tag = slot_tag(key_slot(key_digest(PROBE_SCOPE, key).encode()))
+    base = f"{store.prefix}:{{{tag}}}:probe-"
+    return base + "loss", base + "checked", base + "suspect"
 
 
 # -- what a failure means -------------------------------------------------------------------

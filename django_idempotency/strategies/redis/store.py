@@ -23,6 +23,7 @@ import redis
 from django.core.signals import setting_changed
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 from redis.exceptions import (
     NoPermissionError,
     NoScriptError,
@@ -399,6 +400,27 @@ class LossCheck:
         return self.verdict < 0 and permission_denied(ResponseError(self.reason))
 
 
+_slot_tags: list[str] = []
+
+
+def slot_tag(slot: int) -> str:
+    """A short hash tag whose Redis Cluster slot is ``slot`` (the first hexadecimal number
+    that lands there; the table of all 16 384 is built once per process)."""
+    if not _slot_tags:
+        tags: list[str | None] = [None] * REDIS_CLUSTER_HASH_SLOTS
+        missing = REDIS_CLUSTER_HASH_SLOTS
+        number = 0
+        while missing:
+            tag = f"{number:x}"
+            found = key_slot(tag.encode())
+            if tags[found] is None:
+                tags[found] = tag
+                missing -= 1
+            number += 1
+        _slot_tags[:] = [t or "" for t in tags]
+    return _slot_tags[slot]
+
+
 def permission_denied(exc: BaseException) -> bool:
     """Whether ``exc`` is Redis refusing a command, key or channel to this user (its ACL):
     ``NOPERM``, or inside a script on Redis 7.0 "The user executing the script can't run
@@ -510,6 +532,18 @@ class RedisStore:
         under the hash tag ``tag``."""
         base = f"{self.prefix}:{{{tag}}}:"
         return base + "loss", base + "checked", base + "suspect"
+
+    @property
+    def cluster(self) -> bool:
+        return isinstance(self.client, RedisCluster)
+
+    def loss_keys_for(self, scope: str, key: str) -> tuple[str, str, str]:
+        """The loss keys that answer for the record of (scope, key): the server's on a single
+        node; on a Redis Cluster those of the record's hash slot (each slot moves, fails over
+        and is flushed with its node, and a script's keys must share one slot)."""
+        if not self.cluster:
+            return self.loss_keys()
+        return self.loss_keys(slot_tag(key_slot(key_digest(scope, key).encode())))
 
     def claim_checking_loss(
         self,
