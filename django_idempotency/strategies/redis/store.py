@@ -329,8 +329,8 @@ local function loss(km, kc, ks, window, interval, verify)
   if failed(server) then return {-1, server.err} end
   local stats = redis.pcall('INFO', 'stats')
   if failed(stats) then return {-1, stats.err} end
-  local state = string.match(server, 'run_id:(%x+)') .. ' '
-    .. string.match(stats, 'evicted_keys:(%d+)')
+  local state = (string.match(server, 'run_id:(%x+)') or '?') .. ' '
+    .. (string.match(stats, 'evicted_keys:(%d+)') or '?')
   local verdict = 0
   if m[3] then verdict = 1 end
   if m[1] ~= state then
