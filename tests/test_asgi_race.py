@@ -11,7 +11,6 @@ strategies.
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 import pytest
 
