@@ -397,7 +397,15 @@ class HybridStrategy(RedisStrategy):
         elif check.verdict < 0:
             logger.warning("the Redis loss check failed: %s", check.reason)
         elif check.verdict == 2:
-            logger.warning(
+            # Once a minute per store: on a Cluster each slot sees the same loss at its own
+            # first claim after it.
+            now = time.monotonic()
+            warned = store.loss_reported_at
+            level = logging.WARNING if warned is None or now - warned >= 60 else logging.DEBUG
+            if level == logging.WARNING:
+                store.loss_reported_at = now
+            logger.log(
+                level,
                 "Redis may have lost idempotency records (no loss marker, or the server "
                 "restarted, failed over or evicted keys); new keys are checked in the "
                 "database for the next %d seconds",

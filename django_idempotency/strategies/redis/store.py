@@ -475,6 +475,8 @@ class RedisStore:
         #: When (``time.monotonic()``) the user's ACL last refused the loss check; None:
         #: never. The hybrid strategy looks every new key up in the database meanwhile.
         self.loss_check_refused_at: float | None = None
+        #: When the hybrid strategy last logged a loss at WARNING (once a minute).
+        self.loss_reported_at: float | None = None
 
     # keys
 
