@@ -104,6 +104,8 @@ DEFAULTS: Mapping[str, Any] = {
     "REDIS_FAILURE_MODE": "db",
     # hybrid: check PostgreSQL for a key that is new in Redis "always" or "after_loss".
     "HYBRID_DB_CHECK": "after_loss",
+    # hybrid: seconds a completed record stays in Redis (at most TTL); None: TTL.
+    "HYBRID_REDIS_TTL": None,
     # hybrid: rows drained per outbox transaction.
     "OUTBOX_BATCH_SIZE": 1000,
     # Request headers that carry credentials: a request with one whose user is still
@@ -287,6 +289,11 @@ class IdempotencySettings:
     @cached_property
     def HYBRID_DB_CHECK(self) -> str:
         return str(self._get("HYBRID_DB_CHECK"))
+
+    @cached_property
+    def HYBRID_REDIS_TTL(self) -> float | None:
+        value = self._get("HYBRID_REDIS_TTL")
+        return None if value is None else float(value)
 
     @cached_property
     def OUTBOX_BATCH_SIZE(self) -> int:

@@ -9,7 +9,6 @@ process.
 from __future__ import annotations
 
 import os
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -58,12 +57,10 @@ def quiet_loss_marker() -> None:
     """Write the hybrid strategy's Redis loss marker as a server that has lost nothing for two
     days would hold it (the steady state; with no marker, as on the first day of a
     deployment, every new key is looked up in the database for one TTL)."""
-    from django_idempotency.strategies.hybrid import EPOCH_SUFFIX
     from django_idempotency.strategies.redis.store import get_store
 
     store = get_store()
     info = store.client.info("server") | store.client.info("stats")
-    since = int(time.time()) - 2 * 86400
-    store.client.set(
-        store.prefix + EPOCH_SUFFIX, f"{info['run_id']} {info['evicted_keys']} {since}"
-    )
+    marker, _checked, suspect = store.loss_keys()
+    store.client.set(marker, f"{info['run_id']} {info['evicted_keys']}")
+    store.client.delete(suspect)

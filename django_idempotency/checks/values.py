@@ -325,6 +325,35 @@ def _check_choices() -> list[CheckMessage]:
     return messages
 
 
+def _check_hybrid_redis_ttl() -> list[CheckMessage]:
+    """E060: HYBRID_REDIS_TTL None or a positive number; E061: not longer than TTL (a
+    record in Redis would outlive the key it answers for)."""
+    value = _raw("HYBRID_REDIS_TTL")
+    if value is None:
+        return []
+    number = _number(value)
+    if number is None or number <= 0:
+        return [
+            Error(
+                f"IDEMPOTENCY['HYBRID_REDIS_TTL'] is {value!r}, which is neither None nor a "
+                "positive number of seconds.",
+                hint="None keeps completed records in Redis for TTL seconds.",
+                id=ID + "E060",
+            )
+        ]
+    ttl = _number(_raw("TTL"))
+    if ttl is not None and number > ttl:
+        return [
+            Error(
+                f"IDEMPOTENCY['HYBRID_REDIS_TTL'] ({number:g} s) is longer than TTL ({ttl:g} s).",
+                hint="Redis holds the hot window of the keys the database keeps for TTL: set "
+                "it to at most TTL, or None for TTL.",
+                id=ID + "E061",
+            )
+        ]
+    return []
+
+
 def _check_metrics() -> list[CheckMessage]:
     """METRICS is on but prometheus_client is not installed (W004): no metrics are exported."""
     import importlib.util
@@ -348,6 +377,7 @@ VALIDATORS: list[Callable[[], list[CheckMessage]]] = [
     _check_methods,
     _check_headers,
     _check_choices,
+    _check_hybrid_redis_ttl,
     _check_metrics,
     _check_wait,
     _check_header,

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from django.db import DatabaseError, transaction
-from redis.cluster import RedisCluster
 
 from ..conf import conf
 from ..errors import LeaseLost, StoreUnavailable
@@ -25,7 +24,7 @@ from ..store.records import KeyRecord
 from .base import Attempt, Delegate, InProgress, Mismatch, Outcome, Replay, store_failed
 from .db import DatabaseClaim, DatabaseStrategy
 from .redis.store import (
-    LossCheckDenied,
+    LossCheck,
     RedisRecord,
     RedisStore,
     RedisUnavailable,
@@ -36,11 +35,16 @@ from .redis.strategy import RedisClaim, RedisStrategy, redis_claim
 
 logger = logging.getLogger("django_idempotency")
 
-EPOCH_SUFFIX = ":{hybrid}:epoch"
-
 #: Seconds after the user's ACL refused the loss check (``INFO``) before it is tried again;
 #: meanwhile every new key is looked up in the database, as with ``"always"``.
 LOSS_CHECK_RETRY = 60.0
+
+
+def redis_ttl(ttl: float) -> float:
+    """How long a completed record of a key kept ``ttl`` seconds stays in Redis: at most
+    ``HYBRID_REDIS_TTL`` (Redis holds the hot window, the database the whole ``ttl``)."""
+    hot = conf.HYBRID_REDIS_TTL
+    return ttl if hot is None else min(ttl, hot)
 
 
 # -- the fallback: the db strategy, completing into the outbox too ---------------------------
@@ -154,19 +158,20 @@ class HybridClaim(RedisClaim):
     def publish(self, response: StoredResponse) -> None:
         """After the commit: the completed record into Redis, and a drain queued."""
         attempt = self.attempt
-        ttl_ms = to_ms(attempt.ttl)
         try:
-            if not self.redis.complete(attempt.scope, attempt.key, self.token, response, ttl_ms):
-                # Our lease expired or Redis lost the claim: the commit is what counts.
-                self.redis.put_completed(
-                    attempt.scope,
-                    attempt.key,
-                    attempt.fingerprint,
-                    response,
-                    ttl_ms,
-                    token=self.token,
-                )
+            # One SET, no compare-and-set: the commit decided that this request's response
+            # is the key's, whoever holds the key in Redis now (a claim made after our lease
+            # expired cannot commit: the outbox refuses it, and it refills Redis from there).
+            self.redis.put_completed(
+                attempt.scope,
+                attempt.key,
+                attempt.fingerprint,
+                response,
+                to_ms(redis_ttl(attempt.ttl)),
+                token=self.token,
+            )
         except RedisUnavailable:
+            self.redis.verify_due = True
             logger.warning(
                 "idempotency key %s (scope %s) committed, but Redis could not be updated; "
                 "it will be refilled from the database",
@@ -220,14 +225,10 @@ class HybridStrategy(RedisStrategy):
     # -- claim ----------------------------------------------------------------------------
 
     def claim(self, attempt: Attempt) -> Outcome:
+        store = None
         try:
             store = get_store()
-            try:
-                outcome, record = self._claim(store, attempt, self._marker_applies(store))
-            except LossCheckDenied as exc:
-                # The script failed before it wrote anything: claim again without it.
-                self._loss_check_refused(store, exc)
-                outcome, record = self._claim(store, attempt, False)
+            outcome, record = self._claim(store, attempt, self._marker_applies(store, attempt))
             if (
                 isinstance(outcome, Mismatch)
                 and record is not None
@@ -238,6 +239,8 @@ class HybridStrategy(RedisStrategy):
                 # completed record Redis lost: the database's record wins over it.
                 return self._beneath_foreign_claim(attempt)
         except RedisUnavailable as exc:
+            if store is not None:
+                store.verify_due = True  # a restart or a failover may be why
             return self.unavailable(attempt, exc)
         self.reached_redis()
         return outcome
@@ -246,18 +249,24 @@ class HybridStrategy(RedisStrategy):
         self, store: RedisStore, attempt: Attempt, with_marker: bool
     ) -> tuple[Outcome, RedisRecord | None]:
         """The Redis claim; ``with_marker``: and the loss check, in one script."""
-        loss: list[int] = []
+        checks: list[LossCheck] = []
         claim = None
         if with_marker:
-            marker = store.prefix + EPOCH_SUFFIX
 
             def claim(
                 scope: str, key: str, fingerprint: str, token: str, lease: int
             ) -> tuple[bool, RedisRecord | None]:
-                won, record, suspected = store.claim_checking_loss(
-                    scope, key, fingerprint, token, lease, marker=marker, ttl=attempt.ttl
+                won, record, check = store.claim_checking_loss(
+                    scope,
+                    key,
+                    fingerprint,
+                    token,
+                    lease,
+                    loss_keys=store.loss_keys_for(scope, key),
+                    window_ms=self._window_ms(attempt.ttl),
+                    interval_ms=to_ms(self._interval(store)),
                 )
-                loss[:] = [suspected]
+                checks[:] = [check]
                 return won, record
 
         outcome, record = redis_claim(
@@ -267,7 +276,7 @@ class HybridStrategy(RedisStrategy):
             if claim is None:
                 outcome.check_db = self._must_check_db(store, attempt)
             else:
-                outcome.check_db = self._loss_reported(loss[-1], attempt.ttl)
+                outcome.check_db = self._loss_reported(store, checks[-1], attempt.ttl, attempt)
         return outcome, record
 
     def _beneath_foreign_claim(self, attempt: Attempt) -> Outcome:
@@ -317,7 +326,7 @@ class HybridStrategy(RedisStrategy):
                 attempt.key,
                 found.fingerprint,
                 found.response,
-                to_ms(found.ttl_seconds()),
+                to_ms(redis_ttl(found.ttl_seconds())),
                 token=token,
             )
         except RedisUnavailable:
@@ -325,61 +334,100 @@ class HybridStrategy(RedisStrategy):
 
     # -- HYBRID_DB_CHECK ------------------------------------------------------------------
 
+    #: Seconds between two comparisons of a server's loss marker with its ``INFO`` (run id,
+    #: eviction count), per server, whatever the number of clients: a restart or a
+    #: failover is also seen at once (the server must load the claim script again), a
+    #: flush at once (the marker is gone); an eviction within this interval.
+    loss_check_interval: float = 0.01
+    #: The same on a Redis Cluster, where each hash slot has its loss keys (the claim's
+    #: script may touch one slot only), so per slot: at most 16 384 comparisons per interval
+    #: over the cluster. Shorter than ``cluster-node-timeout`` (15 s by default), so that a
+    #: replica is never promoted before its slots' ``checked`` keys expired.
+    cluster_loss_check_interval: float = 5.0
+
+    def _interval(self, store: RedisStore) -> float:
+        return self.cluster_loss_check_interval if store.cluster else self.loss_check_interval
+
     @staticmethod
-    def _marker_applies(store: RedisStore) -> bool:
-        """``"after_loss"`` on a single node (a Cluster's nodes lose data each on its own:
-        every new key is looked up there), unless the user's ACL refused the loss check
-        in the last ``LOSS_CHECK_RETRY`` seconds."""
-        if conf.HYBRID_DB_CHECK != "after_loss" or isinstance(store.client, RedisCluster):
+    def _marker_applies(store: RedisStore, attempt: Attempt) -> bool:
+        """``"after_loss"`` with records that live as long as their keys (with a shorter
+        ``HYBRID_REDIS_TTL`` a key new in Redis may be one it let expire), unless the user's
+        ACL refused the loss check in the last ``LOSS_CHECK_RETRY`` seconds."""
+        if conf.HYBRID_DB_CHECK != "after_loss":
+            return False
+        if redis_ttl(attempt.ttl) < attempt.ttl:
             return False
         refused = store.loss_check_refused_at
         return refused is None or time.monotonic() - refused >= LOSS_CHECK_RETRY
 
-    def _must_check_db(self, store: RedisStore, attempt: Attempt) -> bool:
-        if not self._marker_applies(store):
-            return True
-        return self.loss_suspected(store, attempt.ttl)
+    @staticmethod
+    def _window_ms(ttl: float) -> int:
+        """How long after a loss new keys are looked up: as long as a lost record would
+        have stayed in Redis (a key kept ``ttl`` seconds, or ``TTL``, whichever is longer)."""
+        return to_ms(max(redis_ttl(ttl), redis_ttl(conf.TTL)))
 
-    def loss_suspected(self, store: RedisStore, ttl: float) -> bool:
-        """Whether Redis may have lost records in the last ``ttl`` seconds (the loss
-        marker, see docs/hybrid.md); True whenever that cannot be told."""
-        if isinstance(store.client, RedisCluster):
+    def _must_check_db(self, store: RedisStore, attempt: Attempt) -> bool:
+        if not self._marker_applies(store, attempt):
             return True
+        return self.loss_suspected(store, attempt.ttl, attempt)
+
+    def loss_suspected(self, store: RedisStore, ttl: float, attempt: Attempt | None = None) -> bool:
+        """Whether a key kept ``ttl`` seconds that is new in Redis must be looked up in the
+        database: Redis may have lost records (the loss check, see docs/hybrid.md; on a
+        Cluster that of ``attempt``'s slot); True whenever that cannot be told."""
+        if attempt is None and store.cluster:
+            return True
+        keys = (
+            store.loss_keys()
+            if attempt is None
+            else store.loss_keys_for(attempt.scope, attempt.key)
+        )
         try:
-            suspected = store.loss_suspected(store.prefix + EPOCH_SUFFIX, ttl)
-        except LossCheckDenied as exc:
-            self._loss_check_refused(store, exc)
-            return True
+            check = store.loss_suspected(keys, self._window_ms(ttl), to_ms(self._interval(store)))
         except RedisUnavailable:
             logger.debug("could not read the Redis loss marker", exc_info=True)
             return True
-        return self._loss_reported(suspected, ttl)
+        return self._loss_reported(store, check, ttl, attempt)
+
+    def _loss_reported(
+        self, store: RedisStore, check: LossCheck, ttl: float, attempt: Attempt | None = None
+    ) -> bool:
+        if check.refused:
+            self._loss_check_refused(store, check.reason)
+        elif check.verdict < 0:
+            logger.warning("the Redis loss check failed: %s", check.reason)
+        elif check.verdict == 2:
+            # Once a minute per store: on a Cluster each slot sees the same loss at its own
+            # first claim after it.
+            now = time.monotonic()
+            warned = store.loss_reported_at
+            level = logging.WARNING if warned is None or now - warned >= 60 else logging.DEBUG
+            if level == logging.WARNING:
+                store.loss_reported_at = now
+            logger.log(
+                level,
+                "Redis may have lost idempotency records (no loss marker, or the server "
+                "restarted, failed over or evicted keys); new keys are checked in the "
+                "database for the next %d seconds",
+                self._window_ms(ttl) // 1000,
+            )
+        return check.verdict != 0
 
     @staticmethod
-    def _loss_check_refused(store: RedisStore, exc: LossCheckDenied) -> None:
+    def _loss_check_refused(store: RedisStore, reason: str) -> None:
         """Logged at ERROR the first time per store: correct, but one read more per key."""
         first = store.loss_check_refused_at is None
         store.loss_check_refused_at = time.monotonic()
         if first:
             logger.error(
-                "The Redis user may not run INFO (%s), which the hybrid strategy's loss check "
-                "needs (HYBRID_DB_CHECK = 'after_loss'): every new key is looked up in the "
-                "database, as with 'always'. Grant +info (docs/redis.md, 'Redis ACL') or set "
-                "HYBRID_DB_CHECK to 'always'; tried again every %d seconds.",
-                exc,
+                "The Redis user may not run INFO or MGET (%s), which the hybrid strategy's "
+                "loss check needs (HYBRID_DB_CHECK = 'after_loss'): every new key is looked "
+                "up in the database, as with 'always'. Grant +info and +mget (docs/redis.md, "
+                "'Redis ACL') or set HYBRID_DB_CHECK to 'always'; tried again every %d "
+                "seconds.",
+                reason,
                 int(LOSS_CHECK_RETRY),
             )
-
-    @staticmethod
-    def _loss_reported(suspected: int, ttl: float) -> bool:
-        if suspected == 2:
-            logger.warning(
-                "Redis may have lost idempotency records (no loss marker, or the server "
-                "restarted, failed over or evicted keys); new keys are checked in the "
-                "database for the next %d seconds",
-                int(ttl),
-            )
-        return suspected != 0
 
     # -- Redis down -----------------------------------------------------------------------
 

@@ -261,6 +261,19 @@ def test_e010_hybrid_db_check() -> None:
     assert isinstance(only(run({"HYBRID_DB_CHECK": "never"}), "E010"), Error)
 
 
+@pytest.mark.parametrize("value", [0, -5, "soon", float("nan"), True])
+def test_e060_hybrid_redis_ttl_is_none_or_positive(value: object) -> None:
+    assert isinstance(only(run({"HYBRID_REDIS_TTL": value}), "E060"), Error)
+
+
+def test_e061_hybrid_redis_ttl_is_at_most_ttl() -> None:
+    message = only(run({"TTL": 3600, "HYBRID_REDIS_TTL": 7200}), "E061")
+    assert isinstance(message, Error) and "7200" in message.msg and "3600" in message.msg
+    assert run({"TTL": 3600, "HYBRID_REDIS_TTL": 3600}) == []
+    assert run({"TTL": 3600, "HYBRID_REDIS_TTL": 300.5}) == []
+    assert run({"HYBRID_REDIS_TTL": None}) == []
+
+
 def test_e011_redis_strategies_need_a_redis() -> None:
     message = only(run({"STRATEGY": "redis"}), "E011")
     assert "REDIS_URL" in message.msg

@@ -8,11 +8,13 @@ Side effects are counted in ``SideEffect`` rows (the test views) and ``Charge`` 
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from typing import Any
 
 import pytest
+import redis
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
@@ -24,14 +26,19 @@ from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.store.status import COMPLETED
 from django_idempotency.strategies import load_strategy
 from django_idempotency.strategies.base import Attempt, InProgress, Replay
-from django_idempotency.strategies.hybrid import EPOCH_SUFFIX, HybridClaim, HybridStrategy
+from django_idempotency.strategies.hybrid import HybridClaim, HybridStrategy
 from django_idempotency.strategies.redis.store import get_client, get_store
 from example_project.payments.models import Charge
 from tests.testapp.models import SideEffect
 
 from ..support.api import api_client, post_json, replayed, token_client, wait_in_progress
 from ..support.factories import StaleKeyFactory, UserFactory
-from ..support.redis_servers import RedisServer, closed_port_url
+from ..support.redis_servers import (
+    RedisClusterNodes,
+    RedisServer,
+    closed_port_url,
+    wait_replicated,
+)
 from ..support.threads import in_background, run_at_once
 
 pytestmark = [
@@ -307,14 +314,19 @@ def test_redis_losing_a_claim_mid_view_cannot_commit_twice(
 # -- HYBRID_DB_CHECK = "after_loss" ----------------------------------------------------------
 
 
-def _marker(
-    client: Any, *, run_id: str | None = None, evicted: int | None = None, age: float
-) -> str:
-    """A loss marker as the server would have written it ``age`` seconds ago."""
+def _quiet(client: Any, store: Any) -> None:
+    """The loss marker as a server that has lost nothing for a while holds it: its run id
+    and eviction count, no suspicion window."""
     info = client.info("server") | client.info("stats")
-    run_id = run_id or str(info["run_id"])
-    evicted = int(info["evicted_keys"]) if evicted is None else evicted
-    return f"{run_id} {evicted} {int(time.time() - age)}"
+    marker, _checked, suspect = store.loss_keys()
+    client.set(marker, f"{info['run_id']} {info['evicted_keys']}")
+    client.delete(suspect)
+
+
+def _expire_the_check(client: Any, store: Any) -> None:
+    """What ``loss_check_interval`` (10 ms) does on its own: the next claim compares the
+    marker with INFO."""
+    client.delete(store.loss_keys()[1])
 
 
 def test_after_loss_detects_a_flush_and_a_restart(
@@ -325,21 +337,27 @@ def test_after_loss_detects_a_flush_and_a_restart(
     assert isinstance(strategy, HybridStrategy)
     store = get_store()
     client = get_client()
-    marker = store.prefix + EPOCH_SUFFIX
+    marker, _checked, suspect = store.loss_keys()
     run_id = client.info("server")["run_id"]
 
     assert strategy.loss_suspected(store, 60)  # no marker yet: written now
     written = client.get(marker)
     assert isinstance(written, bytes) and written.decode().split()[0] == run_id
-    assert strategy.loss_suspected(store, 60)  # within TTL of the marker
-    client.set(marker, _marker(client, age=120))
+    assert strategy.loss_suspected(store, 60)  # within the window after the loss
+    assert 0 < client.pttl(suspect) <= 24 * 3600 * 1000
+    _quiet(client, store)
     assert not strategy.loss_suspected(store, 60)  # quiet: no database check
-    client.set(marker, _marker(client, run_id="ab" * 20, age=120))
-    assert strategy.loss_suspected(store, 60)  # restart / failover
+    client.set(marker, f"{'ab' * 20} 0")  # written by another server run
+    assert not strategy.loss_suspected(store, 60)  # not compared before the interval...
+    _expire_the_check(client, store)
+    assert strategy.loss_suspected(store, 60)  # ...then seen: a restart / failover
+    assert client.get(marker) == written
     client.set(marker, "{not a marker}")
+    _expire_the_check(client, store)
     assert strategy.loss_suspected(store, 60)  # unreadable: written again
 
     # A flush removes the marker: the key is looked up and replayed.
+    _quiet(client, store)
     key = uuid.uuid4().hex
     first = post_json(api, key, {"amount": 5})
     client.flushall()
@@ -359,7 +377,7 @@ def test_after_loss_detects_an_eviction(hybrid: Any, api: APIClient, redis_prefi
         hybrid(HYBRID_DB_CHECK="after_loss", REDIS_URL=server.url, TTL=600)
         store = get_store()
         client = get_client()
-        client.set(store.prefix + EPOCH_SUFFIX, _marker(client, age=7200))
+        _quiet(client, store)
         key = uuid.uuid4().hex
         first = post_json(api, key, {"amount": 5})
         assert first.status_code == 201 and _record(key) is not None
@@ -368,7 +386,9 @@ def test_after_loss_detects_an_eviction(hybrid: Any, api: APIClient, redis_prefi
         for i in range(200):
             client.set(f"filler:{i}", filler, ex=3600)
         assert _record(key) is None and int(client.info("stats")["evicted_keys"]) > 0
-        assert client.exists(store.prefix + EPOCH_SUFFIX)
+        assert client.exists(store.loss_keys()[0])
+        # The eviction is seen at the first claim after the check interval (10 ms).
+        time.sleep(HybridStrategy.loss_check_interval)
         with CaptureQueriesContext(connection) as queries:
             retry = post_json(api, key, {"amount": 5})
         # Looked up in the database (the outbox) before the view: the eviction was seen.
@@ -379,31 +399,263 @@ def test_after_loss_detects_an_eviction(hybrid: Any, api: APIClient, redis_prefi
         server.stop()
 
 
+def _commandstats(client: Any, run: Any) -> dict[str, int]:
+    """The commands the server ran during ``run()`` (``INFO commandstats``), by name; the
+    first INFO, which the second counts, left out."""
+    before = client.info("commandstats")
+    run()
+    after = client.info("commandstats")
+    calls = {name: stats["calls"] for name, stats in after.items()}
+    calls["cmdstat_info"] -= 1
+    for name, stats in before.items():
+        calls[name] -= stats["calls"]
+    return {name.removeprefix("cmdstat_"): n for name, n in calls.items() if n}
+
+
 def test_after_loss_claims_and_checks_the_marker_in_one_round_trip(
     hybrid: Any, api: APIClient
 ) -> None:
-    """A quiet server: a new key is one Redis script before the view and one after the
-    commit, and the only idempotency statement in PostgreSQL is the outbox insert."""
+    """A quiet server: a new key is one Redis script before the view (SET NX PX GET and
+    one MGET of the loss keys) and one SET after the commit, and the only idempotency
+    statement in PostgreSQL is the outbox insert; a replay is the script's SET alone. The
+    counts are the server's own (``INFO commandstats``, which counts the commands a script
+    runs besides the EVALSHA)."""
     hybrid(HYBRID_DB_CHECK="after_loss", TTL=600)
     store = get_store()
     client = get_client()
-    client.set(store.prefix + EPOCH_SUFFIX, _marker(client, age=7200))
+    _quiet(client, store)
     post_json(api, uuid.uuid4().hex, {"amount": 1})  # warm: connections, scripts loaded
-    before = client.info("commandstats")
+    client.set(store.loss_keys()[1], "1", px=600_000)  # the INFO check is not due
+    key = uuid.uuid4().hex
     with CaptureQueriesContext(connection) as queries:
-        response = post_json(api, uuid.uuid4().hex, {"amount": 5})
-    after = client.info("commandstats")
-    assert response.status_code == 201
-    calls = {
-        name: after[name]["calls"] - before.get(name, {"calls": 0})["calls"]
-        for name in after
-        if after[name]["calls"] != before.get(name, {"calls": 0})["calls"]
-    }
-    # The claim script and the completion script, and what the claim script calls.
-    assert calls.pop("cmdstat_evalsha") == 2
-    assert set(calls) <= {"cmdstat_get", "cmdstat_set", "cmdstat_info", "cmdstat_time"}
+        calls = _commandstats(client, lambda: post_json(api, key, {"amount": 5}))
+    assert calls == {"evalsha": 1, "set": 2, "mget": 1}, calls
     ours = [q["sql"] for q in queries.captured_queries if "django_idempotency" in q["sql"]]
     assert len(ours) == 1 and ours[0].startswith("WITH fenced AS")
+    replay = _commandstats(client, lambda: post_json(api, key, {"amount": 5}))
+    assert replay == {"evalsha": 1, "set": 1}, replay
+    # Once per loss_check_interval per server, the claim also compares with INFO.
+    client.delete(store.loss_keys()[1])
+    calls = _commandstats(client, lambda: post_json(api, uuid.uuid4().hex, {"amount": 5}))
+    assert calls == {"evalsha": 1, "set": 3, "mget": 1, "info": 2}, calls
+
+
+def _admin(server: RedisServer) -> Any:
+    """A client of the test's own (the app's pooled connections stay as they are)."""
+    return redis.Redis.from_url(server.url, socket_timeout=5)
+
+
+def test_after_loss_sees_a_restart_that_brought_back_an_older_snapshot(
+    hybrid: Any, api: APIClient, running_private_redis: RedisServer
+) -> None:
+    """Redis restarts with its data (an RDB snapshot, as AOF ``everysec`` loses its last
+    second): the marker comes back, the records written after the snapshot do not. The
+    server must load the claim script again (NOSCRIPT), and that is when the claim compares
+    the marker with INFO: the run id changed, so the lost key is looked up and replayed."""
+    hybrid(HYBRID_DB_CHECK="after_loss", TTL=600)
+    store = get_store()
+    admin = _admin(running_private_redis)
+    _quiet(admin, store)
+    post_json(api, uuid.uuid4().hex, {"amount": 1})  # the process's first claim compared
+    # The 10 ms interval alone would not compare again for ten minutes.
+    admin.set(store.loss_keys()[1], "1", px=600_000)
+    admin.save()
+    key = uuid.uuid4().hex
+    first = post_json(api, key, {"amount": 5})
+    assert first.status_code == 201 and not store.verify_due
+    running_private_redis.kill()
+    running_private_redis.start()
+    admin = _admin(running_private_redis)
+    marker, checked, _suspect = store.loss_keys()
+    assert admin.exists(marker, checked) == 2 and admin.get(store.record_key(*_scope(key))) is None
+    with contextlib.suppress(redis.ConnectionError):
+        get_client().ping()  # the app's connection notices the restart and reconnects
+    assert not store.verify_due
+
+    retry = post_json(api, key, {"amount": 5})
+    assert retry.status_code == 201 and replayed(retry) and retry.content == first.content
+    assert SideEffect.objects.count() == 2
+    assert admin.exists(store.loss_keys()[2])  # new keys are looked up for the window
+
+
+def _scope(key: str) -> tuple[str, str]:
+    outbox = IdempotencyOutbox.objects.filter(key=key).first()
+    row = IdempotencyKey.objects.filter(key=key).first()
+    return (outbox or row).scope, key  # type: ignore[union-attr]
+
+
+def test_after_loss_sees_a_failover_to_a_replica_that_missed_the_last_writes(
+    hybrid: Any, api: APIClient
+) -> None:
+    """A replica is promoted after it missed the last key the primary committed: it has
+    the marker (replicated, with the old primary's run id) and a fresh ``checked``, but
+    not the claim script (Redis 7 does not replicate the script cache), so the first claim
+    there compares the marker with INFO, sees another run id, and the missed key is
+    replayed from PostgreSQL instead of running again."""
+    with RedisServer().start() as primary:
+        replica = RedisServer(extra=("--replicaof", "127.0.0.1", str(primary.port)))
+        with replica.start():
+            hybrid(HYBRID_DB_CHECK="after_loss", REDIS_URL=primary.url, TTL=600)
+            store = get_store()
+            admin = _admin(primary)
+            _quiet(admin, store)
+            replicated, missed = uuid.uuid4().hex, uuid.uuid4().hex
+            first = post_json(api, replicated, {"amount": 1})
+            admin.set(store.loss_keys()[1], "1", px=600_000)
+            wait_replicated(primary.port)
+            _admin(replica).execute_command("REPLICAOF", "NO", "ONE")  # promoted
+            lost = post_json(api, missed, {"amount": 2})  # on the old primary only
+            assert first.status_code == lost.status_code == 201
+
+            # The clients follow the failover (DNS, a proxy, Sentinel): a new connection.
+            hybrid(HYBRID_DB_CHECK="after_loss", REDIS_URL=replica.url, TTL=600)
+            store = get_store()
+            store.verify_due = False  # only the missing script tells
+            promoted = _admin(replica)
+            assert promoted.exists(*store.loss_keys()[:2]) == 2
+            assert promoted.get(store.record_key(*_scope(missed))) is None
+
+            retry = post_json(api, missed, {"amount": 2})
+            assert replayed(retry) and retry.content == lost.content
+            assert replayed(post_json(api, replicated, {"amount": 1}))
+            assert SideEffect.objects.count() == 2
+            assert promoted.exists(store.loss_keys()[2])
+
+
+def test_after_loss_sees_its_marker_evicted(hybrid: Any, api: APIClient) -> None:
+    """Under an ``allkeys-*`` policy the marker itself can be evicted (here: deleted, as an
+    eviction would): a claim that finds it missing compares at once, whatever the
+    interval, and looks the key up."""
+    hybrid(HYBRID_DB_CHECK="after_loss", TTL=600)
+    store = get_store()
+    client = get_client()
+    _quiet(client, store)
+    key = uuid.uuid4().hex
+    first = post_json(api, key, {"amount": 5})
+    client.set(store.loss_keys()[1], "1", px=600_000)
+    client.delete(store.loss_keys()[0], store.record_key(*_scope(key)))
+    retry = post_json(api, key, {"amount": 5})
+    assert retry.status_code == 201 and replayed(retry) and retry.content == first.content
+    assert SideEffect.objects.count() == 1
+    marker, _checked, suspect = store.loss_keys()
+    assert client.exists(marker, suspect) == 2  # written again, and the window open
+
+
+def _outbox_reads(queries: CaptureQueriesContext) -> list[str]:
+    """The idempotency statements that are not the outbox insert (the lookups)."""
+    ours = [q["sql"] for q in queries.captured_queries if "django_idempotency" in q["sql"]]
+    return [sql for sql in ours if not sql.startswith("WITH fenced AS")]
+
+
+def test_hybrid_redis_ttl_keeps_the_hot_window_and_replays_from_postgresql_after_it(
+    hybrid: Any, api: APIClient
+) -> None:
+    """``HYBRID_REDIS_TTL``: a completed record lives that long in Redis, then a replay is
+    answered from PostgreSQL and refills Redis for another hot window; and every key new in
+    Redis is looked up (Redis cannot tell one it let expire from a new one)."""
+    hybrid(HYBRID_DB_CHECK="after_loss", TTL=600, HYBRID_REDIS_TTL=1)
+    store = get_store()
+    key = uuid.uuid4().hex
+    with CaptureQueriesContext(connection) as queries:
+        first = post_json(api, key, {"amount": 5})
+    assert first.status_code == 201 and len(_outbox_reads(queries)) == 1
+    assert 0 < store.pttl(*_scope(key)) <= 1000
+    assert replayed(post_json(api, key, {"amount": 5}))  # from Redis, in the window
+    deadline = time.monotonic() + 5
+    while _record(key) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _record(key) is None
+
+    with CaptureQueriesContext(connection) as queries:
+        retry = post_json(api, key, {"amount": 5})
+    assert retry.status_code == 201 and replayed(retry) and retry.content == first.content
+    assert len(_outbox_reads(queries)) == 1
+    assert 0 < store.pttl(*_scope(key)) <= 1000  # refilled for one hot window
+    assert post_json(api, key, {"amount": 6}).status_code == 422
+    assert SideEffect.objects.count() == 1
+
+
+# -- "after_loss" on a Redis Cluster: the loss keys of each hash slot ----------------------
+
+
+@pytest.fixture
+def on_cluster(redis_settings: Any, redis_cluster: RedisClusterNodes) -> Any:
+    redis_settings(
+        redis_cluster.url,
+        STRATEGY="hybrid",
+        REDIS_CLUSTER=True,
+        HYBRID_DB_CHECK="after_loss",
+        TTL=600,
+        REDIS_SOCKET_TIMEOUT=2.0,
+    )
+    return redis_cluster
+
+
+def _slot_node(key_name: str) -> Any:
+    """A plain client of the primary that serves ``key_name``'s slot."""
+    node = get_client().get_node_from_key(key_name)  # type: ignore[union-attr]
+    return redis.Redis(host=node.host, port=node.port, socket_timeout=5)
+
+
+def _quiet_slot(scope: str, key: str) -> tuple[str, str, str]:
+    """The loss keys of the slot of (scope, key), as on a node that lost nothing lately,
+    with the INFO comparison not due for ten minutes."""
+    keys = get_store().loss_keys_for(scope, key)
+    node = _slot_node(keys[0])
+    info = node.info("server") | node.info("stats")
+    node.set(keys[0], f"{info['run_id']} {info['evicted_keys']}")
+    node.set(keys[1], "1", px=600_000)
+    node.delete(keys[2])
+    return keys
+
+
+@pytest.mark.redis_cluster
+def test_after_loss_on_a_cluster_a_quiet_slot_reads_nothing_in_postgresql(on_cluster: Any) -> None:
+    """Each slot has its loss keys, in the record's slot (one script per claim): a new key
+    on a quiet slot is not looked up, as on a single node; its replay is Redis alone."""
+    user = UserFactory()
+    client = api_client(user)
+    key = uuid.uuid4().hex
+    loss_keys = _quiet_slot(f"user:{user.pk}", key)
+    cluster: Any = get_client()
+    names = [*loss_keys, get_store().record_key(f"user:{user.pk}", key)]
+    assert len({cluster.keyslot(name) for name in names}) == 1  # one slot: one script
+    with CaptureQueriesContext(connection) as queries:
+        first = post_json(client, key, {"amount": 5})
+    assert first.status_code == 201 and _outbox_reads(queries) == []
+    with CaptureQueriesContext(connection) as queries:
+        assert replayed(post_json(client, key, {"amount": 5}))
+    assert not [q for q in queries.captured_queries if "idempotency" in q["sql"]]
+    assert SideEffect.objects.count() == 1
+
+
+@pytest.mark.redis_cluster
+@pytest.mark.parametrize("loss", ["flushed", "failed-over"])
+def test_after_loss_on_a_cluster_sees_a_slot_that_lost_its_records(
+    on_cluster: Any, loss: str
+) -> None:
+    """The node of a slot was flushed (its marker is gone with the record) or another node
+    now serves it (its marker holds another run id, compared once ``checked`` expired): the
+    lost key is looked up in PostgreSQL and replayed, and the slot stays suspect."""
+    user = UserFactory()
+    client = api_client(user)
+    scope, key = f"user:{user.pk}", uuid.uuid4().hex
+    marker, checked, suspect = _quiet_slot(scope, key)
+    first = post_json(client, key, {"amount": 5})
+    assert first.status_code == 201
+    node = _slot_node(marker)
+    node.delete(get_store().record_key(scope, key))
+    if loss == "flushed":
+        node.delete(marker)
+    else:
+        node.set(marker, f"{'ab' * 20} 0")
+        node.delete(checked)
+    with CaptureQueriesContext(connection) as queries:
+        retry = post_json(client, key, {"amount": 5})
+    assert retry.status_code == 201 and replayed(retry) and retry.content == first.content
+    assert len(_outbox_reads(queries)) == 1
+    assert SideEffect.objects.count() == 1
+    assert node.exists(suspect) and node.get(marker) != f"{'ab' * 20} 0".encode()
 
 
 def test_after_loss_without_a_check_still_refuses_a_second_commit(
@@ -414,7 +666,7 @@ def test_after_loss_without_a_check_still_refuses_a_second_commit(
     hybrid(HYBRID_DB_CHECK="after_loss", TTL=60)
     store = get_store()
     client = get_client()
-    client.set(store.prefix + EPOCH_SUFFIX, _marker(client, age=3600))
+    _quiet(client, store)
 
     for drained in (False, True):
         key = uuid.uuid4().hex

@@ -20,11 +20,9 @@ import redis
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.store.status import IN_PROGRESS
-from django_idempotency.strategies.hybrid import EPOCH_SUFFIX
 from django_idempotency.strategies.redis import store as redis_store
 from django_idempotency.strategies.redis.health import monitor
 from django_idempotency.strategies.redis.store import (
-    LossCheckDenied,
     RedisRecord,
     RedisStore,
     RedisUnavailable,
@@ -51,7 +49,7 @@ MINIMAL = {
     "redis": "~{prefix}:* &{prefix}:* -@all +get +set +evalsha +script|load +pexpire +del "
     "+publish +subscribe +ping +hello",
     "hybrid": "~{prefix}:* &{prefix}:* -@all +get +set +evalsha +script|load +pexpire +del "
-    "+publish +subscribe +ping +hello +info +time",
+    "+publish +subscribe +ping +hello +info +mget",
 }
 HARDENED = "~{prefix}:* &* +@all -@dangerous"
 
@@ -95,14 +93,25 @@ SCRIPT_RUNS: dict[str, tuple[Callable[..., None], Callable[[RedisStore, str], ob
     ),
     "RELEASE_LUA": (_seed_in_progress, lambda s, k: s.release(SCOPE, k, TOKEN)),
     "DISCARD_LUA": (_seed_in_progress, lambda s, k: s.discard(SCOPE, k, TOKEN)),
-    "EPOCH_LUA": (lambda *a: None, lambda s, k: s.loss_suspected(s.prefix + EPOCH_SUFFIX, 60)),
-    "CLAIM_EPOCH_LUA": (
-        lambda *a: None,
-        lambda s, k: s.claim_checking_loss(
-            SCOPE, k, "f" * 64, TOKEN, 5000, marker=s.prefix + EPOCH_SUFFIX, ttl=60
-        ),
-    ),
+    "LOSS_LUA": (lambda *a: None, lambda s, k: s.loss_suspected(s.loss_keys(), 60_000, 10)),
+    "CLAIM_LUA": (lambda *a: None, lambda s, k: _claim_checking_loss(s, k)),
+    "CLAIM6_LUA": (lambda *a: None, lambda s, k: _claim_checking_loss(s, k, redis6=True)),
 }
+
+
+def _claim_checking_loss(store: RedisStore, key: str, *, redis6: bool = False) -> Any:
+    if redis6:
+        store._set_nx_get = False  # the script for Redis 6, on this Redis 7 server
+    return store.claim_checking_loss(
+        SCOPE,
+        key,
+        "f" * 64,
+        TOKEN,
+        5000,
+        loss_keys=store.loss_keys(),
+        window_ms=60_000,
+        interval_ms=10,
+    )
 
 
 def _scripts() -> dict[str, str]:
@@ -153,22 +162,25 @@ def test_a_refused_command_leaves_the_keyspace_as_it_was(
         acl_server.delete_user("partial")
 
 
-def test_the_claim_with_a_refused_info_leaves_no_claim(
-    acl_server: RedisServer, admin: redis.Redis, redis_prefix: str
+@pytest.mark.parametrize("refused", ["info", "mget"])
+def test_a_claim_whose_loss_check_is_refused_is_a_claim_that_says_so(
+    acl_server: RedisServer, admin: redis.Redis, redis_prefix: str, refused: str
 ) -> None:
-    """The reported case: ``-@dangerous`` refuses INFO; the claim script used to write the
-    record first and leave it behind, in progress, until LOCK_TIMEOUT."""
-    url = acl_server.set_user("app", "secret", *_rules(HARDENED, redis_prefix))
+    """``-@dangerous`` refuses INFO (or an ACL leaves MGET out): the claim script does not
+    fail after its write, which would leave a claim nobody holds until LOCK_TIMEOUT; it
+    answers the claim, and that the loss check was refused (the strategy then looks the key
+    up in the database). Nothing of the loss check is written."""
+    rules = [*_rules(HARDENED, redis_prefix), f"-{refused}"]
+    url = acl_server.set_user("app", "secret", *rules)
     client = redis.Redis.from_url(url, socket_timeout=5)
     try:
         store = RedisStore(client, redis_prefix)
-        with pytest.raises(LossCheckDenied):
-            store.claim_checking_loss(
-                SCOPE, "k", "f" * 64, TOKEN, 5000, marker=redis_prefix + EPOCH_SUFFIX, ttl=60
-            )
-        assert admin.exists(store.record_key(SCOPE, "k")) == 0
-        assert admin.exists(redis_prefix + EPOCH_SUFFIX) == 0
-        assert store.claim(SCOPE, "k", "f" * 64, TOKEN, 5000) == (True, None)
+        won, record, check = _claim_checking_loss(store, "k")
+        assert (won, record) == (True, None)
+        assert check.verdict == -1 and check.refused, check
+        assert admin.exists(store.record_key(SCOPE, "k")) == 1
+        assert admin.exists(*store.loss_keys()) == 0
+        assert store.release(SCOPE, "k", TOKEN)
     finally:
         client.close()
         acl_server.delete_user("app")

@@ -101,8 +101,8 @@ def steps(store: Any) -> Iterator[tuple[str, str, Callable[[], None]]]:
     yield "waking the waiters", "PUBLISH", lambda: store.notify(PROBE_SCOPE, key)
     if conf.WAIT > 0:
         yield "waiting", "SUBSCRIBE", lambda: _subscribe(store)
-    if conf.STRATEGY == "hybrid" and conf.HYBRID_DB_CHECK == "after_loss" and not cluster:
-        yield LOSS_STEP, "EVALSHA (GET, INFO, TIME, SET)", lambda: _loss_check(store, key, token)
+    if conf.STRATEGY == "hybrid" and conf.HYBRID_DB_CHECK == "after_loss":
+        yield LOSS_STEP, "EVALSHA (SET, MGET, INFO)", lambda: _loss_check(store, key, token)
 
 
 def _expect(condition: object, what: str = "the probe's own record was not there") -> None:
@@ -175,17 +175,39 @@ def _subscribe(store: Any) -> None:
 
 
 def _loss_check(store: Any, key: str, token: str) -> None:
-    """The claim script with the loss check, on a marker of the probe's own (one key)."""
-    marker = store.prefix + ":{hybrid}:check-epoch"
+    """The claim script with the loss check compared with INFO, on keys of the probe's own."""
+    from redis.exceptions import ResponseError
+
+    from .store import LossCheckDenied
+
+    keys = _probe_loss_keys(store, key)
+    store.verify_due = True
     try:
-        won, _record, _loss = store.claim_checking_loss(
-            PROBE_SCOPE, key, "probe", token, 10_000, marker=marker, ttl=0
+        won, _record, check = store.claim_checking_loss(
+            PROBE_SCOPE, key, "probe", token, 10_000, loss_keys=keys, window_ms=1, interval_ms=1
         )
         _expect(won, "the probe could not claim a key of its own")
         _expect(store.release(PROBE_SCOPE, key, token))
+        if check.refused:
+            raise LossCheckDenied(check.reason) from ResponseError(check.reason)
+        _expect(check.verdict >= 0, f"the loss check failed: {check.reason}")
     finally:
         with contextlib.suppress(Exception):
-            store.client.delete(marker)
+            store.client.delete(*keys)
+
+
+def _probe_loss_keys(store: Any, key: str) -> tuple[str, str, str]:
+    """Loss keys of the probe's own, in its record's Cluster slot (never the real ones)."""
+    from redis.crc import key_slot
+
+    from ...protocol.keys import key_digest
+    from .store import slot_tag
+
+    tag = "hybrid-check"
+    if store.cluster:
+        tag = slot_tag(key_slot(key_digest(PROBE_SCOPE, key).encode()))
+    base = f"{store.prefix}:{{{tag}}}:probe-"
+    return base + "loss", base + "checked", base + "suspect"
 
 
 # -- what a failure means -------------------------------------------------------------------

@@ -23,8 +23,10 @@ import redis
 from django.core.signals import setting_changed
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 from redis.exceptions import (
     NoPermissionError,
+    NoScriptError,
     RedisClusterException,
     RedisError,
     ResponseError,
@@ -294,63 +296,129 @@ return redis.call('DEL', KEYS[1])
 """
 
 
-# The hybrid strategy's loss marker (``HYBRID_DB_CHECK = "after_loss"``, docs/hybrid.md):
-# "<run_id> <evicted_keys> <since>", the server's run_id and eviction count when the marker
-# was written, and when (the server's clock, seconds). A marker that is missing (a flush, a
-# restart without persistence) or whose run_id or eviction count is not the server's now
-# (a restart, a failover, an eviction) is written again: a loss is suspected for ``ttl``
-# seconds after it was written. 0: no loss suspected; 1: suspected; 2: written just now.
+# The hybrid strategy's loss check (``HYBRID_DB_CHECK = "after_loss"``, docs/hybrid.md), on
+# three keys of one hash tag:
+#   marker   "<run_id> <evicted_keys>": the server's, when a check last found them changed;
+#            no TTL. Missing (a flush, a restart without persistence): a loss.
+#   checked  exists for ``interval`` ms after the last check of the marker against INFO.
+#   suspect  exists for ``window`` ms (the records' Redis TTL) after a loss was seen.
+# A claim reads the three (one MGET); only when ``checked`` is gone (at most once per
+# ``interval`` per server), the marker is missing, or the caller asks (a new script
+# cache: a restart or a failover; an error seen) does it run INFO and compare. A changed
+# run_id (restart, failover) or eviction count (eviction, CONFIG RESETSTAT) or a missing
+# marker writes ``suspect`` and the marker. 0: no loss suspected; 1: suspected; 2: seen just
+# now; -1: the check could not run (the reason follows: an ACL refusing INFO or MGET...).
 #
-# Every script reads (and runs every command that a user's ACL may refuse, such as INFO)
-# before its first write: Redis does not undo the writes of a script that fails halfway, so
-# a refused command must fail the script while it has changed nothing. ``loss_state`` is
-# the reading half, ``loss_verdict`` the writing half.
-_EPOCH_FUNCTION = """
-local function loss_state(marker_key)
-  local info = redis.call('INFO', 'server') .. redis.call('INFO', 'stats')
-  local state = string.match(info, 'run_id:(%x+)') .. ' '
-    .. string.match(info, 'evicted_keys:(%d+)')
-  return state, tonumber(redis.call('TIME')[1]), redis.call('GET', marker_key)
+# Everything after the claim's own write goes through redis.pcall: a refused command
+# (INFO is in @dangerous) answers -1 instead of failing the script halfway, which would
+# leave the claim written without its answer. ``suspect`` is written before the marker: a
+# script that stops between them leaves the marker stale, which the next claim sees.
+_LOSS_FUNCTION = """
+local function failed(reply)
+  if type(reply) == 'table' and reply.err then return reply.err end
+  return nil
 end
-local function loss_verdict(marker_key, ttl, state, now, marker)
-  if marker then
-    local written, since = string.match(marker, '^(%x+ %d+) (%d+)$')
-    if written == state then
-      if now < tonumber(since) + ttl then return 1 end
-      return 0
-    end
+local function loss(km, kc, ks, window, interval, verify)
+  local m = redis.pcall('MGET', km, kc, ks)
+  if failed(m) then return {-1, m.err} end
+  if m[1] and m[2] and verify ~= '1' then
+    if m[3] then return {1} end
+    return {0}
   end
-  redis.call('SET', marker_key, state .. ' ' .. now)
-  return 2
+  local server = redis.pcall('INFO', 'server')
+  if failed(server) then return {-1, server.err} end
+  local stats = redis.pcall('INFO', 'stats')
+  if failed(stats) then return {-1, stats.err} end
+  local state = (string.match(server, 'run_id:(%x+)') or '?') .. ' '
+    .. (string.match(stats, 'evicted_keys:(%d+)') or '?')
+  local verdict = 0
+  if m[3] then verdict = 1 end
+  if m[1] ~= state then
+    local err = failed(redis.pcall('SET', ks, '1', 'PX', window))
+      or failed(redis.pcall('SET', km, state))
+    if err then return {-1, err} end
+    verdict = 2
+  end
+  local err = failed(redis.pcall('SET', kc, '1', 'PX', interval))
+  if err then return {-1, err} end
+  return {verdict}
 end
 """
 
-# KEYS[1] loss marker; ARGV[1] TTL in seconds.
-EPOCH_LUA = (
-    "if redis.replicate_commands then redis.replicate_commands() end\n"
-    + _EPOCH_FUNCTION
+_REPLICATE = "if redis.replicate_commands then redis.replicate_commands() end\n"
+
+# KEYS[1..3] marker, checked, suspect; ARGV[1] window ms, ARGV[2] interval ms, ARGV[3] '1':
+# compare with INFO now. {verdict, reason}.
+LOSS_LUA = (
+    _REPLICATE
+    + _LOSS_FUNCTION
     + """
-local state, now, marker = loss_state(KEYS[1])
-return loss_verdict(KEYS[1], tonumber(ARGV[1]), state, now, marker)
+return loss(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3])
 """
 )
 
-# KEYS[1] record, KEYS[2] loss marker; ARGV[1] the in-progress record, ARGV[2] lease in ms,
-# ARGV[3] TTL in seconds. The claim (SET NX PX, GET when taken) and, when won, the loss
-# check, in one round trip: {nil, loss} when claimed, {record, 0} when not. The loss check
-# reads (INFO, TIME, GET) before the record is written, so that a refused INFO leaves
-# no claim behind.
-CLAIM_EPOCH_LUA = (
-    "if redis.replicate_commands then redis.replicate_commands() end\n"
-    + _EPOCH_FUNCTION
+# KEYS[1] record, KEYS[2..4] marker, checked, suspect; ARGV[1] the in-progress record,
+# ARGV[2] lease ms, ARGV[3] window ms, ARGV[4] interval ms, ARGV[5] '1': compare with INFO
+# now. The claim (SET NX PX GET) and, when won, the loss check, in one round trip:
+# {record} when not claimed, {false, verdict, reason} when claimed. Redis 7 (SET NX GET).
+CLAIM_LUA = (
+    _REPLICATE
+    + _LOSS_FUNCTION
+    + """
+local old = redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2], 'NX', 'GET')
+if old then return {old} end
+local verdict = loss(KEYS[2], KEYS[3], KEYS[4], ARGV[3], ARGV[4], ARGV[5])
+return {false, verdict[1], verdict[2]}
+"""
+)
+
+# CLAIM_LUA for Redis 6, where SET cannot take NX and GET together.
+CLAIM6_LUA = (
+    _REPLICATE
+    + _LOSS_FUNCTION
     + """
 local old = redis.call('GET', KEYS[1])
-if old then return {old, 0} end
-local state, now, marker = loss_state(KEYS[2])
+if old then return {old} end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return {false, loss_verdict(KEYS[2], tonumber(ARGV[3]), state, now, marker)}
+local verdict = loss(KEYS[2], KEYS[3], KEYS[4], ARGV[3], ARGV[4], ARGV[5])
+return {false, verdict[1], verdict[2]}
 """
 )
+
+
+@dataclass(frozen=True)
+class LossCheck:
+    """What the loss check says (see ``_LOSS_FUNCTION``): ``verdict`` 0 no loss suspected,
+    1 suspected, 2 seen just now, -1 the check could not run, for ``reason``."""
+
+    verdict: int
+    reason: str = ""
+
+    @property
+    def refused(self) -> bool:
+        """The check could not run because the user's ACL refuses one of its commands."""
+        return self.verdict < 0 and permission_denied(ResponseError(self.reason))
+
+
+_slot_tags: list[str] = []
+
+
+def slot_tag(slot: int) -> str:
+    """A short hash tag whose Redis Cluster slot is ``slot`` (the first hexadecimal number
+    that lands there; the table of all 16 384 is built once per process)."""
+    if not _slot_tags:
+        tags: list[str | None] = [None] * REDIS_CLUSTER_HASH_SLOTS
+        missing = REDIS_CLUSTER_HASH_SLOTS
+        number = 0
+        while missing:
+            tag = f"{number:x}"
+            found = key_slot(tag.encode())
+            if tags[found] is None:
+                tags[found] = tag
+                missing -= 1
+            number += 1
+        _slot_tags[:] = [t or "" for t in tags]
+    return _slot_tags[slot]
 
 
 def permission_denied(exc: BaseException) -> bool:
@@ -366,15 +434,8 @@ def permission_denied(exc: BaseException) -> bool:
 
 
 class LossCheckDenied(RedisUnavailable):
-    """The user's ACL refuses a command of the loss check (``INFO``, ``TIME``); the script
-    failed before it wrote anything (see docs/redis.md for the ACL it needs)."""
-
-
-def _unavailable(exc: BaseException) -> RedisUnavailable:
-    """The error a loss-check script raises: ``LossCheckDenied`` for a refused command."""
-    if permission_denied(exc):
-        return LossCheckDenied(str(exc))
-    return RedisUnavailable(str(exc))
+    """The user's ACL refuses a command of the loss check (``INFO``, ``MGET``; see
+    docs/redis.md for the ACL it needs)."""
 
 
 def token_tail(token: str) -> str:
@@ -402,13 +463,20 @@ class RedisStore:
         self._complete = client.register_script(COMPLETE_LUA)
         self._release = client.register_script(RELEASE_LUA)
         self._discard = client.register_script(DISCARD_LUA)
-        self._epoch = client.register_script(EPOCH_LUA)
-        self._claim_epoch = client.register_script(CLAIM_EPOCH_LUA)
+        self._loss = client.register_script(LOSS_LUA)
+        self._claim_checking = client.register_script(CLAIM_LUA)
+        self._claim6_checking = client.register_script(CLAIM6_LUA)
         # SET ... NX GET needs Redis 7; None: not known yet.
         self._set_nx_get: bool | None = None
+        #: The next loss check compares the marker with INFO whatever ``checked`` says: at
+        #: the first claim of the process, and after Redis failed to answer (a restart or
+        #: a failover may be why). Also when the server had to load the claim script again.
+        self.verify_due = True
         #: When (``time.monotonic()``) the user's ACL last refused the loss check; None:
         #: never. The hybrid strategy looks every new key up in the database meanwhile.
         self.loss_check_refused_at: float | None = None
+        #: When the hybrid strategy last logged a loss at WARNING (once a minute).
+        self.loss_reported_at: float | None = None
 
     # keys
 
@@ -461,6 +529,24 @@ class RedisStore:
             raise RedisUnavailable(str(exc)) from exc
         return False, None if old is None else decode_record(old)
 
+    def loss_keys(self, tag: str = "hybrid") -> tuple[str, str, str]:
+        """The loss check's marker, ``checked`` and ``suspect`` keys (``_LOSS_FUNCTION``),
+        under the hash tag ``tag``."""
+        base = f"{self.prefix}:{{{tag}}}:"
+        return base + "loss", base + "checked", base + "suspect"
+
+    @property
+    def cluster(self) -> bool:
+        return isinstance(self.client, RedisCluster)
+
+    def loss_keys_for(self, scope: str, key: str) -> tuple[str, str, str]:
+        """The loss keys that answer for the record of (scope, key): the server's on a single
+        node; on a Redis Cluster those of the record's hash slot (each slot moves, fails over
+        and is flushed with its node, and a script's keys must share one slot)."""
+        if not self.cluster:
+            return self.loss_keys()
+        return self.loss_keys(slot_tag(key_slot(key_digest(scope, key).encode())))
+
     def claim_checking_loss(
         self,
         scope: str,
@@ -469,32 +555,63 @@ class RedisStore:
         token: str,
         lease_ms: int,
         *,
-        marker: str,
-        ttl: float,
-    ) -> tuple[bool, RedisRecord | None, int]:
-        """:meth:`claim`, and when won, :meth:`loss_suspected` of ``marker``, in one
-        script (one round trip). A single node only: the marker is not in the record's
-        Cluster slot. The third item is 0 when the key was not claimed."""
+        loss_keys: tuple[str, str, str],
+        window_ms: int,
+        interval_ms: int,
+    ) -> tuple[bool, RedisRecord | None, LossCheck]:
+        """:meth:`claim`, and when won, the loss check of ``loss_keys``, in one script (one
+        round trip; the keys must share the record's Cluster slot). The check says
+        nothing (verdict 0) when the key was not claimed."""
         value = encode_record(RedisRecord(IN_PROGRESS, fingerprint, token, None))
-        try:
-            old, loss = self._claim_epoch(
-                keys=[self.record_key(scope, key), marker],
-                args=[value, _ms(lease_ms), max(int(ttl), 0)],
-            )
-        except REDIS_ERRORS as exc:
-            raise _unavailable(exc) from exc
-        if old is None:
-            return True, None, int(loss)
-        return False, decode_record(old), 0
+        keys = [self.record_key(scope, key), *loss_keys]
+        args = [value, _ms(lease_ms), _ms(window_ms), _ms(interval_ms)]
+        reply, verified = self._run_loss_script(keys, args, claim=True)
+        if reply[0] is not None:
+            return False, decode_record(reply[0]), LossCheck(0)
+        return True, None, self._verdict(reply[1:], verified)
 
-    def loss_suspected(self, marker: str, ttl: float) -> int:
-        """Whether the server may have lost records in the last ``ttl`` seconds, by the
-        loss marker ``marker`` (see ``_EPOCH_FUNCTION``): 0 no, 1 yes, 2 yes and the
-        marker was (re)written just now. A single node only."""
+    def loss_suspected(
+        self, loss_keys: tuple[str, str, str], window_ms: int, interval_ms: int
+    ) -> LossCheck:
+        """The loss check alone (see ``_LOSS_FUNCTION``)."""
+        reply, verified = self._run_loss_script(
+            list(loss_keys), [_ms(window_ms), _ms(interval_ms)], claim=False
+        )
+        return self._verdict(reply, verified)
+
+    def _run_loss_script(
+        self, keys: list[str], args: list[Any], *, claim: bool
+    ) -> tuple[Any, bool]:
+        """EVALSHA of the claim (or the bare loss) script, with ARGV "verify" appended: a
+        server that no longer has the script (a restart, a failover, SCRIPT FLUSH) loads it
+        and is compared with INFO at once."""
+        verify = self.verify_due
+        script = self._loss
+        if claim:
+            script = self._claim6_checking if self._set_nx_get is False else self._claim_checking
         try:
-            return int(self._epoch(keys=[marker], args=[max(int(ttl), 0)]))
+            try:
+                reply = self.client.evalsha(script.sha, len(keys), *keys, *args, int(verify))
+            except NoScriptError:
+                verify = True
+                reply = script(keys=keys, args=[*args, 1])
+        except ResponseError as exc:
+            if not claim or self._set_nx_get is False or "syntax" not in str(exc).lower():
+                self.verify_due = True
+                raise RedisUnavailable(str(exc)) from exc
+            self._set_nx_get = False  # Redis < 7: the Redis 6 script from now on
+            return self._run_loss_script(keys, args, claim=claim)
         except REDIS_ERRORS as exc:
-            raise _unavailable(exc) from exc
+            self.verify_due = True
+            raise RedisUnavailable(str(exc)) from exc
+        return reply, verify
+
+    def _verdict(self, reply: list[Any], verified: bool) -> LossCheck:
+        verdict = int(reply[0])
+        if verified and verdict >= 0:
+            self.verify_due = False
+        reason = reply[1] if len(reply) > 1 else b""
+        return LossCheck(verdict, reason.decode() if isinstance(reason, bytes) else str(reason))
 
     def renew(self, scope: str, key: str, token: str, lease_ms: int) -> bool:
         """Extend the lease to ``lease_ms`` from now, only while ``token`` holds it."""

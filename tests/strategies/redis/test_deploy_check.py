@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.redis]
 
 HYBRID_MINIMAL = (
     "-@all +get +set +evalsha +script|load +pexpire +del +publish +subscribe +ping +hello "
-    "+info +time"
+    "+info +mget"
 )
 
 
