@@ -300,7 +300,9 @@ return redis.call('DEL', KEYS[1])
 # three keys of one hash tag:
 #   marker   "<run_id> <evicted_keys>": the server's, when a check last found them changed;
 #            no TTL. Missing (a flush, a restart without persistence): a loss.
-#   checked  exists for ``interval`` ms after the last check of the marker against INFO.
+#   checked  exists for ``interval`` ms after the last check of the marker against INFO;
+#            never written on a server that may evict (``maxmemory`` set and a
+#            ``maxmemory-policy`` other than ``noeviction``): there, every claim compares.
 #   suspect  exists for ``window`` ms (the records' Redis TTL) after a loss was seen.
 # A claim reads the three (one MGET); only when ``checked`` is gone (at most once per
 # ``interval`` per server), the marker is missing, or the caller asks (a new script
@@ -329,6 +331,8 @@ local function loss(km, kc, ks, window, interval, verify)
   if failed(server) then return {-1, server.err} end
   local stats = redis.pcall('INFO', 'stats')
   if failed(stats) then return {-1, stats.err} end
+  local memory = redis.pcall('INFO', 'memory')
+  if failed(memory) then return {-1, memory.err} end
   local state = (string.match(server, 'run_id:(%x+)') or '?') .. ' '
     .. (string.match(stats, 'evicted_keys:(%d+)') or '?')
   local verdict = 0
@@ -339,6 +343,11 @@ local function loss(km, kc, ks, window, interval, verify)
     if err then return {-1, err} end
     verdict = 2
   end
+  -- A server that may evict (a maxmemory and a policy other than noeviction) can drop a
+  -- record at any moment: it is compared at every claim, never trusted for an interval.
+  local limit = tonumber(string.match(memory, 'maxmemory:(%d+)') or '0')
+  local policy = string.match(memory, 'maxmemory_policy:(%S+)') or 'noeviction'
+  if limit > 0 and policy ~= 'noeviction' then return {verdict} end
   local err = failed(redis.pcall('SET', kc, '1', 'PX', interval))
   if err then return {-1, err} end
   return {verdict}
