@@ -42,7 +42,7 @@ from .fingerprint import fingerprint, preload_body
 from .header import header_value
 from .keys import downstream_key, key_digest
 from .keysource import KeyFunc, check_key, may_carry_body_key, missing_detail, request_key
-from .lease import keeper
+from .lease import Keeping, keeper
 from .lifecycle import Lifecycle
 from .negotiation import retry_accepts
 from .options import Options
@@ -94,7 +94,7 @@ class IdempotentRequest:
         # The lifecycle, and on top of it the lease keeper: unwound in that order, so the
         # heartbeat has stopped before the lifecycle commits or gives the key back.
         self._stack = ExitStack()
-        self._lease = ExitStack()
+        self._lease: Keeping | None = None
 
     # -- key -> scope -> fingerprint ---------------------------------------------------------
 
@@ -265,8 +265,8 @@ class IdempotentRequest:
         # Renew well within *this* request's lock timeout: a view may set a
         # shorter one than the global LOCK_TIMEOUT the default interval comes from.
         interval = min(conf.HEARTBEAT_INTERVAL, self.attempt.lock_timeout / 3)
-        self._lease = self._stack.enter_context(ExitStack())
-        self._lease.enter_context(keeper.keep(claim, interval))
+        self._lease = keeper.keep(claim, interval)
+        self._stack.enter_context(self._lease)
 
     def __exit__(
         self,
@@ -368,7 +368,8 @@ class IdempotentRequest:
         """Store a storable response under the key, or release the key."""
         lifecycle = self.lifecycle
         assert lifecycle is not None and lifecycle.claimed
-        self._lease.close()  # the view is done: no more renewals
+        if self._lease is not None:
+            self._lease.stop()  # the view is done: no more renewals
         if response.status_code >= 500 and not conf.STORE_SERVER_ERRORS:
             lifecycle.release()
             self._event(

@@ -11,8 +11,6 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from django.db import close_old_connections, connections
@@ -55,27 +53,25 @@ class LeaseKeeper:
         )
         self._thread.start()
 
-    @contextmanager
-    def keep(self, claim: Claim, interval: float) -> Iterator[Lease]:
-        """Renew ``claim`` every ``interval`` seconds until the block ends."""
-        lease = Lease(claim, interval, due=time.monotonic() + interval)
-        if not claim.renewable or interval <= 0:
-            yield lease
-            return
+    def keep(self, claim: Claim, interval: float) -> Keeping:
+        """Renew ``claim`` every ``interval`` seconds from the ``with`` block's start until
+        its end (or :meth:`Keeping.stop`)."""
+        return Keeping(self, Lease(claim, interval, due=time.monotonic() + interval))
+
+    def _add(self, lease: Lease) -> None:
         with self._lock:
             self._leases.add(lease)
             self._ensure_thread()
             wake = lease.due < self._deadline
         if wake:
             self._wake.set()
-        try:
-            yield lease
-        finally:
-            with self._lock:
-                self._leases.discard(lease)
-                idle = not self._leases and self._connected
-            if idle:
-                self._wake.set()  # so that the keeper gives its connection back now
+
+    def _discard(self, lease: Lease) -> None:
+        with self._lock:
+            self._leases.discard(lease)
+            idle = not self._leases and self._connected
+        if idle:
+            self._wake.set()  # so that the keeper gives its connection back now
 
     def _run(self) -> None:
         while True:
@@ -117,6 +113,35 @@ class LeaseKeeper:
         if not renewed and not lease.lost:
             lease.lost = True
             logger.warning("idempotency lease lost while the view was running")
+
+
+class Keeping:
+    """One lease kept by a :class:`LeaseKeeper`: registered when the ``with`` block starts,
+    given up at its end or at :meth:`stop`, whichever comes first. A plain class rather
+    than a generator: it is entered and left on every claimed request."""
+
+    __slots__ = ("_keeper", "_kept", "lease")
+
+    def __init__(self, keeper: LeaseKeeper, lease: Lease) -> None:
+        self._keeper = keeper
+        self.lease = lease
+        self._kept = False
+
+    def __enter__(self) -> Lease:
+        lease = self.lease
+        if lease.claim.renewable and lease.interval > 0:
+            self._keeper._add(lease)
+            self._kept = True
+        return lease
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """No more renewals (again: nothing)."""
+        if self._kept:
+            self._kept = False
+            self._keeper._discard(self.lease)
 
 
 keeper = LeaseKeeper()
