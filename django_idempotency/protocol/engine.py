@@ -424,6 +424,8 @@ class IdempotentRequest:
         )
 
     def _send(self, signal: Signal, **more: object) -> None:
+        if not signal.receivers:
+            return  # what Signal.send() finds first; no arguments built for nobody
         signal.send(
             sender=type(self.strategy),
             request=self.request,
