@@ -135,6 +135,8 @@ class IdempotentRequest:
             return None
         bounded = bounded_scope(scope(request))
         strategy = get_strategy(options.strategy)
+        # DRF's Request hands method and path over from Django's: ask Django's.
+        django_request: HttpRequest = getattr(request, "_request", request)
         attempt = Attempt(
             scope=bounded,
             key=found,
@@ -143,8 +145,8 @@ class IdempotentRequest:
             lock_timeout=(
                 options.lock_timeout if options.lock_timeout is not None else conf.LOCK_TIMEOUT
             ),
-            method=(request.method or "").upper(),
-            path=request.get_full_path()[:2048],
+            method=(django_request.method or "").upper(),
+            path=django_request.get_full_path()[:2048],
             atomic=conf.ATOMIC,
             database=conf.DATABASE,
             wait=max(options.wait if options.wait is not None else conf.WAIT, 0.0),

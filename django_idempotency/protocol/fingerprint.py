@@ -260,8 +260,9 @@ def _multipart_digest(request: HttpRequest, body: bytes) -> bytes:
     return _form_digest(post, files)
 
 
-def _body_digest(request: HttpRequest) -> bytes:
-    django_request: HttpRequest = getattr(request, "_request", request)
+def _body_digest(django_request: HttpRequest) -> bytes:
+    """The body's part of the fingerprint; ``django_request`` is Django's request (not
+    DRF's, whose parsers may have consumed the stream)."""
     content_type = django_request.META.get("CONTENT_TYPE", "")
     multipart = _multipart_type(content_type)
     if multipart and django_request.method == "POST":
@@ -289,16 +290,18 @@ def fingerprint(request: HttpRequest) -> str:
     picks the representation, which a replay is checked against instead
     (``negotiation.retry_accepts``), so that a retry asking for another format is told
     the request has completed rather than that its key was reused."""
+    # DRF's Request hands these over from Django's, one lookup each: ask Django's.
+    django_request: HttpRequest = getattr(request, "_request", request)
     digest = hashlib.sha256()
-    digest.update((request.method or "").upper().encode())
+    digest.update((django_request.method or "").upper().encode())
     digest.update(b"\n")
-    digest.update(request.path.encode("utf-8", "surrogateescape"))
+    digest.update(django_request.path.encode("utf-8", "surrogateescape"))
     digest.update(b"\n")
-    query = request.META.get("QUERY_STRING", "")
+    query = django_request.META.get("QUERY_STRING", "")
     if query:
         digest.update(_canonical_pairs(query, without=format_parameter(request)))
     else:  # no query: no format parameter to leave out either
         digest.update(_NO_PAIRS)
     digest.update(b"\n")
-    digest.update(_body_digest(request))
+    digest.update(_body_digest(django_request))
     return digest.hexdigest()
