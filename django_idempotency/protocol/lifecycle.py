@@ -45,6 +45,10 @@ logger = logging.getLogger("django_idempotency")
 class State(enum.Enum):
     """Where a claimed key is in its lifecycle."""
 
+    # Members are singletons compared by identity: hashed by identity too, in C, rather
+    # than by Enum's Python-level hash of the name (each move looks two of them up).
+    __hash__ = object.__hash__
+
     #: The strategy claimed the key; the view's transaction is not open yet.
     CLAIMED = "claimed"
     #: The view runs (in the lifecycle's transaction, when there is one).
