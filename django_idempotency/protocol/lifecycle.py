@@ -268,8 +268,8 @@ class Lifecycle:
         assert claim is not None and self.state is State.RUNNING, self.state
         if self._guard is not None:
             self._guard.check()
-        database = self.attempt.database
-        if self._atomic is not None and transaction.get_rollback(using=database):
+        # The block's own connection (transaction.get_rollback() would look it up again).
+        if self._atomic is not None and self._connection.get_rollback():
             self._pending = response
             self._move(State.PENDING)
             return None
