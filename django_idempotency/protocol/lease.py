@@ -36,6 +36,9 @@ class LeaseKeeper:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = 0
+        #: Whether the thread's loop runs (set before it starts, cleared when it ends): a
+        #: flag read on every claim instead of asking the thread (Thread.is_alive()).
+        self._running = False
         # When the keeper thread will look at its leases next (monotonic), and whether it
         # holds a database connection; both under _lock. A request wakes the thread only
         # when its lease falls due before that, or to give an idle connection back.
@@ -43,15 +46,20 @@ class LeaseKeeper:
         self._connected = False
 
     def _ensure_thread(self) -> None:
-        if self._thread is not None and self._pid == os.getpid() and self._thread.is_alive():
+        if self._running and self._pid == os.getpid():
             return
         self._pid = os.getpid()
         self._deadline = float("inf")
         self._connected = False
+        self._running = True
         self._thread = threading.Thread(
             target=self._run, name="django-idempotency-lease-keeper", daemon=True
         )
-        self._thread.start()
+        try:
+            self._thread.start()
+        except BaseException:
+            self._running = False  # no thread: the next claim tries again
+            raise
 
     def keep(self, claim: Claim, interval: float) -> Keeping:
         """Renew ``claim`` every ``interval`` seconds from the ``with`` block's start until
@@ -74,6 +82,12 @@ class LeaseKeeper:
             self._wake.set()  # so that the keeper gives its connection back now
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            self._running = False
+
+    def _loop(self) -> None:
         while True:
             with self._lock:
                 leases = list(self._leases)
