@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from contextlib import ExitStack
+from functools import lru_cache
 from typing import Any
 
 from django.db import transaction
@@ -69,7 +70,7 @@ class IdempotencyMixin:
         per request: DRF makes a view instance per request)."""
         options: Options | None = self.__dict__.get("_idempotency_declared")
         if options is None:
-            options = self._idempotency_declared = Options(**declared_options(self, {}))
+            options = self._idempotency_declared = view_options(self)
         return options
 
     def get_idempotency_scope(self, request: Request) -> str:
@@ -193,6 +194,25 @@ def declared_options(view: Any, initkwargs: dict[str, Any]) -> dict[str, Any]:
         name: initkwargs.get(OPTION_PREFIX + name, getattr(view, OPTION_PREFIX + name, None))
         for name in OPTION_NAMES
     }
+
+
+#: The option attributes, in ``OPTION_NAMES``' order (``Options``' fields).
+OPTION_ATTRIBUTES = tuple(OPTION_PREFIX + name for name in OPTION_NAMES)
+
+
+def view_options(view: Any) -> Options:
+    """The :class:`Options` a view (instance) declares in its attributes: the same object
+    for the same values, while they can be a dictionary's key (a list of methods cannot)."""
+    values = tuple([getattr(view, attribute, None) for attribute in OPTION_ATTRIBUTES])
+    try:
+        return _options_of(*values)
+    except TypeError:  # unhashable: built for this request alone
+        return Options(*values)
+
+
+@lru_cache(maxsize=256, typed=True)  # typed: ttl=1 and ttl=True stay apart, as declared
+def _options_of(*values: Any) -> Options:
+    return Options(*values)
 
 
 def check_mixin_order(cls: type[Any]) -> None:
