@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from contextlib import ExitStack
+from functools import lru_cache
 from typing import Any
 
 from django.db import transaction
@@ -47,7 +47,10 @@ class IdempotencyMixin:
     """
 
     _idempotency: IdempotentRequest | None
-    _idempotency_stack: ExitStack | None
+    #: Whether dispatch() runs (initial() enters the claim's context only then), and the
+    #: context it entered, which dispatch() leaves.
+    _idempotency_open: bool
+    _idempotency_entered: IdempotentRequest | None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -69,7 +72,7 @@ class IdempotencyMixin:
         per request: DRF makes a view instance per request)."""
         options: Options | None = self.__dict__.get("_idempotency_declared")
         if options is None:
-            options = self._idempotency_declared = Options(**declared_options(self, {}))
+            options = self._idempotency_declared = view_options(self)
         return options
 
     def get_idempotency_scope(self, request: Request) -> str:
@@ -103,14 +106,8 @@ class IdempotencyMixin:
             # The claim's context (transaction, lease) is entered in initial() and left
             # here; an error from finish() passes through it first, so the view's writes
             # are rolled back before the problem response is built.
-            with ExitStack() as stack:
-                self._idempotency_stack = stack
-                response: HttpResponseBase = super().dispatch(  # type: ignore[misc]
-                    request, *args, **kwargs
-                )
-                idem = self._idempotency
-                if idem is not None and idem.claimed:
-                    response = idem.finish(response)
+            self._idempotency_open, self._idempotency_entered = True, None
+            response = self._idempotency_dispatch(request, *args, **kwargs)
         except IdempotencyError as error:
             response = drf_problem_response(error, getattr(self, "request", request))
         except DATABASE_ERRORS as exc:
@@ -119,15 +116,37 @@ class IdempotencyMixin:
             conflict = transient_conflict_error(exc)
             response = drf_problem_response(conflict, getattr(self, "request", request))
         finally:
-            self._idempotency_stack = None
+            self._idempotency_open = False
         # A problem for the browsable API is rendered here, once the claim's lifecycle has
         # ended: a page that cannot be built is answered problem+json, never a 500.
         return render_problem_page(response, self)
 
+    def _idempotency_dispatch(
+        self, request: HttpRequest, *args: Any, **kwargs: Any
+    ) -> HttpResponseBase:
+        """DRF's dispatch() and the claim's finish(), then the claim's context left (with
+        the exception, when one is raised), as a ``with`` block would; without an
+        ExitStack per request."""
+        try:
+            response: HttpResponseBase = super().dispatch(  # type: ignore[misc]
+                request, *args, **kwargs
+            )
+            idem = self._idempotency
+            if idem is not None and idem.claimed:
+                response = idem.finish(response)
+        except BaseException as exc:
+            entered, self._idempotency_entered = self._idempotency_entered, None
+            if entered is not None:
+                entered.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        entered, self._idempotency_entered = self._idempotency_entered, None
+        if entered is not None:
+            entered.__exit__(None, None, None)
+        return response
+
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)  # type: ignore[misc]
-        stack = self._idempotency_stack
-        if stack is None:  # initial() called outside dispatch()
+        if not getattr(self, "_idempotency_open", False):  # called outside dispatch()
             return
         if not self._idempotency_has_handler(request):
             # DRF answers 405 next; a request the view cannot handle leaves no claim,
@@ -142,7 +161,8 @@ class IdempotencyMixin:
             )
             if idem is None:
                 return
-            stack.enter_context(idem)
+            idem.__enter__()
+            self._idempotency_entered = idem  # left by dispatch()
             if idem.claimed:
                 self._idempotency = idem
                 return
@@ -193,6 +213,25 @@ def declared_options(view: Any, initkwargs: dict[str, Any]) -> dict[str, Any]:
         name: initkwargs.get(OPTION_PREFIX + name, getattr(view, OPTION_PREFIX + name, None))
         for name in OPTION_NAMES
     }
+
+
+#: The option attributes, in ``OPTION_NAMES``' order (``Options``' fields).
+OPTION_ATTRIBUTES = tuple(OPTION_PREFIX + name for name in OPTION_NAMES)
+
+
+def view_options(view: Any) -> Options:
+    """The :class:`Options` a view (instance) declares in its attributes: the same object
+    for the same values, while they can be a dictionary's key (a list of methods cannot)."""
+    values = tuple([getattr(view, attribute, None) for attribute in OPTION_ATTRIBUTES])
+    try:
+        return _options_of(*values)
+    except TypeError:  # unhashable: built for this request alone
+        return Options(*values)
+
+
+@lru_cache(maxsize=256, typed=True)  # typed: ttl=1 and ttl=True stay apart, as declared
+def _options_of(*values: Any) -> Options:
+    return Options(*values)
 
 
 def check_mixin_order(cls: type[Any]) -> None:

@@ -10,6 +10,7 @@ from django.test import RequestFactory, override_settings
 from rest_framework.test import APIClient
 
 from django_idempotency.conf import conf
+from django_idempotency.mixins import IdempotencyMixin, view_options
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.protocol.fingerprint import fingerprint
 from django_idempotency.protocol.keys import downstream_key
@@ -327,3 +328,21 @@ def test_a_request_rejected_before_the_handler_is_not_claimed(
     assert post(client, "/t/drf-guarded/", {"a": 1}, key="guarded")[REPLAYED_HEADER] == "true"
     assert IdempotencyKey.objects.count() == 1
     assert SideEffect.objects.count() == 1
+
+
+class _Declared(IdempotencyMixin):
+    idempotency_ttl = 30.0
+
+
+def test_view_options_are_shared_for_the_same_declared_values() -> None:
+    first, second = view_options(_Declared()), view_options(_Declared())
+    assert first is second
+    assert first.ttl == 30.0 and first.methods is None
+
+
+def test_view_options_take_a_list_of_methods_that_cannot_be_cached() -> None:
+    view = _Declared()
+    view.idempotency_methods = ["put", "post"]  # type: ignore[attr-defined]
+    options = view_options(view)
+    assert options.methods == frozenset({"PUT", "POST"})
+    assert options.applies_to("put") and not options.applies_to("PATCH")

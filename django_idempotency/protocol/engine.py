@@ -42,7 +42,7 @@ from .fingerprint import fingerprint, preload_body
 from .header import header_value
 from .keys import downstream_key, key_digest
 from .keysource import KeyFunc, check_key, may_carry_body_key, missing_detail, request_key
-from .lease import keeper
+from .lease import Keeping, keeper
 from .lifecycle import Lifecycle
 from .negotiation import retry_accepts
 from .options import Options
@@ -94,7 +94,7 @@ class IdempotentRequest:
         # The lifecycle, and on top of it the lease keeper: unwound in that order, so the
         # heartbeat has stopped before the lifecycle commits or gives the key back.
         self._stack = ExitStack()
-        self._lease = ExitStack()
+        self._lease: Keeping | None = None
 
     # -- key -> scope -> fingerprint ---------------------------------------------------------
 
@@ -135,6 +135,8 @@ class IdempotentRequest:
             return None
         bounded = bounded_scope(scope(request))
         strategy = get_strategy(options.strategy)
+        # DRF's Request hands method and path over from Django's: ask Django's.
+        django_request: HttpRequest = getattr(request, "_request", request)
         attempt = Attempt(
             scope=bounded,
             key=found,
@@ -143,8 +145,8 @@ class IdempotentRequest:
             lock_timeout=(
                 options.lock_timeout if options.lock_timeout is not None else conf.LOCK_TIMEOUT
             ),
-            method=(request.method or "").upper(),
-            path=request.get_full_path()[:2048],
+            method=(django_request.method or "").upper(),
+            path=django_request.get_full_path()[:2048],
             atomic=conf.ATOMIC,
             database=conf.DATABASE,
             wait=max(options.wait if options.wait is not None else conf.WAIT, 0.0),
@@ -265,8 +267,8 @@ class IdempotentRequest:
         # Renew well within *this* request's lock timeout: a view may set a
         # shorter one than the global LOCK_TIMEOUT the default interval comes from.
         interval = min(conf.HEARTBEAT_INTERVAL, self.attempt.lock_timeout / 3)
-        self._lease = self._stack.enter_context(ExitStack())
-        self._lease.enter_context(keeper.keep(claim, interval))
+        self._lease = keeper.keep(claim, interval)
+        self._stack.enter_context(self._lease)
 
     def __exit__(
         self,
@@ -368,7 +370,8 @@ class IdempotentRequest:
         """Store a storable response under the key, or release the key."""
         lifecycle = self.lifecycle
         assert lifecycle is not None and lifecycle.claimed
-        self._lease.close()  # the view is done: no more renewals
+        if self._lease is not None:
+            self._lease.stop()  # the view is done: no more renewals
         if response.status_code >= 500 and not conf.STORE_SERVER_ERRORS:
             lifecycle.release()
             self._event(
@@ -423,6 +426,8 @@ class IdempotentRequest:
         )
 
     def _send(self, signal: Signal, **more: object) -> None:
+        if not signal.receivers:
+            return  # what Signal.send() finds first; no arguments built for nobody
         signal.send(
             sender=type(self.strategy),
             request=self.request,

@@ -56,6 +56,10 @@ _JSON_DECODER = json.JSONDecoder(
     object_pairs_hook=_Object, parse_float=_Number, parse_int=_Number, parse_constant=_Number
 )
 _name = itemgetter(0)
+#: ``json.dumps(..., separators=(",", ":"))`` without building an encoder on every call.
+_PAIRS_ENCODER = json.JSONEncoder(separators=(",", ":"))
+#: The canonical form of an empty query string (no parameters).
+_NO_PAIRS = b"[]"
 
 
 def _write_json(value: Any, out: list[str], depth: int) -> None:
@@ -128,7 +132,7 @@ def _canonical_pairs(encoded: str, without: str | None = None) -> bytes:
     if without is not None:
         pairs = [pair for pair in pairs if pair[0] != without]
     pairs.sort(key=_name)
-    return json.dumps(pairs, separators=(",", ":")).encode()
+    return _PAIRS_ENCODER.encode(pairs).encode()
 
 
 def canonical_body(content_type: str, body: bytes, without: str | None = None) -> bytes:
@@ -152,7 +156,11 @@ def canonical_body(content_type: str, body: bytes, without: str | None = None) -
 
 
 def _is_multipart(request: HttpRequest) -> bool:
-    return bool(request.META.get("CONTENT_TYPE", "").lower().startswith("multipart/"))
+    return _multipart_type(request.META.get("CONTENT_TYPE", ""))
+
+
+def _multipart_type(content_type: str) -> bool:
+    return content_type.lower().startswith("multipart/")
 
 
 def _parsed_by_django(request: HttpRequest) -> bool:
@@ -252,13 +260,16 @@ def _multipart_digest(request: HttpRequest, body: bytes) -> bytes:
     return _form_digest(post, files)
 
 
-def _body_digest(request: HttpRequest) -> bytes:
-    django_request: HttpRequest = getattr(request, "_request", request)
-    if _parsed_by_django(django_request):
-        # Boundaries differ between retries: fingerprint the parsed form and files.
+def _body_digest(django_request: HttpRequest) -> bytes:
+    """The body's part of the fingerprint; ``django_request`` is Django's request (not
+    DRF's, whose parsers may have consumed the stream)."""
+    content_type = django_request.META.get("CONTENT_TYPE", "")
+    multipart = _multipart_type(content_type)
+    if multipart and django_request.method == "POST":
+        # Boundaries differ between retries (Django parses multipart POST bodies, see
+        # _parsed_by_django): fingerprint the parsed form and files.
         _parsed_form(django_request)
         return _form_digest(django_request.POST, django_request.FILES)
-    content_type = django_request.META.get("CONTENT_TYPE", "")
     try:
         body = django_request.body
     except RequestDataTooBig as exc:
@@ -266,7 +277,7 @@ def _body_digest(request: HttpRequest) -> bytes:
     except RawPostDataException:
         _parsed_form(django_request)
         return _form_digest(django_request.POST, django_request.FILES)
-    if _is_multipart(django_request):
+    if multipart:
         return _multipart_digest(django_request, body)
     return hashlib.sha256(canonical_body(content_type, body, conf.KEY_BODY_FIELD)).digest()
 
@@ -279,13 +290,15 @@ def fingerprint(request: HttpRequest) -> str:
     picks the representation, which a replay is checked against instead
     (``negotiation.retry_accepts``), so that a retry asking for another format is told
     the request has completed rather than that its key was reused."""
-    digest = hashlib.sha256()
-    digest.update((request.method or "").upper().encode())
-    digest.update(b"\n")
-    digest.update(request.path.encode("utf-8", "surrogateescape"))
-    digest.update(b"\n")
-    query = request.META.get("QUERY_STRING", "")
-    digest.update(_canonical_pairs(query, without=format_parameter(request)))
-    digest.update(b"\n")
-    digest.update(_body_digest(request))
-    return digest.hexdigest()
+    # DRF's Request hands these over from Django's, one lookup each: ask Django's.
+    django_request: HttpRequest = getattr(request, "_request", request)
+    query = django_request.META.get("QUERY_STRING", "")
+    # No query: no format parameter to leave out either.
+    pairs = _canonical_pairs(query, without=format_parameter(request)) if query else _NO_PAIRS
+    parts = [
+        (django_request.method or "").upper().encode(),
+        django_request.path.encode("utf-8", "surrogateescape"),
+        pairs,
+        _body_digest(django_request),
+    ]
+    return hashlib.sha256(b"\n".join(parts)).hexdigest()  # one update: the same digest

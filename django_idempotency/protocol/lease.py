@@ -11,8 +11,6 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from django.db import close_old_connections, connections
@@ -38,6 +36,9 @@ class LeaseKeeper:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = 0
+        #: Whether the thread's loop runs (set before it starts, cleared when it ends): a
+        #: flag read on every claim instead of asking the thread (Thread.is_alive()).
+        self._running = False
         # When the keeper thread will look at its leases next (monotonic), and whether it
         # holds a database connection; both under _lock. A request wakes the thread only
         # when its lease falls due before that, or to give an idle connection back.
@@ -45,39 +46,48 @@ class LeaseKeeper:
         self._connected = False
 
     def _ensure_thread(self) -> None:
-        if self._thread is not None and self._pid == os.getpid() and self._thread.is_alive():
+        if self._running and self._pid == os.getpid():
             return
         self._pid = os.getpid()
         self._deadline = float("inf")
         self._connected = False
+        self._running = True
         self._thread = threading.Thread(
             target=self._run, name="django-idempotency-lease-keeper", daemon=True
         )
-        self._thread.start()
+        try:
+            self._thread.start()
+        except BaseException:
+            self._running = False  # no thread: the next claim tries again
+            raise
 
-    @contextmanager
-    def keep(self, claim: Claim, interval: float) -> Iterator[Lease]:
-        """Renew ``claim`` every ``interval`` seconds until the block ends."""
-        lease = Lease(claim, interval, due=time.monotonic() + interval)
-        if not claim.renewable or interval <= 0:
-            yield lease
-            return
+    def keep(self, claim: Claim, interval: float) -> Keeping:
+        """Renew ``claim`` every ``interval`` seconds from the ``with`` block's start until
+        its end (or :meth:`Keeping.stop`)."""
+        return Keeping(self, Lease(claim, interval, due=time.monotonic() + interval))
+
+    def _add(self, lease: Lease) -> None:
         with self._lock:
             self._leases.add(lease)
             self._ensure_thread()
             wake = lease.due < self._deadline
         if wake:
             self._wake.set()
-        try:
-            yield lease
-        finally:
-            with self._lock:
-                self._leases.discard(lease)
-                idle = not self._leases and self._connected
-            if idle:
-                self._wake.set()  # so that the keeper gives its connection back now
+
+    def _discard(self, lease: Lease) -> None:
+        with self._lock:
+            self._leases.discard(lease)
+            idle = not self._leases and self._connected
+        if idle:
+            self._wake.set()  # so that the keeper gives its connection back now
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            self._running = False
+
+    def _loop(self) -> None:
         while True:
             with self._lock:
                 leases = list(self._leases)
@@ -117,6 +127,35 @@ class LeaseKeeper:
         if not renewed and not lease.lost:
             lease.lost = True
             logger.warning("idempotency lease lost while the view was running")
+
+
+class Keeping:
+    """One lease kept by a :class:`LeaseKeeper`: registered when the ``with`` block starts,
+    given up at its end or at :meth:`stop`, whichever comes first. A plain class rather
+    than a generator: it is entered and left on every claimed request."""
+
+    __slots__ = ("_keeper", "_kept", "lease")
+
+    def __init__(self, keeper: LeaseKeeper, lease: Lease) -> None:
+        self._keeper = keeper
+        self.lease = lease
+        self._kept = False
+
+    def __enter__(self) -> Lease:
+        lease = self.lease
+        if lease.claim.renewable and lease.interval > 0:
+            self._keeper._add(lease)
+            self._kept = True
+        return lease
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """No more renewals (again: nothing)."""
+        if self._kept:
+            self._kept = False
+            self._keeper._discard(self.lease)
 
 
 keeper = LeaseKeeper()

@@ -45,6 +45,10 @@ logger = logging.getLogger("django_idempotency")
 class State(enum.Enum):
     """Where a claimed key is in its lifecycle."""
 
+    # Members are singletons compared by identity: hashed by identity too, in C, rather
+    # than by Enum's Python-level hash of the name (each move looks two of them up).
+    __hash__ = object.__hash__
+
     #: The strategy claimed the key; the view's transaction is not open yet.
     CLAIMED = "claimed"
     #: The view runs (in the lifecycle's transaction, when there is one).
@@ -264,8 +268,8 @@ class Lifecycle:
         assert claim is not None and self.state is State.RUNNING, self.state
         if self._guard is not None:
             self._guard.check()
-        database = self.attempt.database
-        if self._atomic is not None and transaction.get_rollback(using=database):
+        # The block's own connection (transaction.get_rollback() would look it up again).
+        if self._atomic is not None and self._connection.get_rollback():
             self._pending = response
             self._move(State.PENDING)
             return None

@@ -203,6 +203,8 @@ def format_parameter(request: HttpRequest) -> str | None:
 def format_media_types(request: HttpRequest) -> list[str] | None:
     """The media types of the view's renderers for the ``?format=`` the request names
     (DRF renders nothing else for it), or None when it names none."""
+    if not request.META.get("QUERY_STRING"):
+        return None  # no query: no format named (and no view to ask)
     name = format_parameter(request)
     if name is None:
         return None

@@ -47,6 +47,8 @@ class Options:
 
     def __post_init__(self) -> None:
         methods: Any = self.methods
+        if methods is None:
+            return  # the setting's (and no ABC check for it on every request)
         if isinstance(methods, Iterable) and not isinstance(methods, str | bytes):
             # Frozen: normalised the way a dataclass's own __init__ sets a field.
             object.__setattr__(self, "methods", frozenset(str(m).upper() for m in methods))

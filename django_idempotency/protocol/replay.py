@@ -150,8 +150,10 @@ def capture(response: HttpResponseBase, request: HttpRequest | None = None) -> S
     if len(body) > conf.MAX_STORED_BODY_SIZE:
         raise NotStorable("body larger than MAX_STORED_BODY_SIZE")
     added = locale_headers(request, response)
-    replaced = {name.lower() for name in added}
-    items = [(n, v) for n, v in response.items() if n.lower() not in replaced]
-    items.extend(added.items())
+    items: Iterable[tuple[str, str]] = response.items()
+    if added:
+        replaced = {name.lower() for name in added}
+        items = [(n, v) for n, v in items if n.lower() not in replaced]
+        items.extend(added.items())
     headers = filter_headers(items, conf.STORED_HEADERS, conf.NEVER_STORED_HEADERS)
     return StoredResponse(status=response.status_code, headers=headers, body=body)

@@ -93,7 +93,7 @@ class KeyStatements:
             "status": IN_PROGRESS,
             "request_method": method,
             "request_path": path,
-            "response_headers": sql.prep("response_headers", {}, connection),
+            "response_headers": sql.no_headers,
             "ttl": float(ttl),
             "stale": -float(lock_timeout),
         }
@@ -215,7 +215,7 @@ class KeyStatements:
                 "fingerprint": fingerprint,
                 "method": method,
                 "path": path,
-                "response_headers": sql.prep("response_headers", {}, connection),
+                "response_headers": sql.no_headers,
                 "ttl": float(ttl),
                 "stale": -float(lock_timeout),
             },

@@ -9,6 +9,7 @@ parts (:mod:`~django_idempotency.store.sql.parts`) and cached with the others in
 from __future__ import annotations
 
 from datetime import timedelta
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, models
@@ -44,7 +45,7 @@ class Statement:
     from ``timezone.now()`` elsewhere (SQLite), so that the same builder serves both.
     """
 
-    __slots__ = ("_slots", "_time_field", "app_clock", "returns_rows", "sql")
+    __slots__ = ("_names", "_slots", "_take", "_time_field", "app_clock", "returns_rows", "sql")
 
     def __init__(
         self, dialect: type[BaseDialect], time_field: models.Field[Any, Any], *parts: Part
@@ -70,6 +71,10 @@ class Statement:
         self._slots = tuple(slots)
         self._time_field = time_field
         self.app_clock = any(is_time for _name, is_time in slots)
+        #: The parameters' names, when every one is taken from ``values`` as it is.
+        self._names = None if self.app_clock else tuple(name for name, _is_time in slots)
+        # ... and taken in one call (itemgetter of two names or more gives a tuple).
+        self._take = itemgetter(*self._names) if self._names and len(self._names) > 1 else None
         #: A SELECT, or a write with RETURNING: known here, so that ``execute`` does not
         #: ask the cursor (psycopg builds a column description for that on every call).
         self.returns_rows = self.sql.lstrip().upper().startswith(("SELECT", "WITH")) or (
@@ -88,13 +93,17 @@ class Statement:
         """The parameter list: ``values`` by name (already adapted for the backend; the
         offsets of :class:`~django_idempotency.store.sql.parts.Now` in seconds), and the
         app's time where the SQL needs it."""
-        now = timezone.now() if self.app_clock else None
+        if self._take is not None:  # no time from the app: ``values`` by name, in order
+            return list(self._take(values))
+        names = self._names
+        if names is not None:
+            return [values[name] for name in names]
+        now = timezone.now()
         params: list[Any] = []
         for name, is_time in self._slots:
             if not is_time:
                 params.append(values[name])
                 continue
-            assert now is not None
             at = now + timedelta(seconds=values[name]) if name else now
             params.append(self._time_field.get_db_prep_value(at, connection, prepared=True))
         return params

@@ -125,6 +125,9 @@ class Statements:
         self._commit_forms(s)
         self._keys = keys
         self._connection = connection
+        #: The claim's empty ``response_headers``, adapted once (the adapter's wrapper is
+        #: only read when the statement is sent).
+        self.no_headers = self.prep("response_headers", {}, connection)
 
     def _upserts(self, s: Schema) -> None:
         """The conditional upserts, where the dialect has them (None elsewhere): the
