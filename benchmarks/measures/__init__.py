@@ -19,4 +19,5 @@ MEASURES: dict[str, str] = {
     "drain": "benchmarks.measures.drain",
     "hybrid": "benchmarks.measures.hybrid",
     "table": "benchmarks.measures.table",
+    "capacity": "benchmarks.measures.capacity",
 }
