@@ -50,9 +50,9 @@ def use(settings: dict[str, Any], name: str) -> Any:
     if name == "hybrid":
         from django_idempotency.strategies.redis.store import get_client, get_store
 
-        aged = counts.age_loss_marker(get_client(), get_store().prefix, counts.TTL)
-        print(f"hybrid ({settings["HYBRID_DB_CHECK"]}): loss marker aged past the TTL: "
-              f"{'yes' if aged else 'no marker found'}", flush=True)  # fmt: skip
+        if settings["HYBRID_DB_CHECK"] == "after_loss":
+            aged = counts.age_loss_marker(get_client(), get_store().prefix, counts.TTL)
+            print(f"hybrid: loss marker aged past the TTL: {'yes' if aged else 'none found'}")
         counts.new_keys(strategy)(3)
         counts.drained()(counts.outbox_rows())
     return strategy
