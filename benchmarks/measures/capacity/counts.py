@@ -124,7 +124,7 @@ class Counters:
         return statements, commits
 
     def redis_reset(self) -> None:
-        self.redis.execute_command("CONFIG", "RESETSTAT")
+        self.redis.config_resetstat()
 
     def redis_read(self) -> tuple[dict[str, int], dict[str, float]]:
         """The commands run since the reset (by name), and the bytes in and out."""
@@ -176,7 +176,7 @@ def count(counters: Counters, run: Callable[[int], None], n: int) -> dict[str, A
         "Redis commands": sum(calls.values()) / n,
         "Redis commands by name": ", ".join(
             f"{calls[name] / n:g} {name.upper()}"
-            for name in sorted(calls, key=calls.get, reverse=True)
+            for name in sorted(calls, key=lambda name: -calls[name])
         ),
         "Redis bytes in": net["net in"] / n,
         "Redis bytes out": net["net out"] / n,
