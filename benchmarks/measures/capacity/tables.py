@@ -19,6 +19,7 @@ COUNTS = (
 )
 REDIS = (
     ("Redis commands", ".2f"),
+    ("Redis server CPU µs", ".1f"),
     ("Redis bytes in", ".0f"),
     ("Redis bytes out", ".0f"),
     ("Redis keys left", ".2f"),
@@ -39,8 +40,10 @@ def counts(found: Sequence[tuple[str, str, dict[str, Any]]]) -> list[Table]:
                       figures["Redis commands by name"])  # fmt: skip
     pg.note = ("statements: pg_stat_statements (BEGIN/COMMIT apart); write transactions: "
                "Transaction/COMMIT records in the WAL; FPI: pg_stat_wal.wal_fpi")  # fmt: skip
-    redis.note = ("commands: INFO commandstats (a script's commands included); memory: "
-                  "MEMORY USAGE of the keys the pass left")  # fmt: skip
+    redis.note = (
+        "commands: INFO commandstats (a script's commands included); memory: MEMORY USAGE "
+        "of the keys the pass left; server CPU: INFO cpu (a timing)"
+    )
     return [pg, redis]
 
 
