@@ -7,8 +7,9 @@ heap row versions (``pg_stat_user_tables``), WAL bytes (``pg_current_wal_lsn()``
 full-page images (``pg_stat_wal``) after a ``CHECKPOINT``. Redis (a private server): every
 command the server ran (``INFO commandstats`` after ``CONFIG RESETSTAT``, the commands a
 script runs included), the bytes in and out (``total_net_input_bytes`` /
-``total_net_output_bytes``), ``MEMORY USAGE`` of the keys a new key leaves behind, and the
-server's CPU time (``INFO cpu``: a timing, not a count).
+``total_net_output_bytes``) and ``MEMORY USAGE`` of the keys a new key leaves behind. (Not
+the server's CPU time: ``INFO cpu`` also counts the server's own work while the client waits
+for PostgreSQL, in proportion to the wall time, not to the keys.)
 """
 
 from __future__ import annotations
@@ -128,8 +129,7 @@ class Counters:
         self.redis.config_resetstat()
 
     def redis_read(self) -> tuple[dict[str, int], dict[str, float]]:
-        """The commands run since the reset (by name); the bytes in and out, and the
-        server's CPU seconds so far ("cpu")."""
+        """The commands run since the reset (by name), and the bytes in and out."""
         info = self.redis.info("everything")
         calls = {
             name.removeprefix("cmdstat_"): int(value["calls"])
@@ -139,14 +139,8 @@ class Counters:
         net = {
             "net in": info["total_net_input_bytes"] - self.overhead["net in"],
             "net out": info["total_net_output_bytes"] - self.overhead["net out"],
-            "cpu": float(info["used_cpu_user"]) + float(info["used_cpu_sys"]),
         }
         return calls, net
-
-    def redis_cpu(self) -> float:
-        """The server's CPU seconds so far (user and system, every thread)."""
-        info = self.redis.info("cpu")
-        return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
     def redis_keys(self) -> set[bytes]:
         return set(self.redis.scan_iter(count=1000))
@@ -161,11 +155,9 @@ def count(counters: Counters, run: Callable[[int], None], n: int) -> dict[str, A
     keys_before = counters.redis_keys()
     before = key_table.counters()
     counters.pg_reset()
-    cpu = counters.redis_cpu()  # (before the reset: the reset's INFO is not counted)
     counters.redis_reset()
     run(n)
     calls, net = counters.redis_read()
-    cpu = net.pop("cpu") - cpu
     statements, commits = counters.pg_statements()
     after = key_table.counters()
     delta = {name: after[name] - before[name] for name in after}
@@ -188,7 +180,6 @@ def count(counters: Counters, run: Callable[[int], None], n: int) -> dict[str, A
             f"{calls[name] / n:g} {name.upper()}"
             for name in sorted(calls, key=lambda name: -calls[name])
         ),
-        "Redis server CPU µs": cpu / n * 1e6,
         "Redis bytes in": net["net in"] / n,
         "Redis bytes out": net["net out"] / n,
         "Redis keys left": len(new) / n,

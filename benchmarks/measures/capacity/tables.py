@@ -19,7 +19,6 @@ COUNTS = (
 )
 REDIS = (
     ("Redis commands", ".2f"),
-    ("Redis server CPU µs", ".1f"),
     ("Redis bytes in", ".0f"),
     ("Redis bytes out", ".0f"),
     ("Redis keys left", ".2f"),
@@ -42,7 +41,7 @@ def counts(found: Sequence[tuple[str, str, dict[str, Any]]]) -> list[Table]:
                "Transaction/COMMIT records in the WAL; FPI: pg_stat_wal.wal_fpi")  # fmt: skip
     redis.note = (
         "commands: INFO commandstats (a script's commands included); memory: MEMORY USAGE "
-        "of the keys the pass left; server CPU: INFO cpu (a timing)"
+        "of the keys the pass left"
     )
     return [pg, redis]
 
