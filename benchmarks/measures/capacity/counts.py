@@ -114,7 +114,7 @@ class Counters:
         rows = self.pg.execute(
             "SELECT query, calls FROM pg_stat_statements WHERE dbid = (SELECT oid FROM "
             "pg_database WHERE datname = current_database()) AND toplevel "
-            "AND query NOT LIKE '%%pg_stat_statements%%'"
+            "AND query NOT LIKE '%pg_stat_statements%'"
         ).fetchall()
         statements = commits = 0
         for query, calls in rows:
