@@ -25,31 +25,30 @@ from urllib.parse import unquote, urlsplit
 ADMIN_URL = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 
 
-def admin(sql: str, server: str = ADMIN_URL) -> None:
-    """One statement in autocommit on the admin database of ``server`` (``CREATE
-    DATABASE``...)."""
+def admin(sql: str, admin_url: str | None = None) -> None:
+    """One statement in autocommit on the admin database (``CREATE DATABASE``...)."""
     import psycopg
 
-    with psycopg.connect(server, autocommit=True) as conn:
+    with psycopg.connect(admin_url or ADMIN_URL, autocommit=True) as conn:
         conn.execute(sql)
 
 
-def url_of(name: str, server: str = ADMIN_URL) -> str:
-    """The URL of the database ``name`` on the server of the admin URL ``server``."""
-    return urlsplit(server)._replace(path="/" + name).geturl()
+def url_of(name: str, admin_url: str | None = None) -> str:
+    """The URL of the database ``name`` on the admin URL's server."""
+    return urlsplit(admin_url or ADMIN_URL)._replace(path="/" + name).geturl()
 
 
 @contextmanager
-def scratch_database(prefix: str = "idem_bench_", server: str = ADMIN_URL) -> Iterator[str]:
-    """A new, empty database (``prefix`` + a random suffix) on ``server`` (an admin URL:
-    the shared server's, or a private server's); its URL; dropped afterwards, with whatever
-    is still connected to it."""
+def scratch_database(prefix: str = "idem_bench_", admin_url: str | None = None) -> Iterator[str]:
+    """A new, empty database (``prefix`` + a random suffix) on the server of ``admin_url``
+    (default: ``BENCH_DATABASE_URL``); its URL; dropped afterwards, with whatever is still
+    connected to it."""
     name = f"{prefix}{uuid.uuid4().hex[:12]}"
-    admin(f'CREATE DATABASE "{name}"', server)
+    admin(f'CREATE DATABASE "{name}"', admin_url)
     try:
-        yield url_of(name, server)
+        yield url_of(name, admin_url)
     finally:
-        admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', server)
+        admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', admin_url)
 
 
 def django_database(url: str) -> dict[str, Any]:
