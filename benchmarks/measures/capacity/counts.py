@@ -195,16 +195,23 @@ def outbox_rows() -> int:
 
 
 def age_loss_marker(redis_client: Any, prefix: str, ttl: float) -> bool:
-    """The hybrid strategy's loss marker (``<run_id> <evicted_keys> <since>``, see
-    docs/hybrid.md) written more than ``ttl`` seconds ago: the steady state of a Redis that
-    has lost nothing for a TTL, in which a new key is not looked up in PostgreSQL. False
-    when there is no such marker (the code keeps none, or in another form)."""
+    """The hybrid strategy's loss check brought to its steady state, as if Redis had lost
+    nothing for ``ttl`` seconds (see docs/hybrid.md), so that a new key is not looked up in
+    PostgreSQL: what time would do to the keys a start leaves, done now. A loss marker with
+    its date (``<run_id> <evicted_keys> <since>``) is dated more than ``ttl`` seconds back; a
+    ``suspect`` key (which lives for the records' Redis TTL after a loss) is deleted. False
+    when neither is found (the code keeps none, or in another form)."""
     aged = False
-    for key in redis_client.scan_iter(match=f"{prefix}*epoch*", count=1000):
-        value = (redis_client.get(key) or b"").decode()
-        found = re.match(r"^(\S+ \d+) (\d+)$", value)
-        if found:
-            since = int(found.group(2)) - int(ttl) - 60
-            redis_client.set(key, f"{found.group(1)} {since}", keepttl=True)
+    for key in redis_client.scan_iter(match=f"{prefix}*", count=1000):
+        name = key.decode()
+        if name.endswith("suspect"):
+            redis_client.delete(key)
             aged = True
+        elif "epoch" in name:
+            value = (redis_client.get(key) or b"").decode()
+            found = re.match(r"^(\S+ \d+) (\d+)$", value)
+            if found:
+                since = int(found.group(2)) - int(ttl) - 60
+                redis_client.set(key, f"{found.group(1)} {since}", keepttl=True)
+                aged = True
     return aged
