@@ -249,8 +249,9 @@ def test_the_capacity_counts_are_what_each_strategy_sends(tmp_path: Path) -> Non
     assert pg[("hybrid", "new key")]["key table row versions"] == 0
     assert pg[("hybrid drain", "per row")]["key table row versions"] == 1
     assert pg[("hybrid", "replay")]["statements"] == 0
-    for key, row in redis.items():
-        assert row["Redis commands"] * 50 == round(row["Redis commands"] * 50), key
+    for key, row in redis.items():  # whole commands over the 50 keys
+        total = row["Redis commands"] * 50
+        assert abs(total - round(total)) < 1e-6, key
     assert redis[("hybrid", "replay")]["Redis commands"] >= 1
     assert redis[("hybrid", "new key")]["Redis memory bytes"] > 300  # the 300-byte body
 
