@@ -125,6 +125,21 @@ class Counters:
                 statements += calls
         return statements, commits
 
+    def inserted(self) -> int:
+        """Where the next WAL record goes (``pg_current_wal_insert_lsn()``: always between
+        two records, where ``pg_current_wal_lsn()``, what is written so far, may cut one)."""
+        row = self.pg.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def records(self, start: int, end: int) -> dict[str, int]:
+        """Each WAL record type's count from ``start`` to ``end`` (``pg_waldump``), once
+        the WAL up to ``end`` is on disk (a segment switch writes it all)."""
+        if end <= start:
+            return {}
+        self.pg.execute("SELECT pg_switch_wal()")
+        return key_table.waldump(self.server, start, end)
+
     def redis_reset(self) -> None:
         self.redis.config_resetstat()
 
@@ -154,18 +169,16 @@ def count(counters: Counters, run: Callable[[int], None], n: int) -> dict[str, A
     key_table.sql("CHECKPOINT")
     keys_before = counters.redis_keys()
     before = key_table.counters()
+    start = counters.inserted()
     counters.pg_reset()
     counters.redis_reset()
     run(n)
     calls, net = counters.redis_read()
     statements, commits = counters.pg_statements()
     after = key_table.counters()
+    end = counters.inserted()
     delta = {name: after[name] - before[name] for name in after}
-    records = (
-        key_table.waldump(counters.server, before["lsn"], after["lsn"])
-        if after["lsn"] > before["lsn"]
-        else {}
-    )
+    records = counters.records(start, end)
     new = counters.redis_keys() - keys_before
     outbox = outbox_rows()
     return {
