@@ -13,7 +13,7 @@ redis-server. The key table is migrated and filled with --rows completed keys (u
    ``Transaction/COMMIT`` records), key table row versions, WAL bytes, full-page images;
    Redis commands (``INFO commandstats``, a script's commands included), bytes in and out,
    keys left and their ``MEMORY USAGE``. hybrid is counted in the steady state (its loss
-   marker older than the TTL: Redis has lost nothing for a day) and as "hybrid, DB check"
+   check as a Redis that has lost nothing for a TTL leaves it) and as "hybrid, DB check"
    (HYBRID_DB_CHECK "always": every new key also looked up in PostgreSQL, as on a Redis
    Cluster or for a TTL after a loss); "hybrid drain" is the drain of those keys' outbox
    rows, per row. Storage: bytes per row of the filled table, its heap and each index.
