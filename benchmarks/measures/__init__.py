@@ -17,6 +17,7 @@ MEASURES: dict[str, str] = {
     "wait-poll": "benchmarks.measures.wait_poll",
     "purge": "benchmarks.measures.purge",
     "drain": "benchmarks.measures.drain",
+    "capacity": "benchmarks.measures.capacity",
     "hybrid": "benchmarks.measures.hybrid",
     "table": "benchmarks.measures.table",
     "hybrid-claim": "benchmarks.measures.hybrid_claim",

@@ -13,6 +13,7 @@ import json
 import os
 import pkgutil
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ import pytest
 
 from benchmarks import measures
 from benchmarks.harness import cli
+from benchmarks.harness.postgres import server_bindir
 from benchmarks.harness.report import Column, Table
 from benchmarks.harness.rounds import interleave, orders
 from benchmarks.harness.stats import Spread, ratio, spread
@@ -210,3 +212,50 @@ def test_all_takes_only_quick() -> None:
     result = benchmarks("all", "--rounds", "3")
     assert result.returncode == 2
     assert "usage: python -m benchmarks all [--quick]" in result.stderr
+
+
+@pytest.mark.skipif(
+    server_bindir() is None or shutil.which("redis-server") is None,
+    reason="needs initdb/pg_ctl/pg_waldump and redis-server",
+)
+def test_the_capacity_counts_are_what_each_strategy_sends(tmp_path: Path) -> None:
+    """``capacity``'s counts through the real strategies, on its private servers: exact
+    (they do not depend on the machine), so they are asserted; its speeds are not."""
+    out = tmp_path / "capacity.json"
+    result = benchmarks(
+        "capacity", "--quick", "--stages", "counts", "--requests", "50", "--rows", "2000",
+        "--json", str(out), timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    _storage, pg_table, redis_table = json.loads(out.read_text())["tables"]
+    pg = {(row["case"], row["per"]): row for row in pg_table["rows"]}
+    redis = {(row["case"], row["per"]): row for row in redis_table["rows"]}
+    # db: the claim INSERT in autocommit, then the completion UPDATE and its COMMIT.
+    assert pick(pg[("db", "new key")]) == (2, 1, 2, 2)
+    # advisory_lock: lock, read, upsert in one transaction.
+    assert pick(pg[("advisory_lock", "new key")]) == (3, 1, 1, 1)
+    for strategy in ("db", "advisory_lock"):
+        assert pg[(strategy, "replay")]["statements"] == 2
+    for per in ("new key", "replay"):
+        assert pick(pg[("redis", per)]) == (0, 0, 0, 0)
+        assert pg[("redis", per)]["WAL bytes"] == 0
+    # redis: SET NX PX GET, then the completion script (GET, SET); a replay is one SET NX GET.
+    assert redis[("redis", "new key")]["Redis commands"] == 4
+    assert redis[("redis", "replay")]["Redis commands"] == 1
+    assert redis[("redis", "new key")]["Redis keys left"] == 1
+    # hybrid: one write transaction per new key (the outbox row with the view's COMMIT),
+    # nothing in the key table until the drain writes one row version per row.
+    assert pg[("hybrid", "new key")]["write transactions"] == 1
+    assert pg[("hybrid", "new key")]["key table row versions"] == 0
+    assert pg[("hybrid drain", "per row")]["key table row versions"] == 1
+    assert pg[("hybrid", "replay")]["statements"] == 0
+    for key, row in redis.items():  # whole commands over the 50 keys
+        total = row["Redis commands"] * 50
+        assert abs(total - round(total)) < 1e-6, key
+    assert redis[("hybrid", "replay")]["Redis commands"] >= 1
+    assert redis[("hybrid", "new key")]["Redis memory bytes"] > 300  # the 300-byte body
+
+
+def pick(row: dict[str, Any]) -> tuple[float, ...]:
+    names = ("statements", "COMMIT sent", "write transactions", "key table row versions")
+    return tuple(row[name] for name in names)
