@@ -25,14 +25,13 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "KeyStatements.claim",
             "RedisStore.claim",
-            "RedisStore.claim_checking_loss",
             "AdvisoryLockStrategy.claim",
         ),
     ),
     # The store, and on PostgreSQL the COMMIT it carries with Django's block ended after it.
-    ("completion statement / script (+ COMMIT)", ("TransactionalClaim.complete",)),
-    ("Django's COMMIT, after-commit", ("Session.__exit__",)),
-    ("BEGIN, on_commit, settle", ("Session._settle_and_begin",)),
+    ("completion statement / script (+ COMMIT)", ("Lifecycle.complete",)),
+    ("Django's COMMIT, after-commit", ("Lifecycle.__exit__",)),
+    ("BEGIN, on_commit, settle", ("Lifecycle._settle_and_begin",)),
     ("header, scope, fingerprint", ("IdempotentRequest.from_request", "preload_body")),
     ("response capture", ("capture",)),
     (
