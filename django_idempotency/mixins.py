@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from functools import lru_cache
 from typing import Any
 
@@ -47,10 +48,7 @@ class IdempotencyMixin:
     """
 
     _idempotency: IdempotentRequest | None
-    #: Whether dispatch() runs (initial() enters the claim's context only then), and the
-    #: context it entered, which dispatch() leaves.
-    _idempotency_open: bool
-    _idempotency_entered: IdempotentRequest | None
+    _idempotency_stack: ExitStack | None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -106,8 +104,14 @@ class IdempotencyMixin:
             # The claim's context (transaction, lease) is entered in initial() and left
             # here; an error from finish() passes through it first, so the view's writes
             # are rolled back before the problem response is built.
-            self._idempotency_open, self._idempotency_entered = True, None
-            response = self._idempotency_dispatch(request, *args, **kwargs)
+            with ExitStack() as stack:
+                self._idempotency_stack = stack
+                response: HttpResponseBase = super().dispatch(  # type: ignore[misc]
+                    request, *args, **kwargs
+                )
+                idem = self._idempotency
+                if idem is not None and idem.claimed:
+                    response = idem.finish(response)
         except IdempotencyError as error:
             response = drf_problem_response(error, getattr(self, "request", request))
         except DATABASE_ERRORS as exc:
@@ -116,37 +120,15 @@ class IdempotencyMixin:
             conflict = transient_conflict_error(exc)
             response = drf_problem_response(conflict, getattr(self, "request", request))
         finally:
-            self._idempotency_open = False
+            self._idempotency_stack = None
         # A problem for the browsable API is rendered here, once the claim's lifecycle has
         # ended: a page that cannot be built is answered problem+json, never a 500.
         return render_problem_page(response, self)
 
-    def _idempotency_dispatch(
-        self, request: HttpRequest, *args: Any, **kwargs: Any
-    ) -> HttpResponseBase:
-        """DRF's dispatch() and the claim's finish(), then the claim's context left (with
-        the exception, when one is raised), as a ``with`` block would; without an
-        ExitStack per request."""
-        try:
-            response: HttpResponseBase = super().dispatch(  # type: ignore[misc]
-                request, *args, **kwargs
-            )
-            idem = self._idempotency
-            if idem is not None and idem.claimed:
-                response = idem.finish(response)
-        except BaseException as exc:
-            entered, self._idempotency_entered = self._idempotency_entered, None
-            if entered is not None:
-                entered.__exit__(type(exc), exc, exc.__traceback__)
-            raise
-        entered, self._idempotency_entered = self._idempotency_entered, None
-        if entered is not None:
-            entered.__exit__(None, None, None)
-        return response
-
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)  # type: ignore[misc]
-        if not getattr(self, "_idempotency_open", False):  # called outside dispatch()
+        stack = self._idempotency_stack
+        if stack is None:  # initial() called outside dispatch()
             return
         if not self._idempotency_has_handler(request):
             # DRF answers 405 next; a request the view cannot handle leaves no claim,
@@ -161,8 +143,7 @@ class IdempotencyMixin:
             )
             if idem is None:
                 return
-            idem.__enter__()
-            self._idempotency_entered = idem  # left by dispatch()
+            stack.enter_context(idem)
             if idem.claimed:
                 self._idempotency = idem
                 return
