@@ -45,7 +45,7 @@ from benchmarks.harness.postgres import (
 )
 from benchmarks.harness.report import Column, Table, conditions, emit
 from benchmarks.harness.rounds import interleave
-from benchmarks.harness.stats import ratio, spread
+from benchmarks.harness.stats import Spread, ratio, spread
 
 CASES = ("reference", "library", "orm")
 OUTBOX = "django_idempotency_idempotencyoutbox"
@@ -272,15 +272,15 @@ def report(results: dict[str, list[dict[str, float]]], workers: int) -> Table:
     base = results.get("reference")
     for case, rounds in results.items():
         rate = [f["rows/s"] for f in rounds]
-        cpu = [f["cpu"] for f in rounds]
+        rate_ratio, cpu_ratio = _ratios(rounds, base)
         table.add(
             case,
             spread(rate),
             spread([r / workers for r in rate]),
-            spread(cpu),
+            spread([f["cpu"] for f in rounds]),
             spread([f["wal"] for f in rounds]),
-            None if base is None else ratio(rate, [f["rows/s"] for f in base]),
-            None if base is None else ratio(cpu, [f["cpu"] for f in base]),
+            rate_ratio,
+            cpu_ratio,
         )
     table.note = "every row moved exactly once in every round: " + (
         "yes" if all(f["ok"] for rounds in results.values() for f in rounds) else "NO"
@@ -301,16 +301,26 @@ def report_paired(results: dict[str, list[dict[str, float]]]) -> Table:
     )
     base = results.get("reference")
     for case, rounds in results.items():
-        rate = [f["rows/s"] for f in rounds]
-        cpu = [f["cpu"] for f in rounds]
         table.add(
             case,
-            spread(rate),
-            spread(cpu),
-            None if base is None else ratio(rate, [f["rows/s"] for f in base]),
-            None if base is None else ratio(cpu, [f["cpu"] for f in base]),
+            spread([f["rows/s"] for f in rounds]),
+            spread([f["cpu"] for f in rounds]),
+            *_ratios(rounds, base),
         )
     return table
+
+
+def _ratios(
+    rounds: list[dict[str, float]], base: list[dict[str, float]] | None
+) -> tuple[Spread | None, Spread | None]:
+    """A case's rows/s and CPU per row over the reference's, round by round (None without
+    a reference)."""
+    if base is None:
+        return None, None
+    return (
+        ratio([f["rows/s"] for f in rounds], [f["rows/s"] for f in base]),
+        ratio([f["cpu"] for f in rounds], [f["cpu"] for f in base]),
+    )
 
 
 MEASURE = Measure(
