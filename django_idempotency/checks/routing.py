@@ -207,13 +207,14 @@ def check_database_routing(app_configs: Any = None, **kwargs: Any) -> list[Check
         messages.append(
             Error(
                 f"The database router sends the writes of {_models(views[alias])} to "
-                f"{alias!r}, but the keys are on {keys!r} (IDEMPOTENCY['DATABASE']): a "
+                f"{alias!r}, but the keys are on {_where_keys_are()}: a "
                 "protected view's writes there would commit outside the transaction that "
                 "stores its key's response (a failed request would leave them for its retry "
                 "to repeat, and a response could be stored for writes that never commit), "
                 "so they are refused with a 503 database-misconfigured.",
                 hint=f"Route these models to {keys!r}, or keep the keys on {alias!r} "
-                f"(IDEMPOTENCY['DATABASE']). If writes to {alias!r} are meant to be outside "
+                f"(IDEMPOTENCY['DATABASE'], or KEY_DATABASES with DATABASE_ROUTING when the "
+                f"data is sharded). If writes to {alias!r} are meant to be outside "
                 f"the protection, list it in IDEMPOTENCY['UNPROTECTED_DATABASES'].",
                 id=ID + "E030",
             )
@@ -222,7 +223,7 @@ def check_database_routing(app_configs: Any = None, **kwargs: Any) -> list[Check
         messages.append(
             Warning(
                 f"The database router sends the writes of {_models(own[alias])} to "
-                f"{alias!r}, but the keys are on {keys!r} (IDEMPOTENCY['DATABASE']): the "
+                f"{alias!r}, but the keys are on {_where_keys_are()}: the "
                 f"protocol reads and writes them on {keys!r}, while the admin and code using "
                 f"the models without using= act on {alias!r}.",
                 hint=f"Route the {PACKAGE} app's models to {keys!r}.",
@@ -231,6 +232,14 @@ def check_database_routing(app_configs: Any = None, **kwargs: Any) -> list[Check
         )
     messages.extend(_atomic_unprotected(sorted(unprotected), keys))
     return messages
+
+
+def _where_keys_are() -> str:
+    """The key databases, as the messages name them."""
+    shards = conf.KEY_DATABASES
+    if len(shards) == 1:
+        return f"{shards[0]!r} (IDEMPOTENCY['DATABASE'])"
+    return ", ".join(repr(alias) for alias in shards) + " (IDEMPOTENCY['KEY_DATABASES'])"
 
 
 def _atomic_unprotected(aliases: list[str], keys: str) -> list[CheckMessage]:

@@ -149,7 +149,7 @@ class IdempotentRequest:
             method=(django_request.method or "").upper(),
             path=django_request.get_full_path()[:2048],
             atomic=conf.ATOMIC,
-            database=key_database(request),
+            database=conf.DATABASE if conf.DATABASE_ROUTING is None else key_database(request),
             wait=max(options.wait if options.wait is not None else conf.WAIT, 0.0),
         )
         return cls(request, attempt, strategy)

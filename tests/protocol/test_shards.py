@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from django.contrib import admin
 from django.core.management import call_command
-from django.db import connections
+from django.db import connections, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import Client
 from django.urls import path, reverse
@@ -40,6 +40,7 @@ from django_idempotency.decorators import idempotent
 from django_idempotency.mixins import IdempotencyMixin
 from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
 from django_idempotency.protocol import shards, waiting
+from django_idempotency.protocol.keys import key_digest
 from django_idempotency.protocol.replay import REPLAYED_HEADER
 from django_idempotency.store.status import COMPLETED
 from tests.testapp.models import SideEffect
@@ -71,7 +72,7 @@ def _charge(request: HttpRequest, body: bytes) -> HttpResponse:
     SideEffect.objects.create(label=f"charge:{tenant_of(request)}")  # the tenant's shard
     if payload.get("to"):
         SideEffect.objects.using(payload["to"]).create(label="elsewhere")
-    if payload.get("raise"):
+    if payload.get("fail"):
         raise RuntimeError("the view failed after charging")
     return JsonResponse({"tenant": tenant_of(request)}, status=201)
 
@@ -198,7 +199,7 @@ def test_each_tenants_key_and_writes_are_on_its_own_shard(
 
 def test_a_view_that_fails_leaves_no_key_and_no_write_on_its_shard(routing: str) -> None:
     client = Client(raise_request_exception=False)
-    failed = post("b", "order-2", client=client, **{"raise": True})
+    failed = post("b", "order-2", client=client, fail=True)
     assert failed.status_code == 500
     assert effects("keys") == [] and keys_on("keys") == []
     assert effects("default") == [] and keys_on("default") == []
@@ -273,8 +274,8 @@ def test_a_decorated_view_is_exempt_from_atomic_requests_on_every_shard(
     def view(request: HttpRequest) -> HttpResponse:
         return HttpResponse()
 
-    assert view._non_atomic_requests == set(SHARDS)  # type: ignore[attr-defined]
-    assert ChargeView.as_view()._non_atomic_requests == set(SHARDS)  # type: ignore[attr-defined]
+    assert getattr(view, "_non_atomic_requests", None) == set(SHARDS)
+    assert getattr(ChargeView.as_view(), "_non_atomic_requests", None) == set(SHARDS)
 
 
 # -- waiters ----------------------------------------------------------------------------------
@@ -313,7 +314,24 @@ def test_a_waiter_on_the_second_shard_is_woken_with_its_replay(
     assert answers["first"].status_code == answers["second"].status_code == 201
     assert answers["second"][REPLAYED_HEADER] == "true"
     assert effects("keys") == ["charge:b"]
-    assert waiting.postgres_listener("keys").alias == "keys"
+
+
+def test_the_second_shards_listener_hears_its_notifications(sharded: Callable[..., Any]) -> None:
+    """With only ``keys``' listener running, a completion's NOTIFY on ``keys`` wakes the key's
+    waiters (those of every process), and the same NOTIFY on ``default`` does not:
+    notifications do not cross databases, so each key database has its own listener."""
+    sharded(shards.ROUTER)
+    waiting.reset_listeners()
+    listener = waiting.postgres_listener("keys")
+    assert listener.ensure(5)
+    digest = key_digest("tenant:b", "notified")
+    with waiting.hub.subscribe(digest) as woken:
+        with transaction.atomic(using="default"):
+            waiting.notify_database("default", "tenant:b", "notified")
+        assert not woken.wait(0.5)
+        with transaction.atomic(using="keys"):
+            waiting.notify_database("keys", "tenant:b", "notified")
+        assert woken.wait(3)
 
 
 # -- purge, drain, admin ----------------------------------------------------------------------
@@ -383,6 +401,10 @@ def test_the_admin_lists_and_acts_on_each_key_database(
     assert "Purged 1 expired key." in purged.content.decode()
     assert not IdempotencyKey.objects.using("keys").exists()
     assert IdempotencyKey.objects.using("default").filter(pk=on_a.pk).exists()
+    IdempotencyOutboxFactory(_using="keys", key="pending-of-b")
+    outbox = reverse("admin:django_idempotency_idempotencyoutbox_changelist")
+    assert "pending-of-b" not in admin_client.get(outbox).content.decode()
+    assert "pending-of-b" in admin_client.get(outbox, {"database": "keys"}).content.decode()
 
 
 # -- hybrid -----------------------------------------------------------------------------------
