@@ -23,11 +23,12 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.contrib import admin
 from django.core.management import call_command
 from django.db import connections, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.test import Client
+from django.test import AsyncClient, Client
 from django.urls import path, reverse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
@@ -89,6 +90,13 @@ def shared_scope_charge(request: HttpRequest) -> HttpResponse:
     return _charge(request, request.body)
 
 
+@csrf_exempt
+@idempotent(scope=tenant_scope)
+async def acharge(request: HttpRequest) -> HttpResponse:
+    await SideEffect.objects.acreate(label=f"async:{tenant_of(request)}")
+    return JsonResponse({"tenant": tenant_of(request)}, status=201)
+
+
 class ChargeView(IdempotencyMixin, APIView):
     authentication_classes: list[Any] = []
     permission_classes: list[Any] = []
@@ -105,6 +113,7 @@ urlpatterns = [
     path("charge/", charge),
     path("shared/", shared_scope_charge),
     path("drf/", ChargeView.as_view()),
+    path("async/", acharge),
     path("admin/", admin.site.urls),
 ]
 
@@ -197,7 +206,25 @@ def test_each_tenants_key_and_writes_are_on_its_own_shard(
     assert keys_on("keys", status=COMPLETED) == [("tenant:b", "order-1")]
 
 
-def test_a_view_that_fails_leaves_no_key_and_no_write_on_its_shard(routing: str) -> None:
+def test_an_async_view_keeps_each_key_on_its_tenants_shard(routing: str) -> None:
+    client = AsyncClient()
+    for name in ("a", "b", "b"):
+        answer = async_to_sync(client.post)(
+            "/async/",
+            "{}",
+            content_type="application/json",
+            headers={"Idempotency-Key": "async-1", "X-Tenant": name},
+        )
+        assert answer.status_code == 201
+    assert effects("default") == ["async:a"] and effects("keys") == ["async:b"]
+    assert keys_on("keys", status=COMPLETED) == [("tenant:b", "async-1")]
+
+
+@pytest.mark.parametrize("strategy", ["db", "advisory_lock"])
+def test_a_view_that_fails_leaves_no_key_and_no_write_on_its_shard(
+    routing: str, sharded: Callable[..., Any], strategy: str
+) -> None:
+    sharded(routing, STRATEGY=strategy)
     client = Client(raise_request_exception=False)
     failed = post("b", "order-2", client=client, fail=True)
     assert failed.status_code == 500
