@@ -48,7 +48,12 @@ from tests.testapp.models import SideEffect
 from tests.testapp.tenants import TENANTS, tenant, tenant_of, tenant_scope
 
 from ..support.assertions import assert_problem
-from ..support.factories import CompletedKeyFactory, ExpiredKeyFactory, IdempotencyOutboxFactory
+from ..support.factories import (
+    CompletedKeyFactory,
+    ExpiredKeyFactory,
+    IdempotencyOutboxFactory,
+    StaleKeyFactory,
+)
 from ..support.threads import run_at_once
 
 pytestmark = [
@@ -428,6 +433,19 @@ def test_the_admin_lists_and_acts_on_each_key_database(
     assert "Purged 1 expired key." in purged.content.decode()
     assert not IdempotencyKey.objects.using("keys").exists()
     assert IdempotencyKey.objects.using("default").filter(pk=on_a.pk).exists()
+    stuck = StaleKeyFactory(_using="keys", key="stuck-of-b")
+    confirm = admin_client.post(
+        changelist + "?database=keys",
+        {"action": "release_stuck_keys", "_selected_action": [str(stuck.pk)]},
+    )
+    assert "stuck-of-b" in confirm.content.decode()  # the confirmation found it on keys
+    released = admin_client.post(
+        changelist + "?database=keys",
+        {"action": "release_stuck_keys", "_selected_action": [str(stuck.pk)], "post": "yes"},
+        follow=True,
+    )
+    assert "Released 1 in-progress key." in released.content.decode()
+    assert not IdempotencyKey.objects.using("keys").exists()
     IdempotencyOutboxFactory(_using="keys", key="pending-of-b")
     outbox = reverse("admin:django_idempotency_idempotencyoutbox_changelist")
     assert "pending-of-b" not in admin_client.get(outbox).content.decode()
@@ -457,6 +475,22 @@ def test_hybrid_puts_each_outbox_row_on_its_shard(
     with tenant("b"):
         assert IdempotencyKey.objects.get().scope == "tenant:b"  # the router's read
     assert TENANTS == {"a": "default", "b": "keys"}
+
+
+@pytest.mark.redis
+@pytest.mark.usefixtures("forget_queued_drains")
+def test_hybrid_racing_threads_run_each_tenants_view_once(
+    sharded: Callable[..., Any], redis_settings: Any, shared_redis_url: str
+) -> None:
+    value = sharded(shards.ROUTER)
+    redis_settings(shared_redis_url, STRATEGY="hybrid", HYBRID_DB_CHECK="always", **value)
+    answers = run_at_once(8, lambda i: post("ab"[i % 2], "hot-race").status_code)
+    assert effects("default") == ["charge:a"]
+    assert effects("keys") == ["charge:b"]
+    assert answers.count(201) >= 2 and set(answers) <= {201, 409}
+    tasks.drain_outbox()
+    assert keys_on("default") == [("tenant:a", "hot-race")]
+    assert keys_on("keys") == [("tenant:b", "hot-race")]
 
 
 def test_expired_rows_are_left_alone_by_the_placement(sharded: Callable[..., Any]) -> None:
