@@ -24,7 +24,7 @@ from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import ImproperlyConfigured
 from django.db import models
 from django.db.models import Count, Q, QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, QueryDict
 from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.html import avoid_wrapping, format_html, format_html_join
@@ -255,10 +255,70 @@ class ResponseClassFilter(ConditionFilter):
         return found
 
 
+#: The changelist's parameter naming the key database shown (with several key databases).
+DATABASE_PARAMETER = "database"
+
+
+def shown_database(request: HttpRequest) -> str | None:
+    """The key database whose rows the admin shows and acts on, with several key
+    databases (``KEY_DATABASES``): the one the changelist's ``database`` parameter names
+    (on a key's page, the one its changelist filters preserved), else ``DATABASE``. None
+    with one key database: the model's own (``DATABASE_ROUTERS``' ``db_for_read``)."""
+    shards = conf.KEY_DATABASES
+    if len(shards) < 2:
+        return None
+    value = request.GET.get(DATABASE_PARAMETER)
+    if value is None:
+        value = QueryDict(request.GET.get("_changelist_filters", "")).get(DATABASE_PARAMETER)
+    return value if value in shards else conf.DATABASE
+
+
+class DatabaseFilter(admin.SimpleListFilter):
+    """Which key database is listed: one at a time (the rows of two databases are never
+    one queryset), ``DATABASE`` until another is chosen."""
+
+    title = _("database")
+    parameter_name = DATABASE_PARAMETER
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [(alias, alias) for alias in conf.KEY_DATABASES]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset  # get_queryset() already reads the chosen database
+
+    def get_facet_counts(self, pk_attname: str, filtered_qs: QuerySet[Any]) -> dict[str, Any]:
+        return {}  # one query cannot count the rows of other databases
+
+    def choices(self, changelist: Any) -> Any:
+        current = self.value() if self.value() in conf.KEY_DATABASES else conf.DATABASE
+        for lookup, title in self.lookup_choices:
+            yield {
+                "selected": current == lookup,
+                "query_string": changelist.get_query_string({self.parameter_name: lookup}),
+                "display": title,
+            }
+
+
+class KeyDatabaseAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Rows of the key database :func:`shown_database` names: the list, a row's page and
+    the actions (which act on ``queryset.db``)."""
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        rows = super().get_queryset(request)
+        alias = shown_database(request)
+        return rows if alias is None else rows.using(alias)
+
+    def get_list_filter(self, request: HttpRequest) -> Any:
+        found = list(super().get_list_filter(request))
+        if len(conf.KEY_DATABASES) > 1:
+            found.insert(0, DatabaseFilter)
+        return found
+
+
 # -- IdempotencyKey ---------------------------------------------------------------------------
 
 
-class IdempotencyKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class IdempotencyKeyAdmin(KeyDatabaseAdmin):
     list_display = (
         "scope",
         "key",
@@ -513,7 +573,7 @@ def _lease_text(obj: IdempotencyKey) -> str:
 # -- IdempotencyOutbox (when the model exists) ------------------------------------------------
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class ReadOnlyAdmin(KeyDatabaseAdmin):
     """Every field shown, nothing changeable; stored responses shown as on the key's page."""
 
     LIST_PREFERRED = ("scope", "key", "response_status", "created_at", "expires_at")

@@ -23,6 +23,13 @@ DEFAULTS: Mapping[str, Any] = {
     "STRATEGY": "db",
     # The database alias that holds IdempotencyKey (and the view's writes).
     "DATABASE": "default",
+    # Every alias that holds keys when the data is sharded over several databases (DATABASE
+    # among them); None: DATABASE alone.
+    "KEY_DATABASES": None,
+    # How a request's key database is chosen among KEY_DATABASES: None (always DATABASE),
+    # "router" (DATABASE_ROUTERS' db_for_write for IdempotencyKey), or the dotted path of a
+    # callable ``(request) -> alias``.
+    "DATABASE_ROUTING": None,
     # Other aliases a protected view may write to outside the protection (writes there
     # commit on their own); a write to any other alias is refused (503).
     "UNPROTECTED_DATABASES": (),
@@ -160,6 +167,20 @@ class IdempotencySettings:
     @cached_property
     def DATABASE(self) -> str:
         return str(self._get("DATABASE"))
+
+    @cached_property
+    def KEY_DATABASES(self) -> tuple[str, ...]:
+        value = self._get("KEY_DATABASES")
+        if value is None:
+            return (self.DATABASE,)
+        if isinstance(value, str):  # check E035; one alias, not its letters
+            return (value,)
+        return tuple(dict.fromkeys(str(alias) for alias in value))
+
+    @cached_property
+    def DATABASE_ROUTING(self) -> str | None:
+        value = self._get("DATABASE_ROUTING")
+        return None if value is None else str(value)
 
     @cached_property
     def UNPROTECTED_DATABASES(self) -> frozenset[str]:

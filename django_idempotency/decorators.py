@@ -10,16 +10,15 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, Unpack, overload
 
 from asgiref.sync import iscoroutinefunction
-from django.db import transaction
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 
 from .checks.settings import validate_view_options, view_name
-from .conf import conf
 from .protocol.engine import ahandle, handle
 from .protocol.keysource import KeyFunc
 from .protocol.options import Options, ViewOptions
 from .protocol.scope import default_scope
+from .protocol.shards import non_atomic
 
 ViewFunc = TypeVar("ViewFunc", bound=Callable[..., Any])
 
@@ -106,7 +105,7 @@ def idempotent(
 
             wrapper = sync_wrapper
         setattr(wrapper, HANDLED_ATTR, True)
-        return transaction.non_atomic_requests(using=conf.DATABASE)(wrapper)  # type: ignore[return-value]
+        return non_atomic(wrapper)  # type: ignore[return-value]
 
     if view is not None:
         return decorate(view)

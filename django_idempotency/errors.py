@@ -311,12 +311,14 @@ class DatabaseUnavailable(IdempotencyError):
 
 
 class DatabaseMisconfigured(IdempotencyError):
-    """The view tried to write to a database other than the one that holds the keys
-    (``IDEMPOTENCY["DATABASE"]``) and not declared in ``UNPROTECTED_DATABASES``: a write
-    there would commit outside the transaction that stores the key's response, so a
-    failed request would leave it behind for the retry to repeat, or a response would be
-    stored for a write that never commits. The write was refused before it ran, the
-    view's transaction rolled back and the key released; nothing was stored. The server's
+    """The view tried to write to a database other than the one that holds its key
+    (``IDEMPOTENCY["DATABASE"]``, or its shard's) and not declared in
+    ``UNPROTECTED_DATABASES``: a write there would commit outside the transaction that
+    stores the key's response, so a failed request would leave it behind for the retry to
+    repeat, or a response would be stored for a write that never commits. The write was
+    refused before it ran, the view's transaction rolled back and the key released;
+    nothing was stored. Also raised before any claim when the database chosen for the
+    key (``DATABASE_ROUTING``) is not one of ``KEY_DATABASES``. The server's
     configuration needs fixing (its log names the database and the statement): the
     client retries later with the same key, which then runs the request once."""
 

@@ -6,7 +6,6 @@ from contextlib import ExitStack
 from functools import lru_cache
 from typing import Any
 
-from django.db import transaction
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 from django.views import View
@@ -24,6 +23,7 @@ from .protocol.header import header_value
 from .protocol.keysource import KeyFunc, may_carry_body_key, request_key
 from .protocol.options import OPTION_NAMES, Options
 from .protocol.scope import default_scope
+from .protocol.shards import non_atomic
 from .store.errors import DATABASE_ERRORS
 
 
@@ -61,7 +61,7 @@ class IdempotencyMixin:
         validate_view_options(view_name(cls), **declared_options(cls, kwargs))
         view = super().as_view(*args, **kwargs)  # type: ignore[misc]
         # The app runs the handler in its own transaction (which also stores the response).
-        return transaction.non_atomic_requests(using=conf.DATABASE)(view)
+        return non_atomic(view)
 
     # -- hooks ---------------------------------------------------------------------------
 
@@ -117,7 +117,10 @@ class IdempotencyMixin:
         except DATABASE_ERRORS as exc:
             # Raised by the handler and past DRF: the claim's context has rolled back.
             # A transient conflict or a lost connection is a 503; others propagate.
-            conflict = transient_conflict_error(exc)
+            idem = self._idempotency
+            conflict = transient_conflict_error(
+                exc, None if idem is None else idem.attempt.database
+            )
             response = drf_problem_response(conflict, getattr(self, "request", request))
         finally:
             self._idempotency_stack = None

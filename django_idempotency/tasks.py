@@ -82,7 +82,9 @@ def drain_outbox(
     hold_partial: float = 0.0,
     follow_up: bool = False,
 ) -> dict[str, int]:
-    """Drain the outbox in transactions of ``batch_size`` rows (``OUTBOX_BATCH_SIZE``).
+    """Drain the outbox in transactions of ``batch_size`` rows (``OUTBOX_BATCH_SIZE``), on
+    the database ``using``, or on every key database (``KEY_DATABASES``) in turn, each
+    as one run of this task (the counts are their sums).
 
     Stops when a batch comes back short (the outbox is empty, or the rest is held by
     another drainer) or after ``time_budget`` seconds; in the second case it queues
@@ -95,12 +97,27 @@ def drain_outbox(
     rows queues one more run in ``hold_partial`` seconds, which takes them (they are
     old enough by then) and queues nothing further. The beat entry drains everything.
     """
+    ensure_valid()
+    totals = {"drained": 0, "discarded": 0, "transactions": 0, "held": 0}
+    for alias in [using] if using else conf.KEY_DATABASES:
+        counts = _drain(alias, batch_size, time_budget, hold_partial, follow_up)
+        for name, count in counts.items():
+            totals[name] += count
+    return totals
+
+
+def _drain(
+    alias: str,
+    batch_size: int | None,
+    time_budget: float | None,
+    hold_partial: float,
+    follow_up: bool,
+) -> dict[str, int]:
+    """:func:`drain_outbox` on one database."""
     from .models import IdempotencyOutbox
 
-    ensure_valid()
     size = int(batch_size or conf.OUTBOX_BATCH_SIZE)
     budget = DRAIN_TIME_BUDGET if time_budget is None else float(time_budget)
-    alias = using or conf.DATABASE
     hold = timedelta(seconds=float(hold_partial)) if hold_partial else None
     started = time.monotonic()
     drained = discarded = transactions = held = 0
@@ -120,10 +137,11 @@ def drain_outbox(
             break
     if transactions:
         logger.info(
-            "drained %d outbox rows (%d expired) in %d transactions",
+            "drained %d outbox rows (%d expired) in %d transactions on %r",
             drained,
             discarded,
             transactions,
+            alias,
             extra={
                 "idempotency_drained": drained,
                 "idempotency_discarded": discarded,
@@ -147,18 +165,22 @@ def drain_outbox(
 def purge_expired_keys(
     batch_size: int = 1000, older_than: float = 0.0, using: str | None = None
 ) -> int:
-    """Delete expired IdempotencyKey rows in batches; returns how many."""
+    """Delete expired IdempotencyKey rows in batches, on the database ``using`` or on every
+    key database (``KEY_DATABASES``) in turn; returns how many."""
     from .models import IdempotencyKey
 
     ensure_valid()
-    deleted = IdempotencyKey.objects.delete_expired(
-        batch_size=int(batch_size),
-        older_than=timedelta(seconds=float(older_than)) if older_than else None,
-        using=using or conf.DATABASE,
-    )
-    if deleted:
-        logger.info("purged %d expired idempotency keys", deleted)
-    return deleted
+    total = 0
+    for alias in [using] if using else conf.KEY_DATABASES:
+        deleted = IdempotencyKey.objects.delete_expired(
+            batch_size=int(batch_size),
+            older_than=timedelta(seconds=float(older_than)) if older_than else None,
+            using=alias,
+        )
+        if deleted:
+            logger.info("purged %d expired idempotency keys on %r", deleted, alias)
+        total += deleted
+    return total
 
 
 # -- queueing a drain after a commit ----------------------------------------------------------

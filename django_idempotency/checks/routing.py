@@ -1,5 +1,7 @@
-"""The checks of the database router against the keys' database: a protected view's
-writes routed elsewhere (E030), ``UNPROTECTED_DATABASES`` (E031, E032, W030, W031)."""
+"""The checks of the database router against the key databases: a protected view's
+writes routed elsewhere (E030), ``UNPROTECTED_DATABASES`` (E031, E032, W030, W031), and
+the key databases of sharded data, ``KEY_DATABASES`` and ``DATABASE_ROUTING`` (E035-E037,
+W032-W034)."""
 
 from __future__ import annotations
 
@@ -8,8 +10,10 @@ from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.utils.module_loading import import_string
 
 from ..conf import DEFAULTS, conf
+from ..protocol.shards import ROUTER
 from . import ID
 
 
@@ -40,17 +44,125 @@ def _check_unprotected() -> list[CheckMessage]:
         for alias in sorted(raw)
         if alias not in settings.DATABASES
     ]
-    if conf.DATABASE in raw:
+    for alias in conf.KEY_DATABASES:
+        if alias in raw:
+            messages.append(
+                Error(
+                    f"IDEMPOTENCY['UNPROTECTED_DATABASES'] names {alias!r}, a database that "
+                    "holds the keys (IDEMPOTENCY['DATABASE'] or KEY_DATABASES), whose writes "
+                    "are the ones the protocol protects.",
+                    hint=f"Remove {alias!r} from it.",
+                    id=ID + "E032",
+                )
+            )
+    return messages
+
+
+KEY_DATABASES_HINT = (
+    "List every alias of DATABASES that holds keys, IDEMPOTENCY['DATABASE'] among them, "
+    "e.g. ['tenant_a', 'tenant_b']; the default is None (IDEMPOTENCY['DATABASE'] alone)."
+)
+
+
+def _check_key_databases() -> list[CheckMessage]:
+    """E035: KEY_DATABASES is None or a list of aliases of DATABASES; E036: it lists
+    DATABASE; W032: several of them, but no DATABASE_ROUTING to choose among them."""
+    raw = conf.user_settings.get("KEY_DATABASES", DEFAULTS["KEY_DATABASES"])
+    if raw is None:
+        return []
+    if not isinstance(raw, list | tuple) or not raw or not all(isinstance(a, str) for a in raw):
+        message = "IDEMPOTENCY['KEY_DATABASES'] must be a non-empty list of database aliases."
+        return [Error(message, hint=KEY_DATABASES_HINT, id=ID + "E035")]
+    messages: list[CheckMessage] = [
+        Error(
+            f"IDEMPOTENCY['KEY_DATABASES'] names {alias!r}, which is not in DATABASES.",
+            hint=KEY_DATABASES_HINT,
+            id=ID + "E035",
+        )
+        for alias in raw
+        if alias not in settings.DATABASES
+    ]
+    if conf.DATABASE not in raw:
         messages.append(
             Error(
-                f"IDEMPOTENCY['UNPROTECTED_DATABASES'] names {conf.DATABASE!r}, the database "
-                "that holds the keys (IDEMPOTENCY['DATABASE']), whose writes are the ones the "
-                "protocol protects.",
-                hint=f"Remove {conf.DATABASE!r} from it.",
-                id=ID + "E032",
+                f"IDEMPOTENCY['KEY_DATABASES'] does not list {conf.DATABASE!r}, "
+                "IDEMPOTENCY['DATABASE'] (the key database of requests without routing, "
+                "and the default of the commands and the admin).",
+                hint=f"Add {conf.DATABASE!r} to KEY_DATABASES, or set DATABASE to one of them.",
+                id=ID + "E036",
+            )
+        )
+    if len(set(raw)) > 1 and conf.DATABASE_ROUTING is None:
+        messages.append(
+            Warning(
+                "IDEMPOTENCY['KEY_DATABASES'] lists several databases, but DATABASE_ROUTING "
+                f"is None: every key is kept on {conf.DATABASE!r}, and a view writing to "
+                "another of them is refused (503 database-misconfigured).",
+                hint="Set IDEMPOTENCY['DATABASE_ROUTING'] to 'router' (DATABASE_ROUTERS "
+                "chooses) or to the dotted path of a callable (request) -> alias.",
+                id=ID + "W032",
             )
         )
     return messages
+
+
+def _check_database_routing() -> list[CheckMessage]:
+    """E037: DATABASE_ROUTING is None, "router", or the dotted path of a callable; W033:
+    WAIT_LISTEN_DATABASE with several key databases (NOTIFY is per database)."""
+    raw = conf.user_settings.get("DATABASE_ROUTING", DEFAULTS["DATABASE_ROUTING"])
+    messages: list[CheckMessage] = []
+    if raw is not None and raw != ROUTER:
+        try:
+            found = callable(import_string(raw)) if isinstance(raw, str) else False
+        except ImportError:
+            found = False
+        if not found:
+            messages.append(
+                Error(
+                    f"IDEMPOTENCY['DATABASE_ROUTING'] is {raw!r}: neither None, 'router', nor "
+                    "the dotted path of a callable that can be imported.",
+                    hint="Set 'router' (DATABASE_ROUTERS' db_for_write of IdempotencyKey "
+                    "chooses each request's key database), the dotted path of a function "
+                    "(request) -> alias, or None (every key on IDEMPOTENCY['DATABASE']).",
+                    id=ID + "E037",
+                )
+            )
+    if conf.WAIT_LISTEN_DATABASE is not None and len(conf.KEY_DATABASES) > 1:
+        messages.append(
+            Warning(
+                "IDEMPOTENCY['WAIT_LISTEN_DATABASE'] is set while KEY_DATABASES lists several "
+                "databases: PostgreSQL's notifications do not cross databases, so the "
+                "waiters of keys kept elsewhere than that database are not woken; they poll "
+                "every WAIT_POLL_INTERVAL.",
+                hint="Leave WAIT_LISTEN_DATABASE unset (each key database is listened to on "
+                "a connection of its own, when it is direct), or accept the polling.",
+                id=ID + "W033",
+            )
+        )
+    return messages
+
+
+def _check_shared_redis() -> list[CheckMessage]:
+    """W034: redis or hybrid with per-request key databases and no SCOPE_FUNCTION: Redis is
+    shared by every shard, so the default scope (the user's pk, which tenant databases may
+    repeat) could let two tenants' requests meet under one record."""
+    if conf.DATABASE_ROUTING is None or conf.SCOPE_FUNCTION is not None:
+        return []
+    if conf.STRATEGY not in {"redis", "hybrid"}:
+        return []
+    return [
+        Warning(
+            f"The {conf.STRATEGY} strategy keeps one Redis record per (scope, key) for every "
+            "key database, but DATABASE_ROUTING spreads the keys over shards and the default "
+            "scope is the user's primary key, which two shards may both have: two tenants' "
+            "requests with the same key would meet under one record (a 409, a 422, or one "
+            "tenant's stored response replayed to the other).",
+            hint="Set IDEMPOTENCY['SCOPE_FUNCTION'] to a scope that names the tenant (e.g. "
+            "f'{tenant}:user:{request.user.pk}'), or silence this check if every protected "
+            "view's own scope does (docs/sharding.md, The same key on two shards).",
+            id=ID + "W034",
+        )
+    ]
 
 
 #: Django's models that views do not write: ``migrate`` writes the content types and the
@@ -110,29 +222,31 @@ def check_database_routing(app_configs: Any = None, **kwargs: Any) -> list[Check
     databases = settings.DATABASES
     if keys not in databases:
         return []  # E005
+    shards = set(conf.KEY_DATABASES)
     unprotected = {alias for alias in conf.UNPROTECTED_DATABASES if alias in databases}
     views, own = _routed_writes()
     messages: list[CheckMessage] = []
-    for alias in sorted(set(views) - {keys} - unprotected):
+    for alias in sorted(set(views) - shards - unprotected):
         messages.append(
             Error(
                 f"The database router sends the writes of {_models(views[alias])} to "
-                f"{alias!r}, but the keys are on {keys!r} (IDEMPOTENCY['DATABASE']): a "
+                f"{alias!r}, but the keys are on {_where_keys_are()}: a "
                 "protected view's writes there would commit outside the transaction that "
                 "stores its key's response (a failed request would leave them for its retry "
                 "to repeat, and a response could be stored for writes that never commit), "
                 "so they are refused with a 503 database-misconfigured.",
                 hint=f"Route these models to {keys!r}, or keep the keys on {alias!r} "
-                f"(IDEMPOTENCY['DATABASE']). If writes to {alias!r} are meant to be outside "
+                f"(IDEMPOTENCY['DATABASE'], or KEY_DATABASES with DATABASE_ROUTING when the "
+                f"data is sharded). If writes to {alias!r} are meant to be outside "
                 f"the protection, list it in IDEMPOTENCY['UNPROTECTED_DATABASES'].",
                 id=ID + "E030",
             )
         )
-    for alias in sorted(set(own) - {keys}):
+    for alias in sorted(set(own) - shards):
         messages.append(
             Warning(
                 f"The database router sends the writes of {_models(own[alias])} to "
-                f"{alias!r}, but the keys are on {keys!r} (IDEMPOTENCY['DATABASE']): the "
+                f"{alias!r}, but the keys are on {_where_keys_are()}: the "
                 f"protocol reads and writes them on {keys!r}, while the admin and code using "
                 f"the models without using= act on {alias!r}.",
                 hint=f"Route the {PACKAGE} app's models to {keys!r}.",
@@ -141,6 +255,14 @@ def check_database_routing(app_configs: Any = None, **kwargs: Any) -> list[Check
         )
     messages.extend(_atomic_unprotected(sorted(unprotected), keys))
     return messages
+
+
+def _where_keys_are() -> str:
+    """The key databases, as the messages name them."""
+    shards = conf.KEY_DATABASES
+    if len(shards) == 1:
+        return f"{shards[0]!r} (IDEMPOTENCY['DATABASE'])"
+    return ", ".join(repr(alias) for alias in shards) + " (IDEMPOTENCY['KEY_DATABASES'])"
 
 
 def _atomic_unprotected(aliases: list[str], keys: str) -> list[CheckMessage]:
@@ -168,4 +290,7 @@ def _atomic_unprotected(aliases: list[str], keys: str) -> list[CheckMessage]:
 #: This module's validators of the settings (see ``settings.SETTINGS_VALIDATORS``).
 VALIDATORS: list[Callable[[], list[CheckMessage]]] = [
     _check_unprotected,
+    _check_key_databases,
+    _check_database_routing,
+    _check_shared_redis,
 ]

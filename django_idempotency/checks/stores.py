@@ -58,16 +58,26 @@ def strategy_errors(strategy: str) -> list[CheckMessage]:
     """E006: ``strategy`` (the setting's, or a view's) cannot be loaded; E007/E008: it
     does not run on the keys' database; E033/E034: the keys' MySQL or MariaDB connection
     does not read or keep times as the db strategy needs; E011/E012: it needs a Redis
-    that is not configured. Reads ``connections[alias].vendor``, which does not connect."""
-    from django.db import connections
-
+    that is not configured. Every key database (``KEY_DATABASES``) is checked. Reads
+    ``connections[alias].vendor``, which does not connect."""
     from ..strategies import load_strategy
 
     try:
         load_strategy(strategy)
     except ImproperlyConfiguredStrategy as exc:
         return [Error(exc.reason, hint=STRATEGY_HINT, id=ID + "E006")]
-    alias = conf.DATABASE
+    messages: list[CheckMessage] = []
+    for alias in conf.KEY_DATABASES:  # each one that is in DATABASES (else E005, E035)
+        if alias in settings.DATABASES:
+            messages.extend(_database_errors(strategy, alias))
+    return messages or _redis_errors(strategy)
+
+
+def _database_errors(strategy: str, alias: str) -> list[CheckMessage]:
+    """E007/E008: ``strategy`` does not run on the key database ``alias``; E033/E034 for
+    the db strategy on MySQL or MariaDB."""
+    from django.db import connections
+
     vendor = connections[alias].vendor
     if strategy == "advisory_lock" and vendor != "postgresql":
         return [
@@ -93,7 +103,7 @@ def strategy_errors(strategy: str) -> list[CheckMessage]:
         ]
     if strategy == "db" and vendor == "mysql":
         return _mysql_errors(alias)
-    return _redis_errors(strategy)
+    return []
 
 
 def _mysql_errors(alias: str) -> list[CheckMessage]:

@@ -54,18 +54,22 @@ def add_progress_every(parser: CommandParser, help_text: str) -> None:
 
 
 def add_database(parser: CommandParser, help_text: str) -> None:
-    """``--database ALIAS``, by default ``IDEMPOTENCY["DATABASE"]``."""
+    """``--database ALIAS``: one database; by default every key database
+    (``IDEMPOTENCY["KEY_DATABASES"]``, which is ``DATABASE`` alone unless the data is
+    sharded)."""
     parser.add_argument("--database", default=None, help=help_text)
 
 
-def database(options: dict[str, Any]) -> str:
-    """The alias ``--database`` names (or ``IDEMPOTENCY["DATABASE"]``); ``CommandError``
-    unless it is an alias of ``DATABASES``."""
-    using: str = options["database"] or conf.DATABASE
-    if using not in connections.settings:
-        known = ", ".join(sorted(connections.settings))
-        raise CommandError(
-            _("--database: unknown database alias %(alias)s (known: %(known)s)")
-            % {"alias": repr(using), "known": known}
-        )
-    return using
+def databases(options: dict[str, Any]) -> list[str]:
+    """The alias ``--database`` names, or every key database; ``CommandError`` unless
+    each is an alias of ``DATABASES``."""
+    named: str | None = options["database"]
+    aliases = [named] if named else list(conf.KEY_DATABASES)
+    for using in aliases:
+        if using not in connections.settings:
+            known = ", ".join(sorted(connections.settings))
+            raise CommandError(
+                _("--database: unknown database alias %(alias)s (known: %(known)s)")
+                % {"alias": repr(using), "known": known}
+            )
+    return aliases

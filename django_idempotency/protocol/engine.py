@@ -49,6 +49,7 @@ from .options import Options
 from .problems import problem_response
 from .replay import NotStorable, StoredResponse, capture
 from .scope import bounded_scope, default_scope
+from .shards import key_database
 
 logger = logging.getLogger("django_idempotency")
 
@@ -148,7 +149,7 @@ class IdempotentRequest:
             method=(django_request.method or "").upper(),
             path=django_request.get_full_path()[:2048],
             atomic=conf.ATOMIC,
-            database=conf.DATABASE,
+            database=conf.DATABASE if conf.DATABASE_ROUTING is None else key_database(request),
             wait=max(options.wait if options.wait is not None else conf.WAIT, 0.0),
         )
         return cls(request, attempt, strategy)
@@ -439,24 +440,29 @@ class IdempotentRequest:
 
 
 def transient_conflict_response(
-    exc: DatabaseError | InterfaceError, request: HttpRequest
+    exc: DatabaseError | InterfaceError, request: HttpRequest, database: str | None = None
 ) -> HttpResponse:
     """503 problem response for a database error that a retry gets past (see
     :func:`transient_conflict_error`); other database errors propagate. ``request`` is
-    handed to ``PROBLEM_RENDERER``."""
-    return problem_response(transient_conflict_error(exc), request=request)
+    handed to ``PROBLEM_RENDERER``; ``database``: the key's (None: ``DATABASE``)."""
+    return problem_response(transient_conflict_error(exc, database), request=request)
 
 
-def transient_conflict_error(exc: DatabaseError | InterfaceError) -> IdempotencyError:
+def transient_conflict_error(
+    exc: DatabaseError | InterfaceError, database: str | None = None
+) -> IdempotencyError:
     """The 503 problem for a database error that a retry gets past: a transient conflict
     in the view's transaction, or a lost connection
     (``store.errors.classify_database_error``), logged; other database errors are raised
     again. By the time this runs the claim's lifecycle has rolled the view's writes back and
     released the key (unless the database could not be reached for that: the key is then
-    taken over once its lease is stale)."""
+    taken over once its lease is stale). ``database``: the alias of the request's key
+    (None: ``DATABASE``), whose connection tells a lost connection from a conflict."""
     retry_after = conf.RETRY_AFTER
     error = classify_database_error(
-        exc, connections[conf.DATABASE], retry_after=1 if retry_after is None else retry_after
+        exc,
+        connections[database or conf.DATABASE],
+        retry_after=1 if retry_after is None else retry_after,
     )
     if error is None:
         raise exc
@@ -482,6 +488,7 @@ def handle(
     """Run ``view`` under the Idempotency-Key protocol (the function-view path); ``key`` is
     the view's own key hook (None: the header and ``KEY_BODY_FIELD``)."""
     options = options or Options()
+    idem = None
     try:
         idem = IdempotentRequest.from_request(request, scope, options, key)
         if idem is None:
@@ -493,7 +500,8 @@ def handle(
     except IdempotencyError as error:
         return problem_response(error, request=request)
     except DATABASE_ERRORS as exc:
-        return transient_conflict_response(exc, request)
+        database = None if idem is None else idem.attempt.database
+        return transient_conflict_response(exc, request, database)
 
 
 # -- the async path ---------------------------------------------------------------------------

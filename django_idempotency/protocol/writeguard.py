@@ -1,7 +1,8 @@
 """The refusal of a claimed view's writes to databases other than the keys'.
 
 The view's transaction, which also stores the key's response, is opened on one alias
-(``IDEMPOTENCY["DATABASE"]``, the lifecycle's). A write the view sends to another alias (a
+(the request's key database: ``IDEMPOTENCY["DATABASE"]``, or the shard that
+``DATABASE_ROUTING`` chose, ``protocol/shards.py``). A write the view sends to another alias (a
 ``DATABASE_ROUTERS`` router, ``.using()``, a raw cursor) commits on its own: a view that
 fails after it leaves it behind while the key is released, so the retry repeats it, and
 with ``ATOMIC_REQUESTS`` on that alias the key's response commits before the write, which

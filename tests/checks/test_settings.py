@@ -707,6 +707,78 @@ def test_e032_the_keys_database_listed_as_unprotected() -> None:
     assert isinstance(message, Error)
 
 
+# -- sharded key databases (the request path: tests/protocol/test_shards.py) ------------------
+
+KEY_SHARDS = ["default", "keys"]
+
+
+def shard_messages(messages: list[CheckMessage], check_id: str) -> list[CheckMessage]:
+    """The messages of ``check_id``; each must carry a hint."""
+    hits = [m for m in messages if m.id == f"django_idempotency.{check_id}"]
+    assert all(m.hint for m in hits), f"{check_id} has no hint"
+    return hits
+
+
+@pytest.mark.parametrize(
+    ("value", "word"),
+    [("default", "list"), ([], "non-empty"), ([1], "list"), (["default", "nowhere"], "nowhere")],
+)
+def test_e035_key_databases_not_a_list_of_aliases(settings: Any, value: Any, word: str) -> None:
+    settings.IDEMPOTENCY = {"KEY_DATABASES": value, "DATABASE_ROUTING": "router"}
+    hits = shard_messages(check_settings(), "E035")
+    assert len(hits) == 1 and isinstance(hits[0], Error)
+    assert word in hits[0].msg
+    with pytest.raises(InvalidConfiguration, match="E035"):
+        ensure_valid()
+
+
+def test_e036_key_databases_without_database(settings: Any) -> None:
+    settings.IDEMPOTENCY = {"KEY_DATABASES": ["keys"], "DATABASE_ROUTING": "router"}
+    hits = shard_messages(check_settings(), "E036")
+    assert len(hits) == 1 and isinstance(hits[0], Error) and "'default'" in hits[0].msg
+
+
+def test_w032_several_key_databases_without_routing(settings: Any) -> None:
+    settings.IDEMPOTENCY = {"KEY_DATABASES": KEY_SHARDS}
+    hits = shard_messages(check_settings(), "W032")
+    assert len(hits) == 1 and isinstance(hits[0], Warning)
+
+
+@pytest.mark.parametrize(
+    "value", ["routers", "tests.testapp.tenants.nothing_here", "tests.testapp.tenants.TENANTS", 3]
+)
+def test_e037_database_routing_neither_router_nor_a_callable(settings: Any, value: Any) -> None:
+    settings.IDEMPOTENCY = {"KEY_DATABASES": KEY_SHARDS, "DATABASE_ROUTING": value}
+    hits = shard_messages(check_settings(), "E037")
+    assert len(hits) == 1 and isinstance(hits[0], Error) and repr(value) in hits[0].msg
+
+
+def test_w033_wait_listen_database_with_several_key_databases(settings: Any) -> None:
+    settings.IDEMPOTENCY = {
+        "KEY_DATABASES": KEY_SHARDS,
+        "DATABASE_ROUTING": "router",
+        "WAIT_LISTEN_DATABASE": "default",
+    }
+    hits = shard_messages(check_settings(), "W033")
+    assert len(hits) == 1 and isinstance(hits[0], Warning)
+
+
+def test_w034_redis_shared_by_shards_without_a_tenant_scope(settings: Any) -> None:
+    routed = {"KEY_DATABASES": KEY_SHARDS, "DATABASE_ROUTING": "router"}
+    redis = {"STRATEGY": "hybrid", "REDIS_URL": "redis://127.0.0.1:6379/0"}
+    settings.IDEMPOTENCY = {**routed, **redis}
+    hits = shard_messages(check_settings(), "W034")
+    assert len(hits) == 1 and isinstance(hits[0], Warning) and "hybrid" in hits[0].msg
+    settings.IDEMPOTENCY = {
+        **routed,
+        **redis,
+        "SCOPE_FUNCTION": "tests.testapp.tenants.tenant_scope",
+    }
+    assert check_settings() == []
+    settings.IDEMPOTENCY = routed
+    assert check_settings() == []  # the db strategy keeps one record per shard
+
+
 @pytest.mark.parametrize(
     ("value", "valid"),
     [

@@ -35,7 +35,7 @@ from django.utils.translation import gettext_noop, ngettext, pgettext_lazy
 
 from ...conf import conf
 from ...models import IdempotencyOutbox
-from ..arguments import add_database, add_progress_every, batch_size, database, duration
+from ..arguments import add_database, add_progress_every, batch_size, databases, duration
 from ..progress import Progress
 
 #: Seconds between two passes of ``--loop``, by default.
@@ -133,16 +133,24 @@ class Command(BaseCommand):
                 "(default %(every)ss; 0: after every batch)."
             ),
         )
-        add_database(parser, _("Database alias of the outbox (default: IDEMPOTENCY['DATABASE'])."))
+        add_database(
+            parser,
+            _(
+                "Database alias of the outbox (default: every key database, "
+                "IDEMPOTENCY['KEY_DATABASES'] or IDEMPOTENCY['DATABASE'])."
+            ),
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        using = database(options)
+        aliases = databases(options)
         if options["max_failures"] < 1:
             raise CommandError(
                 _("--max-failures: must be 1 or more, not %(value)d")
                 % {"value": options["max_failures"]}
             )
-        self.using = using
+        self.aliases = aliases
+        self.using = aliases[0]
+        self.per_database = {alias: Totals() for alias in aliases}
         self.size = int(options["batch_size"] or conf.OUTBOX_BATCH_SIZE)
         self.verbosity = int(options["verbosity"])
         limit: timedelta | None = options["duration"]
@@ -154,7 +162,7 @@ class Command(BaseCommand):
             verb=pgettext_lazy("progress", "drained"),
             verbosity=self.verbosity,
             every=options["progress_every"].total_seconds(),
-            remaining=lambda: IdempotencyOutbox.objects.pending(using=using),
+            remaining=lambda: sum(IdempotencyOutbox.objects.pending(using=a) for a in aliases),
         )
         started = time.monotonic()
         with stop_on_signals(self.stop):
@@ -170,8 +178,17 @@ class Command(BaseCommand):
         )
 
     def drain_pass(self) -> None:
+        """:meth:`drain_database` on each database in turn."""
+        for alias in self.aliases:
+            if self.out_of_time():
+                return
+            self.using = alias
+            self.drain_database()
+
+    def drain_database(self) -> None:
         """Batches until one comes back short (the outbox is empty, or the rest is held by
         another drainer), time runs out or a signal arrives."""
+        mine = self.per_database[self.using]
         while not self.out_of_time():
             try:
                 result = IdempotencyOutbox.objects.drain(self.size, using=self.using)
@@ -184,9 +201,10 @@ class Command(BaseCommand):
                     % {"database": repr(self.using), "error": exc, "rows": self.totals.rows}
                 ) from exc
             if result.rows:
-                self.totals.transactions += 1
-                self.totals.drained += result.drained
-                self.totals.discarded += result.discarded
+                for totals in (self.totals, mine):
+                    totals.transactions += 1
+                    totals.drained += result.drained
+                    totals.discarded += result.discarded
                 self.progress.update(self.totals.rows)
             if result.rows < self.size:
                 return
@@ -215,9 +233,13 @@ class Command(BaseCommand):
             self.stdout.write(_("Stopped by a signal; the batch under way was committed."))
 
     def report(self, elapsed: float) -> None:
+        """One line per database."""
         if self.verbosity < 1:
             return
-        totals = self.totals
+        for alias, totals in self.per_database.items():
+            self.report_database(alias, totals, elapsed)
+
+    def report_database(self, alias: str, totals: Totals, elapsed: float) -> None:
         moved = ngettext(
             "Drained %(count)d idempotency outbox row",
             "Drained %(count)d idempotency outbox rows",
@@ -240,7 +262,7 @@ class Command(BaseCommand):
                 % {
                     "drained": moved,
                     "expired": expired,
-                    "database": repr(self.using),
+                    "database": repr(alias),
                     "in_transactions": in_transactions,
                     "elapsed": number_format(elapsed, 2),
                 }

@@ -25,7 +25,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop, ngettext, pgettext_lazy
 
 from ...models import IdempotencyKey
-from ..arguments import add_database, add_progress_every, batch_size, database, duration
+from ..arguments import add_database, add_progress_every, batch_size, databases, duration
 from ..durations import format_duration
 from ..progress import Progress
 
@@ -69,11 +69,19 @@ class Command(BaseCommand):
             ),
         )
         add_database(
-            parser, _("Database alias holding the keys (default: IDEMPOTENCY['DATABASE']).")
+            parser,
+            _(
+                "Database alias holding the keys (default: every key database, "
+                "IDEMPOTENCY['KEY_DATABASES'] or IDEMPOTENCY['DATABASE'])."
+            ),
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        using = database(options)
+        for using in databases(options):
+            self.purge_database(using, options)
+
+    def purge_database(self, using: str, options: dict[str, Any]) -> None:
+        """The command on one database: its dry-run count, or its purge."""
         older_than: timedelta | None = options["older_than"]
         verbosity: int = options["verbosity"]
 
