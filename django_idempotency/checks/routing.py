@@ -1,7 +1,7 @@
 """The checks of the database router against the key databases: a protected view's
 writes routed elsewhere (E030), ``UNPROTECTED_DATABASES`` (E031, E032, W030, W031), and
 the key databases of sharded data, ``KEY_DATABASES`` and ``DATABASE_ROUTING`` (E035-E037,
-W032-W034)."""
+W032, W033)."""
 
 from __future__ import annotations
 
@@ -142,29 +142,6 @@ def _check_database_routing() -> list[CheckMessage]:
     return messages
 
 
-def _check_shared_redis() -> list[CheckMessage]:
-    """W034: redis or hybrid with per-request key databases and no SCOPE_FUNCTION: Redis is
-    shared by every shard, so the default scope (the user's pk, which tenant databases may
-    repeat) could let two tenants' requests meet under one record."""
-    if conf.DATABASE_ROUTING is None or conf.SCOPE_FUNCTION is not None:
-        return []
-    if conf.STRATEGY not in {"redis", "hybrid"}:
-        return []
-    return [
-        Warning(
-            f"The {conf.STRATEGY} strategy keeps one Redis record per (scope, key) for every "
-            "key database, but DATABASE_ROUTING spreads the keys over shards and the default "
-            "scope is the user's primary key, which two shards may both have: two tenants' "
-            "requests with the same key would meet under one record (a 409, a 422, or one "
-            "tenant's stored response replayed to the other).",
-            hint="Set IDEMPOTENCY['SCOPE_FUNCTION'] to a scope that names the tenant (e.g. "
-            "f'{tenant}:user:{request.user.pk}'), or silence this check if every protected "
-            "view's own scope does (docs/sharding.md, The same key on two shards).",
-            id=ID + "W034",
-        )
-    ]
-
-
 #: Django's models that views do not write: ``migrate`` writes the content types and the
 #: permissions, the admin its log (the admin's views are not idempotent views).
 NOT_WRITTEN_BY_VIEWS = frozenset({"contenttypes.contenttype", "auth.permission", "admin.logentry"})
@@ -292,5 +269,4 @@ VALIDATORS: list[Callable[[], list[CheckMessage]]] = [
     _check_unprotected,
     _check_key_databases,
     _check_database_routing,
-    _check_shared_redis,
 ]

@@ -138,6 +138,7 @@ class IdempotentRequest:
         strategy = get_strategy(options.strategy)
         # DRF's Request hands method and path over from Django's: ask Django's.
         django_request: HttpRequest = getattr(request, "_request", request)
+        database = conf.DATABASE if conf.DATABASE_ROUTING is None else key_database(request)
         attempt = Attempt(
             scope=bounded,
             key=found,
@@ -149,8 +150,9 @@ class IdempotentRequest:
             method=(django_request.method or "").upper(),
             path=django_request.get_full_path()[:2048],
             atomic=conf.ATOMIC,
-            database=conf.DATABASE if conf.DATABASE_ROUTING is None else key_database(request),
+            database=database,
             wait=max(options.wait if options.wait is not None else conf.WAIT, 0.0),
+            shard="" if conf.DATABASE_ROUTING is None else database,
         )
         return cls(request, attempt, strategy)
 

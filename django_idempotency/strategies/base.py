@@ -51,6 +51,15 @@ class Attempt:
     #: Seconds a duplicate waits for this key's answer (``WAIT``); 0: the 409 at once.
     #: When > 0 the request that completes or releases the key also wakes its waiters.
     wait: float = 0.0
+    #: The key's database when each request chooses one (``DATABASE_ROUTING``), else "".
+    shard: str = ""
+
+    @property
+    def redis_scope(self) -> str:
+        """The scope that names the key's record in Redis, which every key database
+        shares: the scope, preceded by the key's database when requests are routed over
+        several (a scope such as ``user:42`` may name another user on each shard)."""
+        return f"db:{self.shard}\x1f{self.scope}" if self.shard else self.scope
 
 
 #: The detail of a 503 for a response that could not be stored.

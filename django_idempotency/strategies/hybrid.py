@@ -163,7 +163,7 @@ class HybridClaim(RedisClaim):
             # is the key's, whoever holds the key in Redis now (a claim made after our lease
             # expired cannot commit: the outbox refuses it, and it refills Redis from there).
             self.redis.put_completed(
-                attempt.scope,
+                attempt.redis_scope,
                 attempt.key,
                 attempt.fingerprint,
                 response,
@@ -322,7 +322,7 @@ class HybridStrategy(RedisStrategy):
         assert found.response is not None
         try:
             store.put_completed(
-                attempt.scope,
+                attempt.redis_scope,
                 attempt.key,
                 found.fingerprint,
                 found.response,
@@ -380,7 +380,7 @@ class HybridStrategy(RedisStrategy):
         keys = (
             store.loss_keys()
             if attempt is None
-            else store.loss_keys_for(attempt.scope, attempt.key)
+            else store.loss_keys_for(attempt.redis_scope, attempt.key)
         )
         try:
             check = store.loss_suspected(keys, self._window_ms(ttl), to_ms(self._interval(store)))

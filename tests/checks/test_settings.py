@@ -763,22 +763,6 @@ def test_w033_wait_listen_database_with_several_key_databases(settings: Any) -> 
     assert len(hits) == 1 and isinstance(hits[0], Warning)
 
 
-def test_w034_redis_shared_by_shards_without_a_tenant_scope(settings: Any) -> None:
-    routed = {"KEY_DATABASES": KEY_SHARDS, "DATABASE_ROUTING": "router"}
-    redis = {"STRATEGY": "hybrid", "REDIS_URL": "redis://127.0.0.1:6379/0"}
-    settings.IDEMPOTENCY = {**routed, **redis}
-    hits = shard_messages(check_settings(), "W034")
-    assert len(hits) == 1 and isinstance(hits[0], Warning) and "hybrid" in hits[0].msg
-    settings.IDEMPOTENCY = {
-        **routed,
-        **redis,
-        "SCOPE_FUNCTION": "tests.testapp.tenants.tenant_scope",
-    }
-    assert check_settings() == []
-    settings.IDEMPOTENCY = routed
-    assert check_settings() == []  # the db strategy keeps one record per shard
-
-
 @pytest.mark.parametrize(
     ("value", "valid"),
     [

@@ -242,13 +242,39 @@ def test_a_view_that_fails_leaves_no_key_and_no_write_on_its_shard(
 
 def test_the_same_scope_and_key_on_two_shards_are_two_records(routing: str) -> None:
     """A key is identified by (scope, key) on its database: two shards keep two records,
-    each run once. (Under redis and hybrid, Redis holds one record for both: the scope
-    must name the tenant, docs/sharding.md.)"""
+    each run once."""
     for name in ("a", "b", "a", "b"):
         assert post(name, "same", "/shared/").status_code == 201
     assert effects("default") == ["charge:a"]
     assert effects("keys") == ["charge:b"]
     assert keys_on("default") == keys_on("keys") == [("shared", "same")]
+
+
+@pytest.mark.redis
+@pytest.mark.usefixtures("forget_queued_drains")
+@pytest.mark.parametrize(
+    ("strategy", "more"),
+    [("redis", {}), ("hybrid", {}), ("hybrid", {"HYBRID_DB_CHECK": "always"})],
+    ids=["redis", "hybrid", "hybrid-db-check"],
+)
+def test_the_same_scope_and_key_on_two_shards_are_two_records_in_redis_too(
+    sharded: Callable[..., Any],
+    redis_settings: Any,
+    shared_redis_url: str,
+    strategy: str,
+    more: dict[str, Any],
+) -> None:
+    """Redis is shared by every shard, but a record there is named after the key's
+    database too: the same scope and key on two shards (a user id that repeats across
+    tenants' user tables) never replays one tenant's answer to the other."""
+    value = sharded(shards.ROUTER)
+    redis_settings(shared_redis_url, STRATEGY=strategy, **more, **value)
+    answers = {name: [post(name, "same", "/shared/") for _ in range(2)] for name in "ab"}
+    for name, (first, retry) in answers.items():
+        assert first.status_code == 201 and first.json() == {"tenant": name}
+        assert retry[REPLAYED_HEADER] == "true" and retry.json() == {"tenant": name}
+    assert effects("default") == ["charge:a"]
+    assert effects("keys") == ["charge:b"]
 
 
 @pytest.mark.parametrize("strategy", ["db", "advisory_lock"])

@@ -47,12 +47,12 @@ class RedisClaim(Claim):
 
     def renew(self) -> bool:
         a = self.attempt
-        return self.redis.renew(a.scope, a.key, self.token, to_ms(a.lock_timeout))
+        return self.redis.renew(a.redis_scope, a.key, self.token, to_ms(a.lock_timeout))
 
     def store(self, response: StoredResponse, *, commit: bool) -> None:
         a = self.attempt
         try:
-            stored = self.redis.complete(a.scope, a.key, self.token, response, to_ms(a.ttl))
+            stored = self.redis.complete(a.redis_scope, a.key, self.token, response, to_ms(a.ttl))
         except RedisUnavailable as exc:
             raise StoreUnavailable(NOT_STORED_DETAIL) from exc
         if not stored:
@@ -83,7 +83,7 @@ class RedisClaim(Claim):
     def _redis_delete(self, operation: Callable[[str, str, str], bool]) -> bool:
         a = self.attempt
         try:
-            deleted = operation(a.scope, a.key, self.token)
+            deleted = operation(a.redis_scope, a.key, self.token)
         except RedisUnavailable:
             logger.warning(
                 "could not release idempotency key in Redis; it will expire after the lock timeout",
@@ -121,7 +121,7 @@ def redis_claim(
     call = claim or store.claim
     for _ in range(CLAIM_ATTEMPTS):
         token = new_token()
-        won, record = call(attempt.scope, attempt.key, attempt.fingerprint, token, lease)
+        won, record = call(attempt.redis_scope, attempt.key, attempt.fingerprint, token, lease)
         if won:
             return make(token), None
         if record is not None:
