@@ -3,7 +3,6 @@ the real PostgreSQL server (``check --deploy``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -65,10 +64,9 @@ def test_w073_many_partitions_ahead() -> None:
 
 
 @pytest.fixture
-def postgres() -> Iterator[None]:
+def postgres() -> None:
     if connections["default"].vendor != "postgresql":
         pytest.skip("needs the PostgreSQL alias")
-    yield
 
 
 @pytest.mark.postgres
