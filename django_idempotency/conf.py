@@ -41,6 +41,9 @@ DEFAULTS: Mapping[str, Any] = {
     # seconds (a whole number), and expired keys are purged by dropping whole partitions;
     # None: a plain table. See docs/operations.md ("Time partitions").
     "PARTITION_INTERVAL": None,
+    # How far (seconds) the partitions reach past the longest of TTL and LOCK_TIMEOUT: the
+    # purge creates them ahead, and must run again before they run out.
+    "PARTITION_AHEAD": 24 * 60 * 60,
     # A lease older than this (seconds) was left by a crashed worker and may be taken over.
     "LOCK_TIMEOUT": 60,
     # How often (seconds) a running view renews its lease; None means LOCK_TIMEOUT / 3.
@@ -303,6 +306,10 @@ class IdempotencySettings:
     def PARTITION_INTERVAL(self) -> int | None:
         value = self._get("PARTITION_INTERVAL")
         return None if value is None else int(value)
+
+    @cached_property
+    def PARTITION_AHEAD(self) -> float:
+        return float(self._get("PARTITION_AHEAD"))
 
     @cached_property
     def OUTBOX_BATCH_SIZE(self) -> int:

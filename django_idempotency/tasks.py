@@ -55,7 +55,9 @@ def beat_schedule(
     * ``django-idempotency-drain-outbox``: every ``drain_every`` seconds (default 10),
       so that rows whose after-commit message was lost are drained anyway;
     * ``django-idempotency-purge-expired-keys``: every ``purge_every`` seconds (default
-      an hour), deleting keys that expired more than ``purge_older_than`` seconds ago.
+      an hour), deleting keys that expired more than ``purge_older_than`` seconds ago
+      (with ``PARTITION_INTERVAL``: dropping the expired partitions and creating those
+      ahead, which must run more often than the partitions ahead last: a day past TTL).
 
     Both tasks ignore their results; no result backend is needed.
     """
@@ -147,10 +149,18 @@ def drain_outbox(
 def purge_expired_keys(
     batch_size: int = 1000, older_than: float = 0.0, using: str | None = None
 ) -> int:
-    """Delete expired IdempotencyKey rows in batches; returns how many."""
+    """Delete expired IdempotencyKey rows in batches; returns how many. With
+    ``PARTITION_INTERVAL``, first drop the expired partitions whole and create the
+    partitions ahead (their rows are not counted)."""
     from .models import IdempotencyKey
+    from .store import partitions
 
     ensure_valid()
+    if conf.PARTITION_INTERVAL is not None:
+        partitions.maintain(
+            using or conf.DATABASE,
+            older_than=timedelta(seconds=float(older_than)) if older_than else None,
+        )
     deleted = IdempotencyKey.objects.delete_expired(
         batch_size=int(batch_size),
         older_than=timedelta(seconds=float(older_than)) if older_than else None,

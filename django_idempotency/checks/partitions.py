@@ -1,12 +1,13 @@
-"""The checks of ``PARTITION_INTERVAL``, the key table partitioned by expiry (E070-E075).
+"""The checks of ``PARTITION_INTERVAL``, the key table partitioned by expiry (E070-E076).
 
-The setting's own (validators, run at start-up, never connecting): E070 it is set on a
-database that is not PostgreSQL, E071 it is not a whole number of seconds, E072 it is set
-with the ``hybrid`` strategy (whose outbox drain writes with ``ON CONFLICT (scope, key)``,
-which a partitioned table cannot arbitrate), W073 the partitions a claim looks in are
-many. The table's (``manage.py check --deploy`` only, which connects): W074 the setting
-is on and the table is plain yet, E075 the table is partitioned and the setting is off,
-W075 the keys' database could not be asked.
+The settings' own (validators, run at start-up, never connecting): E070 the interval is
+set on a database that is not PostgreSQL, E071 it is not a whole number of seconds, E072
+it is set with the ``hybrid`` strategy (whose outbox drain writes with ``ON CONFLICT
+(scope, key)``, which a partitioned table cannot arbitrate), W073 the partitions a claim
+looks in are many, E076 ``PARTITION_AHEAD`` is not a positive number of seconds. The
+table's (``manage.py check --deploy`` only, which connects): W074 the setting is on and
+the table is plain yet, E075 the table is partitioned and the setting is off, W075 the
+keys' database could not be asked.
 """
 
 from __future__ import annotations
@@ -45,6 +46,21 @@ def _check_interval() -> list[CheckMessage]:
     ]
 
 
+def _check_ahead() -> list[CheckMessage]:
+    """E076: PARTITION_AHEAD a positive number of seconds."""
+    value = _number(_raw("PARTITION_AHEAD"))
+    if value is not None and value > 0:
+        return []
+    return [
+        Error(
+            f"IDEMPOTENCY['PARTITION_AHEAD'] is {_raw('PARTITION_AHEAD')!r}.",
+            hint="Use a positive number of seconds, longer than the time between two runs "
+            "of the purge; the default is a day. " + HINT,
+            id=ID + "E076",
+        )
+    ]
+
+
 def _check_database() -> list[CheckMessage]:
     """E070: PostgreSQL only; E072: not with the hybrid strategy."""
     from django.db import connections
@@ -79,7 +95,7 @@ def _check_count() -> list[CheckMessage]:
     from ..store.partitions import ahead_seconds
 
     interval = _number(_interval())
-    if interval is None or interval < 1 or _check_interval():
+    if interval is None or interval < 1 or _check_interval() or _check_ahead():
         return []
     count = int(ahead_seconds() // interval)
     if count <= MANY_PARTITIONS:
@@ -145,6 +161,7 @@ def _table_messages(alias: str, partitioned: bool, wanted: bool) -> list[CheckMe
 #: This module's validators of the settings (see ``settings.SETTINGS_VALIDATORS``).
 VALIDATORS: list[Callable[[], list[CheckMessage]]] = [
     _check_interval,
+    _check_ahead,
     _check_database,
     _check_count,
 ]

@@ -33,11 +33,6 @@ logger = logging.getLogger("django_idempotency")
 #: How long the DDL of :func:`maintain` waits for a lock on the table before it gives up
 #: until the next run (claims queue behind a waiting ``ATTACH``/``DROP``, never longer).
 DDL_LOCK_TIMEOUT = "2s"
-#: Partitions created ahead, in seconds past the longest of TTL and LOCK_TIMEOUT, when the
-#: caller names no other span: a day, so that a purge run every hour (the beat schedule's
-#: default) leaves the claims of a day of missed runs a partition to go to.
-DEFAULT_AHEAD = 24 * 60 * 60
-
 _BOUND = re.compile(r"FROM \('([^']+)'\) TO \('([^']+)'\)")
 
 
@@ -130,8 +125,8 @@ def _aligned(now: datetime, interval: int) -> datetime:
 
 def ahead_seconds(ahead: float | None = None) -> float:
     """How far past now the partitions reach: the longest of TTL and LOCK_TIMEOUT (an
-    expiry a claim can write) plus ``ahead`` (default :data:`DEFAULT_AHEAD`)."""
-    extra = DEFAULT_AHEAD if ahead is None else ahead
+    expiry a claim can write) plus ``ahead`` (default ``PARTITION_AHEAD``)."""
+    extra = conf.PARTITION_AHEAD if ahead is None else ahead
     return max(conf.TTL, conf.LOCK_TIMEOUT) + float(extra)
 
 

@@ -46,6 +46,11 @@ def test_e071_the_interval_is_a_whole_number_of_seconds(value: object) -> None:
     assert isinstance(only(run({"PARTITION_INTERVAL": value}), "E071"), Error)
 
 
+@pytest.mark.parametrize("value", [0, -1, "soon", None])
+def test_e076_partition_ahead_is_a_positive_number_of_seconds(value: object) -> None:
+    assert isinstance(only(run({"PARTITION_AHEAD": value}), "E076"), Error)
+
+
 def test_e072_not_with_the_hybrid_strategy() -> None:
     if connections["default"].vendor != "postgresql":
         pytest.skip("needs the PostgreSQL alias")

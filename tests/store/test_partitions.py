@@ -25,14 +25,12 @@ from django_idempotency.store import partitions
 from django_idempotency.store.records import ClaimResult, ClaimState
 from django_idempotency.store.sql import statements
 
+from ..support.partitions import AHEAD, INTERVAL, partitioned_table
+from ..support.partitions import SMALL as SETTINGS
 from ..support.threads import in_background, run_at_once
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(databases=["default"], transaction=True)]
 
-INTERVAL = 2
-#: Seconds of partitions past TTL: enough for the tests' longest per-request TTL.
-AHEAD = 40
-SETTINGS = {"PARTITION_INTERVAL": INTERVAL, "TTL": 10, "LOCK_TIMEOUT": 5}
 PRINT = "a" * 64
 OTHER_PRINT = "b" * 64
 RESPONSE = StoredResponse(status=201, headers={"Content-Type": "text/plain"}, body=b"done")
@@ -41,14 +39,8 @@ RESPONSE = StoredResponse(status=201, headers={"Content-Type": "text/plain"}, bo
 @pytest.fixture
 def partitioned() -> Iterator[None]:
     """The test database's key table partitioned into two-second ranges; plain again after."""
-    if connections["default"].vendor != "postgresql":
-        pytest.skip("time partitions are PostgreSQL's")
-    with override_settings(IDEMPOTENCY=SETTINGS):
-        assert partitions.convert("default", ahead=AHEAD) is True
-        try:
-            yield
-        finally:
-            partitions.undo("default")
+    with partitioned_table():
+        yield
 
 
 def claim(key: str, fingerprint: str = PRINT, **options: Any) -> ClaimResult:
