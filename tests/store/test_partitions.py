@@ -266,3 +266,27 @@ def test_partitions_are_dropped_while_claims_run(partitioned: None) -> None:
     counts = run_at_once(4, client)
     assert background.result() >= 1
     assert sum(counts) > 0
+
+
+def test_a_takeover_that_loses_to_a_renewal_moving_the_row_claims_again(
+    partitioned: None,
+) -> None:
+    """The owner's renewal moves its row to a later partition while a claimant's takeover
+    waits on the row: PostgreSQL fails the takeover with a serialization failure (40001),
+    which the claim retries, and the retry finds the live lease: in progress, no error."""
+    from django.db import transaction
+
+    old = claim("moved", ttl=1)  # expiry a lease (5 s) ahead
+    assert old.pk is not None and old.token is not None
+    IdempotencyKey.objects.filter(pk=old.pk).update(
+        locked_at=timezone.now() - timedelta(seconds=6)  # stale to a claimant
+    )
+    before = partition_of(old.pk)
+    with transaction.atomic():
+        assert IdempotencyKey.objects.renew(old.pk, old.token, lock_timeout=30)
+        claimant = in_background(lambda: claim("moved"))
+        time.sleep(0.5)  # the claimant's takeover now waits on the renewed row
+    result = claimant.result()
+    assert result.state is ClaimState.IN_PROGRESS
+    assert partition_of(old.pk) != before
+    assert IdempotencyKey.objects.get(key="moved").claim_token == old.token
