@@ -14,7 +14,6 @@ run it: docs/operations.md ("Time partitions").
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -33,7 +32,6 @@ logger = logging.getLogger("django_idempotency")
 #: How long the DDL of :func:`maintain` waits for a lock on the table before it gives up
 #: until the next run (claims queue behind a waiting ``ATTACH``/``DROP``, never longer).
 DDL_LOCK_TIMEOUT = "2s"
-_BOUND = re.compile(r"FROM \('([^']+)'\) TO \('([^']+)'\)")
 
 
 @dataclass(frozen=True)
@@ -91,14 +89,11 @@ def partitions(connection: BaseDatabaseWrapper) -> list[Partition]:
     with connection.cursor() as cursor:
         cursor.execute(ddl.LIST_PARTITIONS, [connection.ops.quote_name(table())])
         rows = cursor.fetchall()
-    found = []
-    for name, bound, detaching in rows:
-        match = _BOUND.search(bound or "")
-        if match is None:  # not a range of ours (a DEFAULT partition someone added)
-            continue
-        lower, upper = (datetime.fromisoformat(text) for text in match.groups())
-        found.append(Partition(name, lower, upper, bool(detaching)))
-    return found
+    return [
+        Partition(name, lower, upper, bool(detaching))
+        for name, lower, upper, detaching in rows
+        if lower is not None and upper is not None  # not a DEFAULT partition someone added
+    ]
 
 
 def ranges(start: datetime, until: datetime, interval: int) -> list[tuple[datetime, datetime]]:
@@ -140,7 +135,8 @@ def create_ahead(
     none) until past ``until``; each in a transaction of its own."""
     existing = partitions(connection)
     now = _now(connection)
-    start = max([p.upper for p in existing if p.upper > now], default=_aligned(now, interval))
+    # After the last partition, never over one (the interval may have changed since).
+    start = max([_aligned(now, interval), *(p.upper for p in existing)])
     parent, q = table(), connection.ops.quote_name
     for lower, upper in ranges(start, until, interval):
         name = partition_name(parent, lower)
@@ -159,26 +155,31 @@ def create_ahead(
 
 def drop_expired(connection: BaseDatabaseWrapper, cutoff: datetime, done: Maintenance) -> None:
     """Detach and drop the partitions whose range ended at or before ``cutoff``."""
-    parent, q = table(), connection.ops.quote_name
-    concurrently = not connection.in_atomic_block
     for partition in partitions(connection):
         if partition.upper > cutoff:
             continue
         try:
-            with connection.cursor() as cursor:
-                if partition.detaching:
-                    cursor.execute(ddl.finalize(q, parent, partition.name))
-                elif concurrently:
-                    cursor.execute(ddl.detach(q, parent, partition.name, concurrently=True))
-                else:
-                    cursor.execute(f"SET LOCAL lock_timeout = '{DDL_LOCK_TIMEOUT}'")
-                    cursor.execute(ddl.detach(q, parent, partition.name, concurrently=False))
-                cursor.execute(f"DROP TABLE {q(partition.name)}")
+            drop(connection, partition)
         except DatabaseError:
             logger.warning("could not drop partition %s; the next run tries again", partition.name)
             done.deferred.append(partition.name)
             continue
         done.dropped.append(partition.name)
+
+
+def drop(connection: BaseDatabaseWrapper, partition: Partition) -> None:
+    """Detach ``partition`` (concurrently, outside a transaction; else waiting at most
+    :data:`DDL_LOCK_TIMEOUT` for the table's lock) and drop it, whatever it holds."""
+    parent, q = table(), connection.ops.quote_name
+    with connection.cursor() as cursor:
+        if partition.detaching:
+            cursor.execute(ddl.finalize(q, parent, partition.name))
+        elif not connection.in_atomic_block:
+            cursor.execute(ddl.detach(q, parent, partition.name, concurrently=True))
+        else:
+            cursor.execute(f"SET LOCAL lock_timeout = '{DDL_LOCK_TIMEOUT}'")
+            cursor.execute(ddl.detach(q, parent, partition.name, concurrently=False))
+        cursor.execute(f"DROP TABLE {q(partition.name)}")
 
 
 def maintain(

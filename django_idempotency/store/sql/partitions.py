@@ -14,11 +14,14 @@ from ..status import IN_PROGRESS
 
 Quote = Callable[[str], str]
 
-#: The partitions of a table and their bounds as PostgreSQL prints them, and whether a
-#: ``DETACH … CONCURRENTLY`` of theirs was interrupted.
+#: The partitions of a table: their names, their bounds (read back from the text PostgreSQL
+#: prints them as, in the session's own date style; NULL for a DEFAULT partition), and
+#: whether a ``DETACH … CONCURRENTLY`` of theirs was interrupted.
 LIST_PARTITIONS = (
-    "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid), i.inhdetachpending "
+    "SELECT c.relname, (regexp_match(b, 'FROM \\(''([^'']+)''\\)'))[1]::timestamptz, "
+    "(regexp_match(b, 'TO \\(''([^'']+)''\\)'))[1]::timestamptz, i.inhdetachpending "
     "FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+    "CROSS JOIN LATERAL pg_get_expr(c.relpartbound, c.oid) AS b "
     "WHERE i.inhparent = to_regclass(%s) ORDER BY 1"
 )
 #: The kind of a table: ``p`` partitioned, ``r`` plain, None when it does not exist.
