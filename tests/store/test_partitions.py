@@ -290,3 +290,26 @@ def test_a_takeover_that_loses_to_a_renewal_moving_the_row_claims_again(
     assert result.state is ClaimState.IN_PROGRESS
     assert partition_of(old.pk) != before
     assert IdempotencyKey.objects.get(key="moved").claim_token == old.token
+
+
+def test_without_client_side_binding_the_lock_and_the_claim_are_two_statements_of_one_transaction(
+    partitioned: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Server-side binding (or psycopg 2) cannot send the lock and the claim as one query:
+    they go as two statements in one transaction, and a key is still claimed once."""
+    from django.test.utils import CaptureQueriesContext
+
+    from django_idempotency.store.sql import partitioned as sql_partitioned
+
+    monkeypatch.setattr(sql_partitioned, "commits_in_statement", lambda connection: False)
+    with CaptureQueriesContext(connections["default"]) as queries:
+        assert claim("two-statements").state is ClaimState.CLAIMED
+    sent = [q["sql"] for q in queries.captured_queries]
+    locks = [s for s in sent if s.startswith("SELECT pg_advisory_xact_lock")]
+    assert len(locks) == 1 and "INSERT" not in locks[0], sent
+    assert sent.index(locks[0]) + 1 == next(i for i, s in enumerate(sent) if "INSERT" in s)
+    for round_ in range(5):
+        key = f"race-two-{round_}"
+        results = run_at_once(8, lambda i, key=key: claim(key, ttl=10 + INTERVAL * i))
+        assert [r.state for r in results].count(ClaimState.CLAIMED) == 1
+        assert rows(key) == 1
