@@ -313,3 +313,29 @@ def test_without_client_side_binding_the_lock_and_the_claim_are_two_statements_o
         results = run_at_once(8, lambda i, key=key: claim(key, ttl=10 + INTERVAL * i))
         assert [r.state for r in results].count(ClaimState.CLAIMED) == 1
         assert rows(key) == 1
+
+
+def test_the_partitioned_statements_work_on_the_plain_table_while_rolling_out() -> None:
+    """PARTITION_INTERVAL set, the table not converted yet: the claim, the takeover, the
+    renewal and advisory_lock's completed record all work on the plain table too."""
+    if connections["default"].vendor != "postgresql":
+        pytest.skip("time partitions are PostgreSQL's")
+    with override_settings(IDEMPOTENCY=SETTINGS):
+        assert statements(connections["default"]).partitioned
+        assert not partitions.is_partitioned(connections["default"])
+        old = claim("rolling")
+        assert old.pk is not None and old.token is not None
+        assert IdempotencyKey.objects.renew(old.pk, old.token, lock_timeout=5)
+        IdempotencyKey.objects.filter(pk=old.pk).update(
+            locked_at=timezone.now() - timedelta(seconds=6)
+        )
+        new = claim("rolling")
+        assert new.state is ClaimState.CLAIMED and new.taken_over and new.pk != old.pk
+        assert new.pk is not None and new.token is not None
+        assert IdempotencyKey.objects.complete(new.pk, new.token, RESPONSE, ttl=10)
+        assert claim("rolling").response == RESPONSE
+        manager = IdempotencyKey.objects
+        assert manager.store_completed("user:1", "adv", PRINT, RESPONSE, ttl=10, commit=False)
+        IdempotencyKey.objects.filter(key="adv").update(expires_at=timezone.now())
+        assert manager.store_completed("user:1", "adv", OTHER_PRINT, RESPONSE, ttl=10)
+        assert rows("rolling") == rows("adv") == 1
