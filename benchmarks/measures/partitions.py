@@ -100,7 +100,11 @@ class Claimer:
     def phase(self, seconds: float | None = None, work: Any = None) -> tuple[list[float], Any]:
         """The latencies while ``work()`` runs (or for ``seconds``), and what it returned."""
         start = len(self.latencies)
-        result = work() if work is not None else time.sleep(seconds or 0)
+        result = None
+        if work is not None:
+            result = work()
+        else:
+            time.sleep(seconds or 0)
         return self.latencies[start:] or [float("nan")], result
 
 

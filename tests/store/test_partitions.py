@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -47,6 +47,15 @@ def claim(key: str, fingerprint: str = PRINT, **options: Any) -> ClaimResult:
     kwargs: dict[str, Any] = {"ttl": 10, "lock_timeout": 5, "using": "default"}
     kwargs.update(options)
     return IdempotencyKey.objects.claim("user:1", key, fingerprint, **kwargs)
+
+
+def racer(key: str) -> Callable[[int], ClaimResult]:
+    """Racer ``i`` claims ``key`` with a TTL ``i`` partitions longer than racer 0's."""
+
+    def work(i: int) -> ClaimResult:
+        return claim(key, ttl=10 + INTERVAL * i)
+
+    return work
 
 
 def rows(key: str) -> int:
@@ -112,6 +121,7 @@ def test_the_conversion_keeps_the_live_rows_and_their_replays() -> None:
         assert IdempotencyKey.objects.complete(done.pk, done.token, RESPONSE, ttl=10)
         running = claim("running")
         gone = claim("expired")
+        assert running.pk is not None and gone.pk is not None
         IdempotencyKey.objects.filter(pk=gone.pk).update(
             status="completed", expires_at=timezone.now() - timedelta(seconds=1)
         )
@@ -141,7 +151,7 @@ def test_racers_whose_expiries_fall_in_different_partitions_claim_once(partition
     rounds; each has exactly one winner and one row."""
     for round_ in range(20):
         key = f"race-{round_}"
-        results = run_at_once(16, lambda i, key=key: claim(key, ttl=10 + INTERVAL * i))
+        results = run_at_once(16, racer(key))
         states = [r.state for r in results]
         assert states.count(ClaimState.CLAIMED) == 1, (round_, states)
         assert states.count(ClaimState.IN_PROGRESS) == 15, (round_, states)
@@ -152,17 +162,18 @@ def test_racers_taking_over_a_stale_claim_across_partitions_win_once(partitioned
     for round_ in range(10):
         key = f"stale-{round_}"
         old = claim(key)
+        assert old.pk is not None
         IdempotencyKey.objects.filter(pk=old.pk).update(
             locked_at=timezone.now() - timedelta(seconds=6)
         )
-        results = run_at_once(8, lambda i, key=key: claim(key, ttl=10 + INTERVAL * i))
+        results = run_at_once(8, racer(key))
         winners = [r for r in results if r.state is ClaimState.CLAIMED]
         assert len(winners) == 1, (round_, [r.state for r in results])
         assert winners[0].taken_over and winners[0].pk != old.pk  # a new row
         assert rows(key) == 1
         assert IdempotencyKey.objects.get(key=key).claim_token == winners[0].token
         assert old.token is not None
-        assert not IdempotencyKey.objects.complete(old.pk or 0, old.token, RESPONSE, ttl=10)
+        assert not IdempotencyKey.objects.complete(old.pk, old.token, RESPONSE, ttl=10)
 
 
 def test_a_key_claimed_in_one_partition_is_settled_when_now_is_in_the_next(
@@ -190,10 +201,12 @@ def test_a_renewal_keeps_a_running_key_a_lease_ahead_of_its_ttl(partitioned: Non
     running = claim("long", ttl=1)  # the claim's expiry is a lease (5 s) ahead at least
     assert running.pk is not None and running.token is not None
     row = IdempotencyKey.objects.get(pk=running.pk)
+    assert row.locked_at is not None
     assert row.expires_at >= row.locked_at + timedelta(seconds=5)
     time.sleep(1)
     assert IdempotencyKey.objects.renew(running.pk, running.token, lock_timeout=5)
     renewed = IdempotencyKey.objects.get(pk=running.pk)
+    assert renewed.locked_at is not None
     assert renewed.expires_at >= renewed.locked_at + timedelta(seconds=5)
     assert renewed.expires_at > row.expires_at
 
@@ -310,7 +323,7 @@ def test_without_client_side_binding_the_lock_and_the_claim_are_two_statements_o
     assert sent.index(locks[0]) + 1 == next(i for i, s in enumerate(sent) if "INSERT" in s)
     for round_ in range(5):
         key = f"race-two-{round_}"
-        results = run_at_once(8, lambda i, key=key: claim(key, ttl=10 + INTERVAL * i))
+        results = run_at_once(8, racer(key))
         assert [r.state for r in results].count(ClaimState.CLAIMED) == 1
         assert rows(key) == 1
 
