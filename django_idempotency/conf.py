@@ -44,6 +44,13 @@ DEFAULTS: Mapping[str, Any] = {
     "REQUIRED": False,
     # How long a completed key is kept and replayed, in seconds.
     "TTL": 24 * 60 * 60,
+    # PostgreSQL only: the key table is partitioned by expiry, one partition per this many
+    # seconds (a whole number), and expired keys are purged by dropping whole partitions;
+    # None: a plain table. See docs/operations.md ("Time partitions").
+    "PARTITION_INTERVAL": None,
+    # How far (seconds) the partitions reach past the longest of TTL and LOCK_TIMEOUT: the
+    # purge creates them ahead, and must run again before they run out.
+    "PARTITION_AHEAD": 24 * 60 * 60,
     # A lease older than this (seconds) was left by a crashed worker and may be taken over.
     "LOCK_TIMEOUT": 60,
     # How often (seconds) a running view renews its lease; None means LOCK_TIMEOUT / 3.
@@ -315,6 +322,15 @@ class IdempotencySettings:
     def HYBRID_REDIS_TTL(self) -> float | None:
         value = self._get("HYBRID_REDIS_TTL")
         return None if value is None else float(value)
+
+    @cached_property
+    def PARTITION_INTERVAL(self) -> int | None:
+        value = self._get("PARTITION_INTERVAL")
+        return None if value is None else int(value)
+
+    @cached_property
+    def PARTITION_AHEAD(self) -> float:
+        return float(self._get("PARTITION_AHEAD"))
 
     @cached_property
     def OUTBOX_BATCH_SIZE(self) -> int:

@@ -55,7 +55,9 @@ def beat_schedule(
     * ``django-idempotency-drain-outbox``: every ``drain_every`` seconds (default 10),
       so that rows whose after-commit message was lost are drained anyway;
     * ``django-idempotency-purge-expired-keys``: every ``purge_every`` seconds (default
-      an hour), deleting keys that expired more than ``purge_older_than`` seconds ago.
+      an hour), deleting keys that expired more than ``purge_older_than`` seconds ago
+      (with ``PARTITION_INTERVAL``: dropping the expired partitions and creating those
+      ahead, which must run more often than the partitions ahead last: a day past TTL).
 
     Both tasks ignore their results; no result backend is needed.
     """
@@ -166,16 +168,20 @@ def purge_expired_keys(
     batch_size: int = 1000, older_than: float = 0.0, using: str | None = None
 ) -> int:
     """Delete expired IdempotencyKey rows in batches, on the database ``using`` or on every
-    key database (``KEY_DATABASES``) in turn; returns how many."""
+    key database (``KEY_DATABASES``) in turn; returns how many. With
+    ``PARTITION_INTERVAL``, first drop the expired partitions whole and create the
+    partitions ahead (their rows are not counted)."""
     from .models import IdempotencyKey
+    from .store import partitions
 
     ensure_valid()
+    older = timedelta(seconds=float(older_than)) if older_than else None
     total = 0
     for alias in [using] if using else conf.KEY_DATABASES:
+        if conf.PARTITION_INTERVAL is not None:
+            partitions.maintain(alias, older_than=older)
         deleted = IdempotencyKey.objects.delete_expired(
-            batch_size=int(batch_size),
-            older_than=timedelta(seconds=float(older_than)) if older_than else None,
-            using=alias,
+            batch_size=int(batch_size), older_than=older, using=alias
         )
         if deleted:
             logger.info("purged %d expired idempotency keys on %r", deleted, alias)

@@ -16,6 +16,7 @@ MEASURES: dict[str, str] = {
     "wait": "benchmarks.measures.wait",
     "wait-poll": "benchmarks.measures.wait_poll",
     "purge": "benchmarks.measures.purge",
+    "partitions": "benchmarks.measures.partitions",
     "drain": "benchmarks.measures.drain",
     "capacity": "benchmarks.measures.capacity",
     "hybrid": "benchmarks.measures.hybrid",

@@ -5,6 +5,7 @@
   the start-up enforcement (``ensure_valid``), and a view's own options;
 * :mod:`.values`: each setting's value on its own;
 * :mod:`.stores`: the strategy against the keys' database and Redis;
+* :mod:`.partitions`: ``PARTITION_INTERVAL``, and the key table it says is partitioned;
 * :mod:`.routing`: the database router against the keys' database;
 * :mod:`.middleware`: ``IdempotencyMiddleware``'s place in ``MIDDLEWARE``;
 * :mod:`.urls`: the views of the URLconf (DRF function views, the middleware's reach).

@@ -15,7 +15,7 @@ from django.core.checks import CheckMessage, Error, Tags, register
 
 from ..conf import DEFAULTS, conf
 from ..errors import STRATEGY_HINT
-from . import ID, middleware, raise_errors, routing, stores, values
+from . import ID, middleware, partitions, raise_errors, routing, stores, values
 from .stores import strategy_errors
 from .values import boolean_errors, methods_errors, positive_errors, wait_errors
 
@@ -70,6 +70,7 @@ def enforce_settings() -> None:
 SETTINGS_VALIDATORS: list[Callable[[], list[CheckMessage]]] = [
     *values.VALIDATORS,
     *stores.VALIDATORS,
+    *partitions.VALIDATORS,
     *middleware.VALIDATORS,
     *routing.VALIDATORS,
 ]

@@ -77,6 +77,12 @@ def is_transient(exc: BaseException) -> bool:
     return any(text in message for text in TRANSIENT_SQLITE_MESSAGES)
 
 
+def no_partition(exc: BaseException) -> bool:
+    """Whether a database error is PostgreSQL's refusal of a row whose ``expires_at`` no
+    partition of the key table holds (``PARTITION_INTERVAL``: the partitions ahead ran out)."""
+    return _sqlstate(exc) == "23514" and "no partition" in str(exc)
+
+
 #: What ``classify_database_error`` looks at: Django's ``InterfaceError`` (psycopg2's
 #: "connection already closed") is not a ``DatabaseError``.
 DATABASE_ERRORS = (DatabaseError, InterfaceError)

@@ -8,21 +8,26 @@ and the methods in docs/api.md ("The model and its manager").
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from django.db import NotSupportedError, OperationalError, connections, models
+from django.db import IntegrityError, NotSupportedError, OperationalError, connections, models
 
-from .errors import is_transient
+from ..conf import conf
+from .errors import is_transient, no_partition
 from .purge import PurgeQuerySet
 from .records import ClaimResult, ClaimState, KeyRow, kept_ttl
 from .sql import Statement, Statements, database, statements
+from .sql.partitioned import lock_name
 from .status import IN_PROGRESS
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
     from ..protocol.replay import StoredResponse
+
+logger = logging.getLogger("django_idempotency")
 
 #: The manager's model: IdempotencyKey, which the models module names (the store relies on
 #: ``self.model`` and does not import it).
@@ -97,9 +102,22 @@ class KeyStatements:
             "ttl": float(ttl),
             "stale": -float(lock_timeout),
         }
+        if sql.partitioned:
+            # The key's advisory lock, and an expiry a lease ahead at least (a key in
+            # progress under a live lease is never in a partition the purge drops).
+            values["lock"] = lock_name(scope, key)
+            values["ttl"] = float(max(ttl, lock_timeout))
         for attempt in range(5):
             try:
                 result = self._claim_once(connection, sql, claim, values)
+            except IntegrityError as exc:
+                if no_partition(exc):
+                    logger.error(
+                        "no partition of the idempotency keys holds an expiry %s s ahead: "
+                        "run manage.py purge_idempotency_keys (it creates partitions ahead)",
+                        values["ttl"],
+                    )
+                raise
             except OperationalError as exc:
                 # A deadlock or a lock timeout of the claim's own transaction (InnoDB under
                 # concurrent inserts) rolled back nothing of the caller's: again. Inside the
@@ -138,7 +156,7 @@ class KeyStatements:
             return ClaimResult(ClaimState.CLAIMED, pk=existing.pk, token=token)
         if found[-1]:  # a stale lease or an expired completed key (never in the outbox)
             assert existing.claim_token is not None
-            if self._take_over(
+            pk = self._take_over(
                 existing.pk,
                 existing.claim_token,
                 token,
@@ -147,9 +165,11 @@ class KeyStatements:
                 lock_timeout=-values["stale"],
                 method=values["request_method"],
                 path=values["request_path"],
+                lock=values.get("lock", ""),
                 using=connection.alias,
-            ):
-                return ClaimResult(ClaimState.CLAIMED, pk=existing.pk, token=token, taken_over=True)
+            )
+            if pk is not None:
+                return ClaimResult(ClaimState.CLAIMED, pk=pk, token=token, taken_over=True)
             return None  # someone else moved first: read again
         return self._settled(existing, fingerprint=values["fingerprint"])
 
@@ -192,11 +212,14 @@ class KeyStatements:
         lock_timeout: float,
         method: str,
         path: str,
+        lock: str = "",
         using: str | None = None,
-    ) -> bool:
+    ) -> int | None:
         """Replace a stale or expired claim, only if its token is still ``old_token``,
         it is *still* stale or expired (on the database's clock), and the outbox holds no
-        live completion of the key.
+        live completion of the key; the id of the claim (None when it was not replaced).
+        On a partitioned table (``lock``: the key's :func:`lock_name`) the row is deleted
+        and the claim inserted anew, under a new id.
 
         The token alone is not enough: it does not change when the owner renews or
         completes, so an owner that was slow rather than dead could otherwise lose a
@@ -206,9 +229,10 @@ class KeyStatements:
         connection = connections[database(using, self._db)]
         sql = statements(connection)
         take_over = sql.take_over if connection.get_autocommit() else sql.take_over_in_transaction
-        _row, taken = take_over.execute(
+        row, taken = take_over.execute(
             connection,
             {
+                "lock": lock,
                 "pk": pk,
                 "old_token": sql.prep("claim_token", old_token, connection),
                 "token": sql.prep("claim_token", token, connection),
@@ -220,7 +244,9 @@ class KeyStatements:
                 "stale": -float(lock_timeout),
             },
         )
-        return bool(taken == 1)
+        if taken != 1:
+            return None
+        return int(row[0]) if sql.partitioned else pk
 
     def fence_stale_claim(
         self, scope: str, key: str, lock_timeout: float, *, using: str | None = None
@@ -261,10 +287,19 @@ class KeyStatements:
         sql = statements(connection)
         return connection, sql, {"pk": pk, "token": sql.prep("claim_token", token, connection)}
 
-    def renew(self, pk: int, token: uuid.UUID, *, using: str | None = None) -> bool:
+    def renew(
+        self,
+        pk: int,
+        token: uuid.UUID,
+        *,
+        lock_timeout: float | None = None,
+        using: str | None = None,
+    ) -> bool:
         """Extend the lease (to the database's now); False when the claim was taken over
-        or is gone."""
+        or is gone. On a partitioned table the key's expiry is kept at least
+        ``lock_timeout`` (default ``LOCK_TIMEOUT``) ahead too."""
         connection, sql, values = self._owner(using, pk, token)
+        values["lease"] = float(conf.LOCK_TIMEOUT if lock_timeout is None else lock_timeout)
         _row, count = sql.renew.execute(connection, values)
         return bool(count == 1)
 

@@ -21,6 +21,8 @@ from ..errors import LeaseLost, StoreUnavailable
 from ..models import IdempotencyKey
 from ..protocol import waiting
 from ..protocol.replay import StoredResponse
+from ..store.sql.partitioned import LOCK_SQL as LOCK_SQL
+from ..store.sql.partitioned import lock_name as lock_name
 from ..store.status import COMPLETED
 from .base import (
     Attempt,
@@ -33,12 +35,7 @@ from .base import (
     store_failed,
 )
 
-LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 TRY_LOCK_SQL = "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))"
-
-
-def lock_name(scope: str, key: str) -> str:
-    return f"django_idempotency\x1f{scope}\x1f{key}"
 
 
 class AdvisoryClaim(Claim):

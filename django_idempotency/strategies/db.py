@@ -62,7 +62,10 @@ class DatabaseClaim(Claim):
         self.taken_over = taken_over
 
     def renew(self) -> bool:
-        return IdempotencyKey.objects.renew(self.pk, self.token, using=self.attempt.database)
+        a = self.attempt
+        return IdempotencyKey.objects.renew(
+            self.pk, self.token, lock_timeout=a.lock_timeout, using=a.database
+        )
 
     def store(self, response: StoredResponse, *, commit: bool) -> None:
         a = self.attempt

@@ -326,7 +326,11 @@ def test_every_check_id_is_tested_here() -> None:
     source = "".join(path.read_text() for path in modules)
     declared = set(re.findall(r'id=ID \+ "([EW]\d{3})"', source))
     declared |= set(re.findall(r"django_idempotency\.(E\d{3}): ", source))
-    tests = [Path(__file__), Path(__file__).parents[1] / "test_middleware.py"]
+    tests = [
+        Path(__file__),
+        Path(__file__).parent / "test_partitions.py",
+        Path(__file__).parents[1] / "test_middleware.py",
+    ]
     tested = {t for path in tests for t in re.findall(r"def test_([ew]\d{3})_", path.read_text())}
     assert declared, "no check ids found in django_idempotency/checks/"
     assert declared == {t.upper() for t in tested}

@@ -237,7 +237,8 @@ def test_in_progress_key_past_its_ttl_with_a_live_lease_is_not_taken_over(alias:
 
 
 def take_over(alias: str, pk: int, old_token: uuid.UUID) -> bool:
-    return IdempotencyKey.objects._take_over(
+    """Whether the takeover replaced the claim (it returns the claim's id, None if not)."""
+    return None is not IdempotencyKey.objects._take_over(
         pk,
         old_token,
         uuid.uuid4(),
@@ -282,9 +283,9 @@ def test_owner_acting_between_a_claimants_read_and_takeover_keeps_its_key(
     assert old.pk is not None and old.token is not None
     age(alias, old.pk, locked_at=timedelta(seconds=60))
     real_take_over = manager._take_over
-    calls: list[bool] = []
+    calls: list[int | None] = []
 
-    def owner_acts_first(*args: Any, **kwargs: Any) -> bool:
+    def owner_acts_first(*args: Any, **kwargs: Any) -> int | None:
         if not calls:
             assert old.pk is not None and old.token is not None
             if owner_action == "complete":
@@ -296,7 +297,7 @@ def test_owner_acting_between_a_claimants_read_and_takeover_keeps_its_key(
 
     monkeypatch.setattr(manager, "_take_over", owner_acts_first)
     result = claim(alias, lock_timeout=30)
-    assert calls == [False]
+    assert calls == [None]
     if owner_action == "complete":
         assert result.state is ClaimState.COMPLETED and result.response == RESPONSE
     else:

@@ -31,7 +31,7 @@ def mysql_statements(alias: str = "mariadb") -> Iterator[None]:
     from django_idempotency.store.sql.statements import Statements, _statements
 
     connection = connections[alias]
-    cache_key = (alias, connection.vendor)
+    cache_key = (alias, connection.vendor, False)
     before = _statements.get(cache_key)
     _statements[cache_key] = Statements(connection, MySQLDialect)
     assert statements_module(connection).dialect is MySQLDialect

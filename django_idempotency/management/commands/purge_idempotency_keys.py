@@ -24,7 +24,9 @@ from django.utils.formats import number_format
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop, ngettext, pgettext_lazy
 
+from ...conf import conf
 from ...models import IdempotencyKey
+from ...store import partitions
 from ..arguments import add_database, add_progress_every, batch_size, databases, duration
 from ..durations import format_duration
 from ..progress import Progress
@@ -125,6 +127,7 @@ class Command(BaseCommand):
         started = batch_started = time.monotonic()
         total = batches = 0
         longest = 0.0
+        self.drop_partitions(using, older_than, verbosity)
         try:
             for deleted in IdempotencyKey.objects.iter_delete_expired(
                 batch_size=size, older_than=older_than, using=using
@@ -171,6 +174,31 @@ class Command(BaseCommand):
                 }
             )
         )
+
+    def drop_partitions(self, using: str, older_than: timedelta | None, verbosity: int) -> None:
+        """With PARTITION_INTERVAL, the expired partitions dropped whole and the partitions
+        ahead created, before the rows of the current ones are deleted."""
+        if conf.PARTITION_INTERVAL is None:
+            return
+        try:
+            done = partitions.maintain(using, older_than=older_than)
+        except DatabaseError as exc:
+            raise CommandError(
+                _("database %(database)s: %(error)s") % {"database": repr(using), "error": exc}
+            ) from exc
+        if verbosity >= 1 and (done.dropped or done.created or done.deferred):
+            self.stdout.write(
+                _(
+                    "Partitions of database %(database)s: %(dropped)d expired ones dropped, "
+                    "%(created)d created ahead, %(deferred)d left for the next run."
+                )
+                % {
+                    "database": repr(using),
+                    "dropped": len(done.dropped),
+                    "created": len(done.created),
+                    "deferred": len(done.deferred),
+                }
+            )
 
 
 def which(older_than: timedelta | None) -> str:

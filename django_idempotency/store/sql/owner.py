@@ -12,7 +12,8 @@ from .parts import Now, Param, Part
 from .schema import Schema
 
 
-def _owner(s: Schema) -> list[Part]:
+def owner_where(s: Schema) -> list[Part]:
+    """`` WHERE`` the row ``pk`` is in progress under claim token ``token``."""
     return [
         f" WHERE {s.col('id')} = ",
         Param("pk"),
@@ -45,15 +46,15 @@ def complete(s: Schema) -> list[Part]:
         f" THEN {expires} ELSE ",
         Now("ttl"),
         " END",
-        *_owner(s),
+        *owner_where(s),
     ]
 
 
 def renew(s: Schema) -> list[Part]:
     """The lease renewed to now."""
-    return [f"UPDATE {s.table} SET {s.col('locked_at')} = ", Now(), *_owner(s)]
+    return [f"UPDATE {s.table} SET {s.col('locked_at')} = ", Now(), *owner_where(s)]
 
 
 def release(s: Schema) -> list[Part]:
     """The in-progress claim deleted, so that the client may retry."""
-    return [f"DELETE FROM {s.table}", *_owner(s)]
+    return [f"DELETE FROM {s.table}", *owner_where(s)]

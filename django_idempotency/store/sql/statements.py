@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING, Any
 from django.apps import apps
 from django.db import DEFAULT_DB_ALIAS, models
 
+from ...conf import conf
 from ..records import READ_COLUMNS, KeyRow
-from . import claim, completed, drain, fence, outbox, owner, purge, read
+from . import claim, completed, drain, fence, outbox, owner, partitioned, purge, read
 from .base import BaseDialect
 from .mysql import MariaDBDialect, MySQLDialect
 from .outbox import OUTBOX_ADD_COLUMNS
+from .parts import Part
 from .postgresql import PostgreSQLDialect, and_commit
 from .schema import Schema
 from .sqlite import SQLiteDialect
@@ -92,10 +94,17 @@ class Statements:
     """
 
     def __init__(
-        self, connection: BaseDatabaseWrapper, dialect: type[BaseDialect] | None = None
+        self,
+        connection: BaseDatabaseWrapper,
+        dialect: type[BaseDialect] | None = None,
+        *,
+        partitioned: bool | None = None,
     ) -> None:
         keys, outbox_model = _models()
         self.dialect = d = dialect or dialect_for(connection)
+        #: Whether the statements are those of a key table partitioned by expiry
+        #: (:mod:`.partitioned`; ``PARTITION_INTERVAL`` on PostgreSQL by default).
+        self.partitioned = is_partitioned(d) if partitioned is None else partitioned
         self.schema = s = Schema(connection, d, keys, outbox_model)
         self.table = str(keys._meta.db_table)
         self.fields = s.fields
@@ -123,6 +132,8 @@ class Statements:
         #: The outbox row's fields, whose ``get_db_prep_save`` adapts its values.
         self.outbox_add_fields = [s.outbox_fields[name] for name in OUTBOX_ADD_COLUMNS]
         self._commit_forms(s)
+        if self.partitioned:
+            self._partitioned(s)
         self._keys = keys
         self._connection = connection
         #: The claim's empty ``response_headers``, adapted once (the adapter's wrapper is
@@ -169,6 +180,26 @@ class Statements:
             self.outbox_add_fenced = s.statement("WITH ", *ctes, " ", *add)
             self.outbox_add_fenced_and_commit = s.statement(*and_commit(add, cte=ctes))
 
+    def _partitioned(self, s: Schema) -> None:
+        """The statements of a key table partitioned by expiry, in place of the plain
+        table's: the claim and the takeover after the key's advisory lock, the renewal that
+        keeps the expiry a lease ahead, advisory_lock's completed record without ``ON
+        CONFLICT (scope, key)``."""
+
+        def locked(parts: list[Part]) -> Statement:
+            return partitioned.LockedStatement(s.dialect, s.fields["expires_at"], *parts)
+
+        fast = s.dialect.async_commit
+        self.claim = locked(partitioned.claim(s, fast))
+        self.claim_in_transaction = locked(partitioned.claim(s, ""))
+        self.take_over = locked(partitioned.take_over(s, fast))
+        self.take_over_in_transaction = locked(partitioned.take_over(s, ""))
+        self.renew = s.statement(*partitioned.renew(s))
+        self.store = s.statement(*partitioned.store(s))
+        self.store_and_commit = s.statement(
+            *and_commit(partitioned.store_insert(s), cte=partitioned.store_ctes(s))
+        )
+
     def named(self) -> dict[str, Statement]:
         """Every statement built here, by attribute name, and the purge's four forms
         (``purge_batch``, ``purge_batch_cutoff``, …): what the snapshot tests render."""
@@ -213,12 +244,20 @@ class Statements:
         return built
 
 
-_statements: dict[tuple[str, str], Statements] = {}
+def is_partitioned(dialect: type[BaseDialect]) -> bool:
+    """Whether the key table is partitioned by expiry on a database of ``dialect``:
+    ``PARTITION_INTERVAL`` is set, and the database is PostgreSQL (the checks refuse it
+    elsewhere)."""
+    return conf.PARTITION_INTERVAL is not None and dialect is PostgreSQLDialect
+
+
+_statements: dict[tuple[str, str, bool], Statements] = {}
 
 
 def statements(connection: BaseDatabaseWrapper) -> Statements:
-    """The :class:`Statements` of ``connection``'s database, built on first use."""
-    cache_key = (connection.alias, connection.vendor)
+    """The :class:`Statements` of ``connection``'s database, built on first use (again
+    when ``PARTITION_INTERVAL`` is set or unset)."""
+    cache_key = (connection.alias, connection.vendor, conf.PARTITION_INTERVAL is not None)
     built = _statements.get(cache_key)
     if built is None:
         built = _statements[cache_key] = Statements(connection)

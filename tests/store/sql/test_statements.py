@@ -4,8 +4,10 @@ Each statement of ``store.sql`` is rendered for each vendor into
 ``tests/snapshots/sql/<vendor>/<statement>.sql`` (its parameters in a comment, the SQL
 broken before its clauses): a change to one statement is a diff of one file. The
 statements are built on a database wrapper that never connects, so every vendor is
-rendered wherever the tests run. After a deliberate change, write the snapshots again
-and review the diff::
+rendered wherever the tests run. ``postgresql-partitioned`` holds those of PostgreSQL's
+statements that differ on a key table partitioned by expiry (``PARTITION_INTERVAL``), the
+key's advisory lock before the statement where it takes one. After a deliberate change,
+write the snapshots again and review the diff::
 
     UPDATE_SNAPSHOTS=1 .venv/bin/python -m pytest -q -n 0 tests/store/sql/test_statements.py
 """
@@ -53,9 +55,23 @@ def wrapper(vendor: str) -> BaseDatabaseWrapper:
     return handler.create_connection("default")
 
 
+#: PostgreSQL's statements on a key table partitioned by expiry (PARTITION_INTERVAL), those
+#: that differ from the plain table's.
+PARTITIONED = "postgresql-partitioned"
+
+
 def named_statements(vendor: str) -> dict[str, Statement]:
     """Every statement built for ``vendor``, by name (the purge's four forms included)."""
+    if vendor == PARTITIONED:
+        plain = named_statements("postgresql")
+        built = Statements(wrapper("postgresql"), partitioned=True).named()
+        return {name: st for name, st in built.items() if st.sql != plain[name].sql}
     return Statements(wrapper(vendor), VENDORS[vendor][1]).named()
+
+
+def text_of(statement: Statement) -> str:
+    """The statement's text; a statement after the key's advisory lock, with the lock."""
+    return str(getattr(statement, "locked_sql", statement.sql))
 
 
 def _parameter(name: str, is_time: bool) -> str:
@@ -67,17 +83,20 @@ def _parameter(name: str, is_time: bool) -> str:
 def render(name: str, vendor: str, statement: Statement) -> str:
     """The snapshot of one statement: a comment naming it and its parameters, then its SQL."""
     assert "\n" not in statement.sql, "a statement's text is one line"
-    parameters = ", ".join(_parameter(*slot) for slot in statement.param_slots) or "none"
+    slots = [_parameter(*slot) for slot in statement.param_slots]
+    if hasattr(statement, "locked_sql"):
+        slots.insert(0, "lock")
+    parameters = ", ".join(slots) or "none"
     return (
         f"-- {name} ({vendor})\n-- parameters: {parameters}\n"
-        + BREAK_BEFORE.sub("\n", statement.sql)
+        + BREAK_BEFORE.sub("\n", text_of(statement))
         + "\n"
     )
 
 
 CASES = [
     pytest.param(vendor, name, id=f"{vendor}-{name}")
-    for vendor in VENDORS
+    for vendor in [*VENDORS, PARTITIONED]
     for name in named_statements(vendor)
 ]
 
@@ -97,10 +116,10 @@ def test_statement_matches_its_snapshot(vendor: str, name: str) -> None:
     )
     # The snapshot is the statement itself, line breaks aside.
     sql_lines = [line for line in committed.splitlines() if not line.startswith("-- ")]
-    assert " ".join(sql_lines) == statement.sql
+    assert " ".join(sql_lines) == text_of(statement)
 
 
-@pytest.mark.parametrize("vendor", list(VENDORS))
+@pytest.mark.parametrize("vendor", [*VENDORS, PARTITIONED])
 def test_every_snapshot_is_of_a_statement(vendor: str) -> None:
     """A snapshot whose statement is gone (or renamed) fails too."""
     built = set(named_statements(vendor))

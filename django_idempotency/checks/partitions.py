@@ -1,0 +1,174 @@
+"""The checks of ``PARTITION_INTERVAL``, the key table partitioned by expiry (E070-E076).
+
+The settings' own (validators, run at start-up, never connecting): E070 the interval is
+set on a database that is not PostgreSQL, E071 it is not a whole number of seconds, E072
+it is set with the ``hybrid`` strategy (whose outbox drain writes with ``ON CONFLICT
+(scope, key)``, which a partitioned table cannot arbitrate), W073 the partitions a claim
+looks in are many, E076 ``PARTITION_AHEAD`` is not a positive number of seconds. The
+table's (``manage.py check --deploy`` only, which connects): W074 the setting is on and
+the table is plain yet, E075 the table is partitioned and the setting is off, W075 the
+keys' database could not be asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Warning, register
+
+from ..conf import conf
+from . import ID
+from .values import _number, _raw
+
+#: A claim looks for its key in every partition: past this many, say so (W073).
+MANY_PARTITIONS = 200
+HINT = "See docs/operations.md, 'Time partitions'."
+
+
+def _interval() -> Any:
+    return _raw("PARTITION_INTERVAL")
+
+
+def _check_interval() -> list[CheckMessage]:
+    """E071: None or a whole number of seconds of at least 1."""
+    value = _interval()
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return []
+    return [
+        Error(
+            f"IDEMPOTENCY['PARTITION_INTERVAL'] is {value!r}.",
+            hint="Use None (a plain table) or a whole number of seconds of at least 1, "
+            "for instance 6 * 3600. " + HINT,
+            id=ID + "E071",
+        )
+    ]
+
+
+def _check_ahead() -> list[CheckMessage]:
+    """E076: PARTITION_AHEAD a positive number of seconds."""
+    value = _number(_raw("PARTITION_AHEAD"))
+    if value is not None and value > 0:
+        return []
+    return [
+        Error(
+            f"IDEMPOTENCY['PARTITION_AHEAD'] is {_raw('PARTITION_AHEAD')!r}.",
+            hint="Use a positive number of seconds, longer than the time between two runs "
+            "of the purge; the default is a day. " + HINT,
+            id=ID + "E076",
+        )
+    ]
+
+
+def _check_database() -> list[CheckMessage]:
+    """E070: PostgreSQL only, on every key database; E072: not with the hybrid strategy."""
+    from django.db import connections
+
+    if _interval() is None:
+        return []
+    messages: list[CheckMessage] = []
+    for alias in conf.KEY_DATABASES:
+        if alias not in settings.DATABASES:
+            continue  # E005 / E035 name a missing alias
+        vendor = connections[alias].vendor
+        if vendor != "postgresql":
+            messages.append(
+                Error(
+                    f"IDEMPOTENCY['PARTITION_INTERVAL'] is set, but database {alias!r} "
+                    f"is {vendor}: time partitions are PostgreSQL's.",
+                    hint="Set PARTITION_INTERVAL to None. " + HINT,
+                    id=ID + "E070",
+                )
+            )
+    if conf.STRATEGY == "hybrid":
+        messages.append(
+            Error(
+                "IDEMPOTENCY['PARTITION_INTERVAL'] is set with the hybrid strategy, whose "
+                "outbox drain cannot write to a partitioned key table.",
+                hint="Use the db or advisory_lock strategy with time partitions, or set "
+                "PARTITION_INTERVAL to None. " + HINT,
+                id=ID + "E072",
+            )
+        )
+    return messages
+
+
+def _check_count() -> list[CheckMessage]:
+    """W073: the partitions from now to the longest expiry, past :data:`MANY_PARTITIONS`."""
+    from ..store.partitions import ahead_seconds
+
+    interval = _number(_interval())
+    if interval is None or interval < 1 or _check_interval() or _check_ahead():
+        return []
+    count = int(ahead_seconds() // interval)
+    if count <= MANY_PARTITIONS:
+        return []
+    return [
+        Warning(
+            f"IDEMPOTENCY['PARTITION_INTERVAL'] of {interval:g} s makes about {count} "
+            f"partitions ahead of now, and every claim looks for its key in each.",
+            hint="Use a longer interval: a few hours for a TTL of a day. " + HINT,
+            id=ID + "W073",
+        )
+    ]
+
+
+@register("idempotency_partitions", deploy=True)
+def check_partitioned_table(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """W074/E075: the key table on each key database is partitioned exactly when the
+    setting says so; W075 when a database could not be asked (never raised)."""
+    from django.db import DatabaseError, connections
+
+    from ..store.partitions import is_partitioned
+
+    messages: list[CheckMessage] = []
+    for alias in conf.KEY_DATABASES:
+        if alias not in settings.DATABASES or connections[alias].vendor != "postgresql":
+            continue
+        try:
+            partitioned = is_partitioned(connections[alias])
+        except DatabaseError as exc:
+            messages.append(
+                Warning(
+                    f"Could not read whether the idempotency key table of database "
+                    f"{alias!r} is partitioned: {exc}",
+                    hint="Run manage.py check --deploy where the database is reachable. " + HINT,
+                    id=ID + "W075",
+                )
+            )
+            continue
+        messages += _table_messages(alias, partitioned, conf.PARTITION_INTERVAL is not None)
+    return messages
+
+
+def _table_messages(alias: str, partitioned: bool, wanted: bool) -> list[CheckMessage]:
+    if partitioned and not wanted:
+        return [
+            Error(
+                f"The idempotency key table of database {alias!r} is partitioned, but "
+                "IDEMPOTENCY['PARTITION_INTERVAL'] is None: every claim would fail.",
+                hint="Set PARTITION_INTERVAL, or run manage.py partition_idempotency_keys "
+                "--undo. " + HINT,
+                id=ID + "E075",
+            )
+        ]
+    if wanted and not partitioned:
+        return [
+            Warning(
+                f"IDEMPOTENCY['PARTITION_INTERVAL'] is set, but the idempotency key table "
+                f"of database {alias!r} is not partitioned yet.",
+                hint="Run manage.py partition_idempotency_keys. " + HINT,
+                id=ID + "W074",
+            )
+        ]
+    return []
+
+
+#: This module's validators of the settings (see ``settings.SETTINGS_VALIDATORS``).
+VALIDATORS: list[Callable[[], list[CheckMessage]]] = [
+    _check_interval,
+    _check_ahead,
+    _check_database,
+    _check_count,
+]

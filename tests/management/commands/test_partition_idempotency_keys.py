@@ -1,0 +1,96 @@
+"""``manage.py partition_idempotency_keys`` on the real PostgreSQL server: the conversion of a
+table with keys (their replays kept), a second run that creates ahead, ``--undo``; and
+``purge_idempotency_keys`` with partitions, dropping the expired ones whole."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connections
+from django.test import override_settings
+
+from django_idempotency.models import IdempotencyKey
+from django_idempotency.protocol.replay import StoredResponse
+from django_idempotency.store import partitions
+from django_idempotency.store.records import ClaimState
+
+from ...support.partitions import INTERVAL, SMALL, partitioned_table
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(databases=["default"], transaction=True)]
+
+RESPONSE = StoredResponse(status=201, headers={}, body=b"ok")
+PRINT = "a" * 64
+
+
+def command(name: str, *args: str) -> str:
+    out = io.StringIO()
+    call_command(name, *args, stdout=out)
+    return out.getvalue()
+
+
+def completed(key: str, ttl: float = 10) -> None:
+    result = IdempotencyKey.objects.claim("user:1", key, PRINT, ttl=ttl, lock_timeout=5)
+    assert result.pk is not None and result.token is not None
+    assert IdempotencyKey.objects.complete(result.pk, result.token, RESPONSE, ttl=ttl)
+
+
+def replayed(key: str) -> bool:
+    result = IdempotencyKey.objects.claim("user:1", key, PRINT, ttl=10, lock_timeout=5)
+    return result.state is ClaimState.COMPLETED and result.response == RESPONSE
+
+
+@pytest.fixture
+def postgres() -> None:
+    if connections["default"].vendor != "postgresql":
+        pytest.skip("time partitions are PostgreSQL's")
+
+
+def test_converts_a_table_with_keys_then_creates_ahead_then_undoes(postgres: None) -> None:
+    completed("before")
+    with override_settings(IDEMPOTENCY=SMALL):
+        output = command("partition_idempotency_keys", "--ahead", "20s")
+        try:
+            assert "Partitioned the idempotency key table of database 'default'" in output
+            assert partitions.is_partitioned(connections["default"])
+            assert replayed("before")
+            again = command("partition_idempotency_keys", "--ahead", "20s")
+            assert "is partitioned: " in again
+            completed("after")
+        finally:
+            undone = command("partition_idempotency_keys", "--undo")
+    assert "a plain table again" in undone
+    assert "is not partitioned" in command("partition_idempotency_keys", "--undo")
+    assert replayed("before") and replayed("after")
+
+
+def test_needs_the_setting(postgres: None) -> None:
+    with pytest.raises(CommandError, match="PARTITION_INTERVAL"):
+        command("partition_idempotency_keys")
+    assert not partitions.is_partitioned(connections["default"])
+
+
+def test_the_purge_drops_expired_partitions_and_creates_ahead(postgres: None) -> None:
+    with partitioned_table():
+        completed("short", ttl=INTERVAL)
+        completed("long", ttl=10)
+        time.sleep(2 * INTERVAL + 0.1)
+        output = command("purge_idempotency_keys")
+        assert "expired ones dropped" in output and "created ahead" in output
+        assert not IdempotencyKey.objects.filter(key="short").exists()
+        assert replayed("long")
+
+
+def test_the_purge_task_drops_expired_partitions(postgres: None) -> None:
+    from django_idempotency.tasks import purge_expired_keys
+
+    with partitioned_table():
+        completed("short", ttl=INTERVAL)
+        before = {p.name for p in partitions.partitions(connections["default"])}
+        time.sleep(2 * INTERVAL + 0.1)
+        purge_expired_keys()
+        after = {p.name for p in partitions.partitions(connections["default"])}
+        assert before - after and after - before  # dropped, and created ahead
+        assert not IdempotencyKey.objects.filter(key="short").exists()

@@ -1,0 +1,354 @@
+"""The key table partitioned by expiry, on the real PostgreSQL server: the conversion and
+back, partitions created ahead and dropped whole, and the one guarantee that must not move,
+one claim per key, raced by real threads across partition boundaries.
+
+Partitions here are two seconds wide, so that a key's claims straddle boundaries within a
+test; the fixture converts the test database's table and makes it plain again after.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import IntegrityError, connections
+from django.test import override_settings
+from django.utils import timezone
+
+from django_idempotency.models import IdempotencyKey
+from django_idempotency.protocol.replay import StoredResponse
+from django_idempotency.store import partitions
+from django_idempotency.store.records import ClaimResult, ClaimState
+from django_idempotency.store.sql import statements
+
+from ..support.partitions import AHEAD, INTERVAL, partitioned_table
+from ..support.partitions import SMALL as SETTINGS
+from ..support.threads import in_background, run_at_once
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(databases=["default"], transaction=True)]
+
+PRINT = "a" * 64
+OTHER_PRINT = "b" * 64
+RESPONSE = StoredResponse(status=201, headers={"Content-Type": "text/plain"}, body=b"done")
+
+
+@pytest.fixture
+def partitioned() -> Iterator[None]:
+    """The test database's key table partitioned into two-second ranges; plain again after."""
+    with partitioned_table():
+        yield
+
+
+def claim(key: str, fingerprint: str = PRINT, **options: Any) -> ClaimResult:
+    kwargs: dict[str, Any] = {"ttl": 10, "lock_timeout": 5, "using": "default"}
+    kwargs.update(options)
+    return IdempotencyKey.objects.claim("user:1", key, fingerprint, **kwargs)
+
+
+def racer(key: str) -> Callable[[int], ClaimResult]:
+    """Racer ``i`` claims ``key`` with a TTL ``i`` partitions longer than racer 0's."""
+
+    def work(i: int) -> ClaimResult:
+        return claim(key, ttl=10 + INTERVAL * i)
+
+    return work
+
+
+def rows(key: str) -> int:
+    return IdempotencyKey.objects.filter(scope="user:1", key=key).count()
+
+
+def partition_of(pk: int | None) -> str:
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            f"SELECT tableoid::regclass::text FROM {IdempotencyKey._meta.db_table} WHERE id = %s",
+            [pk],
+        )
+        return str(cursor.fetchone()[0])
+
+
+# -- the conversion ------------------------------------------------------------------------------
+
+
+def test_the_conversion_makes_a_partitioned_table_and_the_statements_follow(
+    partitioned: None,
+) -> None:
+    connection = connections["default"]
+    assert partitions.is_partitioned(connection)
+    assert statements(connection).partitioned
+    found = partitions.partitions(connection)
+    assert len(found) >= (10 + AHEAD) // INTERVAL
+    assert all(p.upper - p.lower <= timedelta(seconds=INTERVAL) for p in found)
+    assert [p.upper for p in found[:-1]] == [p.lower for p in found[1:]]  # contiguous
+    first = claim("k1")
+    assert first.state is ClaimState.CLAIMED
+    assert partition_of(first.pk).startswith("django_idempotency_idempotencykey_p")
+
+
+def test_converting_twice_is_a_no_op_and_undo_restores_the_plain_table(partitioned: None) -> None:
+    assert partitions.convert("default", ahead=AHEAD) is False
+    done = claim("kept")
+    assert done.pk is not None and done.token is not None
+    assert IdempotencyKey.objects.complete(done.pk, done.token, RESPONSE, ttl=10)
+    assert partitions.undo("default") is True
+    assert partitions.undo("default") is False
+    connection = connections["default"]
+    assert not partitions.is_partitioned(connection)
+    with override_settings(IDEMPOTENCY={**SETTINGS, "PARTITION_INTERVAL": None}):
+        assert claim("kept").response == RESPONSE  # the plain statements, the row kept
+        with pytest.raises(IntegrityError):  # (scope, key) unique again
+            IdempotencyKey.objects.create(
+                scope="user:1",
+                key="kept",
+                fingerprint=PRINT,
+                status="completed",
+                claim_token=uuid.uuid4(),
+                expires_at=timezone.now() + timedelta(hours=1),
+            )
+    assert partitions.convert("default", ahead=AHEAD) is True  # for the fixture's undo
+
+
+def test_the_conversion_keeps_the_live_rows_and_their_replays() -> None:
+    if connections["default"].vendor != "postgresql":
+        pytest.skip("time partitions are PostgreSQL's")
+    with override_settings(IDEMPOTENCY={**SETTINGS, "PARTITION_INTERVAL": None}):
+        done = claim("replayed")
+        assert done.pk is not None and done.token is not None
+        assert IdempotencyKey.objects.complete(done.pk, done.token, RESPONSE, ttl=10)
+        running = claim("running")
+        gone = claim("expired")
+        assert running.pk is not None and gone.pk is not None
+        IdempotencyKey.objects.filter(pk=gone.pk).update(
+            status="completed", expires_at=timezone.now() - timedelta(seconds=1)
+        )
+        IdempotencyKey.objects.filter(pk=running.pk).update(  # past its TTL, lease live
+            expires_at=timezone.now() - timedelta(seconds=1)
+        )
+    with override_settings(IDEMPOTENCY=SETTINGS):
+        assert partitions.convert("default", ahead=AHEAD) is True
+        try:
+            assert claim("replayed").response == RESPONSE
+            assert claim("running").state is ClaimState.IN_PROGRESS
+            assert rows("expired") == 0
+            kept = IdempotencyKey.objects.get(key="running")
+            assert kept.expires_at > timezone.now()  # a lease ahead: no partition drops it
+            assert claim("new").state is ClaimState.CLAIMED
+            assert IdempotencyKey.objects.get(key="new").pk > kept.pk  # identity continues
+        finally:
+            partitions.undo("default")
+
+
+# -- one claim per key across partitions ---------------------------------------------------------
+
+
+def test_racers_whose_expiries_fall_in_different_partitions_claim_once(partitioned: None) -> None:
+    """Sixteen threads claim one key, each with its own TTL, two seconds apart: every racer
+    would insert into another partition, where no unique index sees the others. Twenty
+    rounds; each has exactly one winner and one row."""
+    for round_ in range(20):
+        key = f"race-{round_}"
+        results = run_at_once(16, racer(key))
+        states = [r.state for r in results]
+        assert states.count(ClaimState.CLAIMED) == 1, (round_, states)
+        assert states.count(ClaimState.IN_PROGRESS) == 15, (round_, states)
+        assert rows(key) == 1, round_
+
+
+def test_racers_taking_over_a_stale_claim_across_partitions_win_once(partitioned: None) -> None:
+    for round_ in range(10):
+        key = f"stale-{round_}"
+        old = claim(key)
+        assert old.pk is not None
+        IdempotencyKey.objects.filter(pk=old.pk).update(
+            locked_at=timezone.now() - timedelta(seconds=6)
+        )
+        results = run_at_once(8, racer(key))
+        winners = [r for r in results if r.state is ClaimState.CLAIMED]
+        assert len(winners) == 1, (round_, [r.state for r in results])
+        assert winners[0].taken_over and winners[0].pk != old.pk  # a new row
+        assert rows(key) == 1
+        assert IdempotencyKey.objects.get(key=key).claim_token == winners[0].token
+        assert old.token is not None
+        assert not IdempotencyKey.objects.complete(old.pk, old.token, RESPONSE, ttl=10)
+
+
+def test_a_key_claimed_in_one_partition_is_settled_when_now_is_in_the_next(
+    partitioned: None,
+) -> None:
+    done = claim("settled", ttl=INTERVAL)
+    running = claim("running", ttl=INTERVAL)
+    assert done.pk is not None and done.token is not None
+    first_partition = partition_of(done.pk)
+    time.sleep(INTERVAL + 0.1)  # now is past the claim's partition... and its TTL (2 s)
+    assert partition_of(running.pk) == first_partition
+    # In progress under a live lease (5 s): a 409 however old its TTL.
+    assert claim("running", ttl=INTERVAL).state is ClaimState.IN_PROGRESS
+    assert claim("running", OTHER_PRINT).state is ClaimState.MISMATCH
+    # Completed now: its TTL counts from the completion, into a later partition.
+    assert IdempotencyKey.objects.complete(done.pk, done.token, RESPONSE, ttl=10)
+    assert partition_of(done.pk) != first_partition
+    replay = claim("settled")
+    assert replay.state is ClaimState.COMPLETED and replay.response == RESPONSE
+    assert claim("settled", OTHER_PRINT).state is ClaimState.MISMATCH
+    assert rows("settled") == 1
+
+
+def test_a_renewal_keeps_a_running_key_a_lease_ahead_of_its_ttl(partitioned: None) -> None:
+    running = claim("long", ttl=1)  # the claim's expiry is a lease (5 s) ahead at least
+    assert running.pk is not None and running.token is not None
+    row = IdempotencyKey.objects.get(pk=running.pk)
+    assert row.locked_at is not None
+    assert row.expires_at >= row.locked_at + timedelta(seconds=5)
+    time.sleep(1)
+    assert IdempotencyKey.objects.renew(running.pk, running.token, lock_timeout=5)
+    renewed = IdempotencyKey.objects.get(pk=running.pk)
+    assert renewed.locked_at is not None
+    assert renewed.expires_at >= renewed.locked_at + timedelta(seconds=5)
+    assert renewed.expires_at > row.expires_at
+
+
+def test_advisory_locks_completed_record_replaces_only_an_expired_one(partitioned: None) -> None:
+    manager = IdempotencyKey.objects
+    assert manager.store_completed("user:1", "adv", PRINT, RESPONSE, ttl=INTERVAL)
+    assert not manager.store_completed("user:1", "adv", PRINT, RESPONSE, ttl=10)  # live
+    IdempotencyKey.objects.filter(key="adv").update(expires_at=timezone.now())
+    assert manager.store_completed("user:1", "adv", OTHER_PRINT, RESPONSE, ttl=10)
+    assert rows("adv") == 1
+    assert IdempotencyKey.objects.get(key="adv").fingerprint == OTHER_PRINT
+
+
+def test_a_claim_whose_expiry_has_no_partition_fails_and_says_so(
+    partitioned: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    with pytest.raises(IntegrityError):
+        claim("far", ttl=10 * 24 * 3600)
+    assert "no partition" in caplog.text
+    assert rows("far") == 0
+
+
+# -- dropping whole partitions -------------------------------------------------------------------
+
+
+def test_maintain_drops_the_partitions_that_ended_and_creates_ahead(partitioned: None) -> None:
+    connection = connections["default"]
+    old = claim("old", ttl=INTERVAL)
+    assert old.pk is not None and old.token is not None
+    assert IdempotencyKey.objects.complete(old.pk, old.token, RESPONSE, ttl=INTERVAL)
+    expired_in = partition_of(old.pk)
+    before = {p.name for p in partitions.partitions(connection)}
+    time.sleep(2 * INTERVAL + 0.1)
+    done = partitions.maintain("default", ahead=AHEAD)
+    after = {p.name for p in partitions.partitions(connection)}
+    assert expired_in in done.dropped and expired_in not in after
+    assert done.created and set(done.created) <= after
+    assert not done.deferred
+    assert rows("old") == 0
+    assert partitions.maintain("default", ahead=AHEAD).dropped == []  # nothing more yet
+    ends = max(p.upper for p in partitions.partitions(connection))
+    assert ends >= timezone.now() + timedelta(seconds=10 + AHEAD - INTERVAL)
+    assert before - after == set(done.dropped)
+
+
+def test_partitions_are_dropped_while_claims_run(partitioned: None) -> None:
+    """Four threads claim and complete new keys without pause while the partitions whose
+    range ended are detached and dropped: no claim fails, and every key is claimed once."""
+    stop = time.monotonic() + 3 * INTERVAL
+
+    def client(i: int) -> int:
+        done = 0
+        while time.monotonic() < stop:
+            result = claim(f"busy-{i}-{done}", ttl=INTERVAL)
+            assert result.state is ClaimState.CLAIMED
+            assert result.pk is not None and result.token is not None
+            assert IdempotencyKey.objects.complete(result.pk, result.token, RESPONSE, ttl=INTERVAL)
+            done += 1
+        return done
+
+    def purger() -> int:
+        dropped = 0
+        while time.monotonic() < stop:
+            dropped += len(partitions.maintain("default", ahead=AHEAD).dropped)
+            time.sleep(0.2)
+        return dropped
+
+    background = in_background(purger)
+    counts = run_at_once(4, client)
+    assert background.result() >= 1
+    assert sum(counts) > 0
+
+
+def test_a_takeover_that_loses_to_a_renewal_moving_the_row_claims_again(
+    partitioned: None,
+) -> None:
+    """The owner's renewal moves its row to a later partition while a claimant's takeover
+    waits on the row: PostgreSQL fails the takeover with a serialization failure (40001),
+    which the claim retries, and the retry finds the live lease: in progress, no error."""
+    from django.db import transaction
+
+    old = claim("moved", ttl=1)  # expiry a lease (5 s) ahead
+    assert old.pk is not None and old.token is not None
+    IdempotencyKey.objects.filter(pk=old.pk).update(
+        locked_at=timezone.now() - timedelta(seconds=6)  # stale to a claimant
+    )
+    before = partition_of(old.pk)
+    with transaction.atomic():
+        assert IdempotencyKey.objects.renew(old.pk, old.token, lock_timeout=30)
+        claimant = in_background(lambda: claim("moved"))
+        time.sleep(0.5)  # the claimant's takeover now waits on the renewed row
+    result = claimant.result()
+    assert result.state is ClaimState.IN_PROGRESS
+    assert partition_of(old.pk) != before
+    assert IdempotencyKey.objects.get(key="moved").claim_token == old.token
+
+
+def test_without_client_side_binding_the_lock_and_the_claim_are_two_statements_of_one_transaction(
+    partitioned: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Server-side binding (or psycopg 2) cannot send the lock and the claim as one query:
+    they go as two statements in one transaction, and a key is still claimed once."""
+    from django.test.utils import CaptureQueriesContext
+
+    from django_idempotency.store.sql import partitioned as sql_partitioned
+
+    monkeypatch.setattr(sql_partitioned, "commits_in_statement", lambda connection: False)
+    with CaptureQueriesContext(connections["default"]) as queries:
+        assert claim("two-statements").state is ClaimState.CLAIMED
+    sent = [q["sql"] for q in queries.captured_queries]
+    locks = [s for s in sent if s.startswith("SELECT pg_advisory_xact_lock")]
+    assert len(locks) == 1 and "INSERT" not in locks[0], sent
+    assert sent.index(locks[0]) + 1 == next(i for i, s in enumerate(sent) if "INSERT" in s)
+    for round_ in range(5):
+        key = f"race-two-{round_}"
+        results = run_at_once(8, racer(key))
+        assert [r.state for r in results].count(ClaimState.CLAIMED) == 1
+        assert rows(key) == 1
+
+
+def test_the_partitioned_statements_work_on_the_plain_table_while_rolling_out() -> None:
+    """PARTITION_INTERVAL set, the table not converted yet: the claim, the takeover, the
+    renewal and advisory_lock's completed record all work on the plain table too."""
+    if connections["default"].vendor != "postgresql":
+        pytest.skip("time partitions are PostgreSQL's")
+    with override_settings(IDEMPOTENCY=SETTINGS):
+        assert statements(connections["default"]).partitioned
+        assert not partitions.is_partitioned(connections["default"])
+        old = claim("rolling")
+        assert old.pk is not None and old.token is not None
+        assert IdempotencyKey.objects.renew(old.pk, old.token, lock_timeout=5)
+        IdempotencyKey.objects.filter(pk=old.pk).update(
+            locked_at=timezone.now() - timedelta(seconds=6)
+        )
+        new = claim("rolling")
+        assert new.state is ClaimState.CLAIMED and new.taken_over and new.pk != old.pk
+        assert new.pk is not None and new.token is not None
+        assert IdempotencyKey.objects.complete(new.pk, new.token, RESPONSE, ttl=10)
+        assert claim("rolling").response == RESPONSE
+        manager = IdempotencyKey.objects
+        assert manager.store_completed("user:1", "adv", PRINT, RESPONSE, ttl=10, commit=False)
+        IdempotencyKey.objects.filter(key="adv").update(expires_at=timezone.now())
+        assert manager.store_completed("user:1", "adv", OTHER_PRINT, RESPONSE, ttl=10)
+        assert rows("rolling") == rows("adv") == 1

@@ -1,0 +1,97 @@
+"""The db and advisory_lock strategies on a key table partitioned by expiry (PostgreSQL):
+whole requests through the decorator, the essentials of their plain-table tests (the claim,
+the replay, the mismatch, the release, the takeover of a stale claim, the retake of an
+expired key) and a race of real threads whose side effects are counted."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from django_idempotency.models import IdempotencyKey
+from django_idempotency.protocol.replay import REPLAYED_HEADER
+
+from ..support.assertions import assert_problem
+from ..support.partitions import SMALL, partitioned_table
+from ..support.threads import run_at_once
+from ..testapp.models import SideEffect
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(databases=["default"], transaction=True)]
+
+
+@pytest.fixture(params=["db", "advisory_lock"])
+def strategy(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Each strategy in turn, on the partitioned table."""
+    with partitioned_table({**SMALL, "STRATEGY": request.param}):
+        yield str(request.param)
+
+
+def post(data: Any, key: str = "k1") -> Any:
+    return Client(raise_request_exception=False).post(
+        "/t/fn/", json.dumps(data), content_type="application/json", HTTP_IDEMPOTENCY_KEY=key
+    )
+
+
+def runs(key_label: str = "fn") -> int:
+    return SideEffect.objects.filter(label=key_label).count()
+
+
+def test_completes_replays_and_rejects_another_request(strategy: str) -> None:
+    first = post({"a": 1})
+    assert first.status_code == 201
+    replay = post({"a": 1})
+    assert replay.content == first.content and replay[REPLAYED_HEADER] == "true"
+    assert_problem(post({"a": 2}), 422, "key-reused")
+    assert runs() == 1
+    assert IdempotencyKey.objects.filter(key="k1").count() == 1
+
+
+def test_a_server_error_releases_the_key_and_the_retry_runs(strategy: str) -> None:
+    assert post({"status": 500}).status_code == 500
+    assert post({"status": 201}).status_code == 201
+    assert runs() == 1  # the failed run's writes rolled back with it
+    assert IdempotencyKey.objects.filter(key="k1").count() == 1
+
+
+def test_an_expired_key_runs_again_in_a_later_partition(strategy: str) -> None:
+    assert post({"a": 1}).status_code == 201
+    IdempotencyKey.objects.filter(key="k1").update(expires_at=timezone.now())
+    again = post({"a": 1})
+    assert again.status_code == 201 and REPLAYED_HEADER not in again
+    assert runs() == 2
+    assert IdempotencyKey.objects.filter(key="k1").count() == 1
+
+
+def test_a_stale_claim_is_taken_over() -> None:
+    """A claim whose owner died (db strategy): the retry takes it over, into a new row."""
+    with partitioned_table({**SMALL, "STRATEGY": "db"}):
+        assert post({"a": 1}).status_code == 201
+        old = IdempotencyKey.objects.get(key="k1")
+        IdempotencyKey.objects.filter(pk=old.pk).update(
+            status="in_progress", locked_at=timezone.now() - timedelta(seconds=6)
+        )
+        again = post({"a": 1})
+        assert again.status_code == 201 and REPLAYED_HEADER not in again
+        assert runs() == 2
+        (row,) = IdempotencyKey.objects.filter(key="k1")
+        assert row.pk != old.pk and row.status == "completed"
+
+
+def test_racing_requests_run_the_view_once(strategy: str) -> None:
+    for round_ in range(5):
+        key = f"race-{round_}"
+
+        def send(_i: int, key: str = key) -> int:
+            return int(post({"sleep": 0.2}, key=key).status_code)
+
+        statuses = run_at_once(8, send)
+        assert statuses.count(201) >= 1, statuses
+        assert set(statuses) <= {201, 409}, statuses
+        assert IdempotencyKey.objects.filter(key=key).count() == 1
+    assert runs() == 5
