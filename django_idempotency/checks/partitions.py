@@ -1,13 +1,11 @@
 """The checks of ``PARTITION_INTERVAL``, the key table partitioned by expiry (E070-E076).
 
 The settings' own (validators, run at start-up, never connecting): E070 the interval is
-set on a database that is not PostgreSQL, E071 it is not a whole number of seconds, E072
-it is set with the ``hybrid`` strategy (whose outbox drain writes with ``ON CONFLICT
-(scope, key)``, which a partitioned table cannot arbitrate), W073 the partitions a claim
-looks in are many, E076 ``PARTITION_AHEAD`` is not a positive number of seconds. The
-table's (``manage.py check --deploy`` only, which connects): W074 the setting is on and
-the table is plain yet, E075 the table is partitioned and the setting is off, W075 the
-keys' database could not be asked.
+set on a database that is not PostgreSQL, E071 it is not a whole number of seconds, W073
+the partitions a claim looks in are many, E076 ``PARTITION_AHEAD`` is not a positive number
+of seconds. The table's (``manage.py check --deploy`` only, which connects, on each key
+database): W074 the setting is on and the table is plain yet, E075 the table is
+partitioned and the setting is off, W075 the database could not be asked.
 """
 
 from __future__ import annotations
@@ -62,7 +60,7 @@ def _check_ahead() -> list[CheckMessage]:
 
 
 def _check_database() -> list[CheckMessage]:
-    """E070: PostgreSQL only, on every key database; E072: not with the hybrid strategy."""
+    """E070: PostgreSQL only, on every key database."""
     from django.db import connections
 
     if _interval() is None:
@@ -81,16 +79,6 @@ def _check_database() -> list[CheckMessage]:
                     id=ID + "E070",
                 )
             )
-    if conf.STRATEGY == "hybrid":
-        messages.append(
-            Error(
-                "IDEMPOTENCY['PARTITION_INTERVAL'] is set with the hybrid strategy, whose "
-                "outbox drain cannot write to a partitioned key table.",
-                hint="Use the db or advisory_lock strategy with time partitions, or set "
-                "PARTITION_INTERVAL to None. " + HINT,
-                id=ID + "E072",
-            )
-        )
     return messages
 
 

@@ -194,9 +194,23 @@ class IdempotencyOutboxManager(models.Manager[_Outbox]):
             transaction.atomic(using=alias) if connection.in_atomic_block else nullcontext()
         )
         with inside:
+            if sql.drain_move is not None:
+                return self._drain_locked(connection, statement, sql.drain_move, values)
             (taken, moved, stored), _count = statement.execute(connection, values)
         if moved < taken:
             return DrainResult(held=taken)
+        return DrainResult(drained=stored, discarded=moved - stored)
+
+    @staticmethod
+    def _drain_locked(connection: Any, lock: Any, move: Any, values: dict[str, Any]) -> DrainResult:
+        """One batch on a key table partitioned by expiry: the batch and its keys' locks,
+        then the move (:func:`~django_idempotency.store.sql.drain.move_locked`), in one
+        transaction."""
+        with transaction.atomic(using=connection.alias, savepoint=False):
+            (taken, ids), _count = lock.execute(connection, values)
+            if not ids:
+                return DrainResult(held=taken)
+            (moved, stored), _count = move.execute(connection, {"ids": list(ids)})
         return DrainResult(drained=stored, discarded=moved - stored)
 
     def _drain_orm(

@@ -8,6 +8,7 @@ test; the fixture converts the test database's table and makes it plain again af
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,7 +20,7 @@ from django.db import IntegrityError, connections
 from django.test import override_settings
 from django.utils import timezone
 
-from django_idempotency.models import IdempotencyKey
+from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
 from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.store import partitions
 from django_idempotency.store.records import ClaimResult, ClaimState
@@ -352,3 +353,99 @@ def test_the_partitioned_statements_work_on_the_plain_table_while_rolling_out() 
         IdempotencyKey.objects.filter(key="adv").update(expires_at=timezone.now())
         assert manager.store_completed("user:1", "adv", OTHER_PRINT, RESPONSE, ttl=10)
         assert rows("rolling") == rows("adv") == 1
+
+
+# -- the hybrid outbox drained into partitions ---------------------------------------------------
+
+
+def outbox_row(key: str, *, expires_in: float = 20.0) -> Any:
+    from ..support.factories import IdempotencyOutboxFactory
+
+    now = timezone.now()
+    return IdempotencyOutboxFactory(
+        key=key, fingerprint=PRINT, created_at=now, expires_at=now + timedelta(seconds=expires_in)
+    )
+
+
+def test_the_outbox_drains_into_the_partitioned_table_over_any_row_of_its_keys(
+    partitioned: None,
+) -> None:
+    """Each live outbox row becomes its key's one row, completed, in the partition of its
+    expiry: over a stale claim of the key (a db claim made while Redis was down) and over
+    an expired record, wherever they are; an expired outbox row is only deleted."""
+    stale = claim("stale")
+    assert stale.pk is not None
+    IdempotencyKey.objects.filter(pk=stale.pk).update(
+        locked_at=timezone.now() - timedelta(seconds=6)
+    )
+    old = claim("expired", ttl=1)
+    assert old.pk is not None and old.token is not None
+    assert IdempotencyKey.objects.complete(old.pk, old.token, RESPONSE, ttl=1)
+    time.sleep(1.1)
+    for key in ("stale", "expired", "new"):
+        outbox_row(key, expires_in=INTERVAL * 7)
+    outbox_row("gone", expires_in=-1)
+    held = IdempotencyOutbox.objects.drain(using="default", hold_partial=timedelta(hours=1))
+    assert (held.held, held.rows, IdempotencyOutbox.objects.count()) == (4, 0, 4)
+    result = IdempotencyOutbox.objects.drain(using="default")
+    assert (result.drained, result.discarded, result.held) == (3, 1, 0)
+    assert not IdempotencyOutbox.objects.exists()
+    for key in ("stale", "expired", "new"):
+        row = IdempotencyKey.objects.get(key=key)  # one row
+        assert row.status == IdempotencyKey.Status.COMPLETED
+        assert claim(key).state is ClaimState.COMPLETED
+    assert rows("gone") == 0 and claim("gone").state is ClaimState.CLAIMED
+
+
+def test_a_drain_racing_claims_of_its_keys_leaves_one_row_a_key(partitioned: None) -> None:
+    """A drainer moves 200 outbox rows while eight threads claim the same keys, with TTLs
+    that put their rows in other partitions: no claim wins a key whose response is in the
+    outbox or drained, and every key ends with one completed row."""
+    keys = [f"drained-{i}" for i in range(200)]
+    for key in keys:
+        outbox_row(key, expires_in=INTERVAL * 7)
+
+    def work(i: int) -> list[ClaimResult]:
+        if i == 0:
+            IdempotencyOutbox.objects.drain(batch_size=50, using="default")
+            IdempotencyOutbox.objects.drain(batch_size=1000, using="default")
+            return []
+        return [claim(key, ttl=10 + INTERVAL * i) for key in keys[i::4]]
+
+    results = [r for found in run_at_once(9, work) for r in found]
+    assert results and all(r.state is ClaimState.COMPLETED for r in results), {
+        r.state for r in results
+    }
+    assert not IdempotencyOutbox.objects.exists()
+    counts = IdempotencyKey.objects.filter(key__in=keys).values_list("key", "status")
+    assert sorted(counts) == sorted((key, "completed") for key in keys)
+
+
+def test_a_claim_waits_for_a_drain_that_moves_its_key_as_the_response_expires(
+    partitioned: None,
+) -> None:
+    """The drain moves a response in its last half second (a backlog) and commits after it
+    expired. A claim of the key meanwhile finds the outbox row expired and no key row it can
+    see: without the key's lock it would insert a second row beside the drained one. It
+    waits for the drain's lock instead, then takes the drained, expired row over: one row."""
+    from django.db import transaction
+
+    outbox_row("last-moment", expires_in=0.5)
+    drained, done = threading.Event(), threading.Event()
+
+    def drain() -> None:
+        with transaction.atomic(using="default"):
+            assert IdempotencyOutbox.objects.drain(using="default").drained == 1
+            drained.set()
+            done.wait(10)  # commit only once the claim is waiting (or has inserted)
+
+    drainer = in_background(drain)
+    assert drained.wait(10)
+    time.sleep(0.7)  # the response has expired; the drain has not committed
+    claimant = in_background(lambda: claim("last-moment"))
+    time.sleep(0.3)  # the claim waits for the key's lock (or, without it, has inserted)
+    done.set()
+    drainer.result()
+    result = claimant.result()
+    assert rows("last-moment") == 1
+    assert result.state is ClaimState.CLAIMED and result.taken_over

@@ -11,6 +11,13 @@ running is fenced out by the fresh claim token). Built where the dialect has
 data-modifying CTEs (:attr:`BaseDialect.moves_in_statement
 <django_idempotency.store.sql.base.BaseDialect.moves_in_statement>`); elsewhere the
 manager keeps its ORM path.
+
+On a key table partitioned by expiry (``PARTITION_INTERVAL``) no index can arbitrate
+``ON CONFLICT (scope, key)``, so a batch is two statements of one transaction, as the
+claim is (:mod:`.partitioned`): :func:`lock_batch` takes the batch and each of its keys'
+advisory locks, in the order of the locks' hashes; :func:`move_locked` (whose snapshot
+is taken after the locks) deletes the batch from the outbox and any row of its keys from
+the key table, and inserts the live ones as completed keys.
 """
 
 from __future__ import annotations
@@ -22,13 +29,15 @@ from .parts import Now, Param, Part
 from .schema import Schema
 
 
-def _batch(s: Schema, hold: bool) -> list[Part]:
-    """``batch``: the first ``limit`` outbox rows by id that no other drainer holds; with
-    ``hold``, ``due`` has a row only when the batch is full or its oldest row was created
-    at or before now plus ``hold`` (a negative number of seconds)."""
+def _batch(s: Schema, hold: bool, *columns: str) -> list[Part]:
+    """``batch``: the first ``limit`` outbox rows by id that no other drainer holds (their
+    id, creation time and ``columns``); with ``hold``, ``due`` has a row only when the
+    batch is full or its oldest row was created at or before now plus ``hold`` (a negative
+    number of seconds)."""
     pk, created = s.q("id"), s.q("created_at")
+    selected = ", ".join([pk, created, *(s.q(c) for c in columns)])
     parts: list[Part] = [
-        f"batch AS MATERIALIZED (SELECT {pk}, {created} FROM {s.outbox} ORDER BY {pk} LIMIT ",
+        f"batch AS MATERIALIZED (SELECT {selected} FROM {s.outbox} ORDER BY {pk} LIMIT ",
         Param("limit"),
         " FOR UPDATE SKIP LOCKED)",
     ]
@@ -52,9 +61,9 @@ def _moved(s: Schema, hold: bool) -> list[Part]:
     ]
 
 
-def _stored(s: Schema) -> list[Part]:
-    """``stored``: the moved rows that have not expired, written as completed keys with a
-    fresh claim token over any row of their keys."""
+def _insert_moved(s: Schema) -> str:
+    """``INSERT INTO`` the key table ``SELECT`` the moved rows as completed keys, each with
+    a fresh claim token (the ``WHERE`` follows)."""
 
     def column(name: str) -> str:
         return s.q(str(s.outbox_fields[name].column))
@@ -66,10 +75,18 @@ def _stored(s: Schema) -> list[Part]:
         "completed_at": column("created_at"),
     }
     selected = ", ".join(taken.get(name) or column(name) for name in STORE_COLUMNS)
+    return (
+        f"INSERT INTO {s.table} ({', '.join(s.col(n) for n in STORE_COLUMNS)}) "
+        f"SELECT {selected} FROM moved WHERE {s.q(str(s.outbox_fields['expires_at'].column))} > "
+    )
+
+
+def _stored(s: Schema) -> list[Part]:
+    """``stored``: the moved rows that have not expired, written as completed keys with a
+    fresh claim token over any row of their keys."""
     updates = ", ".join(f"{s.col(name)} = EXCLUDED.{s.col(name)}" for name in STORE_COLUMNS[2:])
     return [
-        f"stored AS (INSERT INTO {s.table} ({', '.join(s.col(n) for n in STORE_COLUMNS)}) "
-        f"SELECT {selected} FROM moved WHERE {column('expires_at')} > ",
+        f"stored AS ({_insert_moved(s)}",
         Now(),
         f" ON CONFLICT ({s.col('scope')}, {s.col('key')}) DO UPDATE SET {updates} RETURNING 1)",
     ]
@@ -87,4 +104,46 @@ def drain_batch(s: Schema, *, hold: bool) -> list[Part]:
         *_stored(s),
         " SELECT (SELECT count(*) FROM batch), (SELECT count(*) FROM moved), "
         "(SELECT count(*) FROM stored)",
+    ]
+
+
+def lock_expression(scope: str, key: str) -> str:
+    """SQL for the 64-bit hash that names the advisory lock of the key in columns ``scope``
+    and ``key``: the same text, and so the same lock, as
+    :func:`~django_idempotency.store.sql.partitioned.lock_name` gives the claim's."""
+    return f"hashtextextended('django_idempotency' || chr(31) || {scope} || chr(31) || {key}, 0)"
+
+
+def lock_batch(s: Schema, *, hold: bool) -> list[Part]:
+    """The partitioned drain's first statement: the batch (as :func:`drain_batch` takes
+    it) and the advisory lock of each of its keys, taken in the order of their hashes (a
+    drainer never waits for a lock while it holds a later one); its one row: the rows
+    taken, and the ids of those to move (none while a short batch is held)."""
+    pk, lock = s.q("id"), lock_expression(s.q("scope"), s.q("key"))
+    return [
+        "WITH ",
+        *_batch(s, hold, "scope", "key"),
+        f", locked AS MATERIALIZED (SELECT {pk}, pg_advisory_xact_lock(lock) FROM "
+        f"(SELECT batch.{pk}, {lock} AS lock FROM batch{', due' if hold else ''} "
+        f"ORDER BY lock OFFSET 0) AS ordered) "
+        f"SELECT (SELECT count(*) FROM batch), ARRAY(SELECT {pk} FROM locked)",
+    ]
+
+
+def move_locked(s: Schema) -> list[Part]:
+    """The partitioned drain's second statement: the outbox rows of ids ``ids`` (locked
+    by :func:`lock_batch`) deleted, every row of their keys deleted from the key table
+    (whatever partition holds it), and the live ones inserted as completed keys (after the
+    delete: the insert reads its count); its one row: rows deleted, rows stored."""
+    returned = ", ".join(s.outbox_col(name) for name in OUTBOX_ADD_COLUMNS)
+    return [
+        f"WITH moved AS (DELETE FROM {s.outbox} WHERE {s.outbox_col('id')} = ANY(",
+        Param("ids"),
+        f") RETURNING {returned}), gone AS (DELETE FROM {s.table} USING moved "
+        f"WHERE {s.table}.{s.col('scope')} = moved.{s.q('scope')} "
+        f"AND {s.table}.{s.col('key')} = moved.{s.q('key')} RETURNING 1), "
+        f"stored AS ({_insert_moved(s)}",
+        Now(),
+        " AND (SELECT count(*) FROM gone) >= 0 RETURNING 1) "
+        "SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM stored)",
     ]

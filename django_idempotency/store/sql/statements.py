@@ -149,9 +149,11 @@ class Statements:
         if s.dialect.upserts:
             self.store = s.statement(*completed.store(s))
             self.outbox_add = s.statement(*outbox.outbox_add(s))
-        #: One batch of the outbox drain, without and with ``hold_partial``.
+        #: One batch of the outbox drain, without and with ``hold_partial``; on a
+        #: partitioned key table, their first statement, and ``drain_move`` the second.
         self.drain_batch: Statement | None = None
         self.drain_batch_hold: Statement | None = None
+        self.drain_move: Statement | None = None
         if s.dialect.moves_in_statement:
             self.drain_batch = s.statement(*drain.drain_batch(s, hold=False))
             self.drain_batch_hold = s.statement(*drain.drain_batch(s, hold=True))
@@ -199,6 +201,10 @@ class Statements:
         self.store_and_commit = s.statement(
             *and_commit(partitioned.store_insert(s), cte=partitioned.store_ctes(s))
         )
+        #: The outbox drain's batch as two statements (the first takes the keys' locks).
+        self.drain_batch = s.statement(*drain.lock_batch(s, hold=False))
+        self.drain_batch_hold = s.statement(*drain.lock_batch(s, hold=True))
+        self.drain_move = s.statement(*drain.move_locked(s))
 
     def named(self) -> dict[str, Statement]:
         """Every statement built here, by attribute name, and the purge's four forms

@@ -65,7 +65,9 @@ def named_statements(vendor: str) -> dict[str, Statement]:
     if vendor == PARTITIONED:
         plain = named_statements("postgresql")
         built = Statements(wrapper("postgresql"), partitioned=True).named()
-        return {name: st for name, st in built.items() if st.sql != plain[name].sql}
+        return {
+            name: st for name, st in built.items() if name not in plain or st.sql != plain[name].sql
+        }
     return Statements(wrapper(vendor), VENDORS[vendor][1]).named()
 
 
