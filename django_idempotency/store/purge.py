@@ -12,12 +12,13 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any, Self, TypeVar
 
-from django.db import connections, models, transaction
+from django.db import OperationalError, connections, models, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from ..conf import conf
-from .sql import clock_in_sql, database, statements
+from .errors import is_transient
+from .sql import Statement, clock_in_sql, database, statements
 from .status import IN_PROGRESS
 
 
@@ -31,6 +32,25 @@ def _time(alias: str, at: datetime | None, before: timedelta | float | None = No
     if clock_in_sql(connections[alias]):
         return Now() - before if before else Now()
     return timezone.now() - before if before else timezone.now()
+
+
+#: How many times a batch is taken again after a transient conflict: on a partitioned key
+#: table, a renewal that moved a row the batch was deleting to a later partition (SQLSTATE
+#: 40001); the batch's snapshot is taken again, and the moved row, renewed, is left.
+PURGE_ATTEMPTS = 3
+
+
+def _delete_batch(alias: str, statement: Statement, values: dict[str, Any]) -> int:
+    """One batch of the purge in its own transaction; how many rows it deleted."""
+    for attempt in range(PURGE_ATTEMPTS):
+        try:
+            with transaction.atomic(using=alias):
+                _row, deleted = statement.execute(connections[alias], values)
+            return int(deleted)
+        except OperationalError as exc:
+            if attempt == PURGE_ATTEMPTS - 1 or not is_transient(exc):
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 #: The model of the queryset: IdempotencyKey (named by the models, not imported here).
@@ -154,8 +174,7 @@ class PurgeQuerySet(models.QuerySet[_Key]):
         }
         batches = 0
         while max_batches is None or batches < max_batches:
-            with transaction.atomic(using=alias):
-                _row, deleted = statement.execute(connection, values)
+            deleted = _delete_batch(alias, statement, values)
             if deleted <= 0:
                 return
             batches += 1

@@ -449,3 +449,40 @@ def test_a_claim_waits_for_a_drain_that_moves_its_key_as_the_response_expires(
     result = claimant.result()
     assert rows("last-moment") == 1
     assert result.state is ClaimState.CLAIMED and result.taken_over
+
+
+def test_a_purge_batch_that_a_renewal_moved_a_row_from_under_is_taken_again(
+    partitioned: None,
+) -> None:
+    """A claim whose lease lapsed in an expired range is purgeable; its owner, alive after
+    all, renews it while the purge's DELETE waits for the row: the renewal moves the row to
+    a later partition, and the DELETE fails with SQLSTATE 40001. The batch is taken again
+    and leaves the row, renewed."""
+    from django.db import transaction
+
+    lapsed = claim("lapsed")
+    assert lapsed.pk is not None and lapsed.token is not None
+    first = min(p.lower for p in partitions.partitions(connections["default"]))
+    assert first <= timezone.now()
+    IdempotencyKey.objects.filter(pk=lapsed.pk).update(
+        expires_at=first, locked_at=timezone.now() - timedelta(seconds=6)
+    )
+    expired_range = partition_of(lapsed.pk)
+    renewed, commit = threading.Event(), threading.Event()
+
+    def renew() -> bool:
+        with transaction.atomic(using="default"):
+            assert lapsed.pk is not None and lapsed.token is not None
+            moved = IdempotencyKey.objects.renew(lapsed.pk, lapsed.token, using="default")
+            renewed.set()
+            commit.wait(10)
+        return moved
+
+    owner = in_background(renew)
+    assert renewed.wait(10)
+    purger = in_background(lambda: IdempotencyKey.objects.delete_expired(batch_size=10))
+    time.sleep(0.3)  # the purge's DELETE waits for the renewal's row lock
+    commit.set()
+    assert owner.result() is True
+    assert purger.result() == 0
+    assert rows("lapsed") == 1 and partition_of(lapsed.pk) != expired_range
