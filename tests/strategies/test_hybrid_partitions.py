@@ -72,8 +72,11 @@ def test_completes_drains_into_a_partition_and_replays(hybrid: str, redis_prefix
 
 def test_racing_threads_run_the_view_once(hybrid: str) -> None:
     for round_ in range(5):
-        key = f"race-{round_}"
-        answers = run_at_once(8, lambda i, n=round_, k=key: post({"n": n}, k).status_code)
+
+        def racer(i: int, n: int = round_) -> int:
+            return int(post({"n": n}, f"race-{n}").status_code)
+
+        answers = run_at_once(8, racer)
         assert answers.count(201) >= 1 and set(answers) <= {201, 409}, answers
     assert runs() == 5
     IdempotencyOutbox.objects.drain(using="default")
