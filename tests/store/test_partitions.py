@@ -63,6 +63,42 @@ def rows(key: str) -> int:
     return IdempotencyKey.objects.filter(scope="user:1", key=key).count()
 
 
+def fillfactors() -> dict[str, list[str] | None]:
+    """The storage options of the key table, or of each of its partitions."""
+    table = IdempotencyKey._meta.db_table
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "SELECT c.relname, c.reloptions FROM pg_class c WHERE c.oid = to_regclass(%s) "
+            "AND c.relkind = 'r' UNION ALL SELECT c.relname, c.reloptions FROM pg_inherits i "
+            "JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass(%s)",
+            [table, table],
+        )
+        return dict(cursor.fetchall())
+
+
+def test_every_partition_leaves_room_for_a_hot_completion(partitioned: None) -> None:
+    """Each partition keeps a fifth of its pages free (fillfactor 80, as migration 0004 sets
+    on the plain table), those created ahead too, and a completion in a partition is a HOT
+    update: the row stays on its page and no index gets an entry."""
+    created = partitions.maintain("default", ahead=AHEAD * 2).created
+    found = fillfactors()
+    assert created and set(created) <= set(found)
+    assert found and all(options == ["fillfactor=80"] for options in found.values()), found
+    done = claim("hot")
+    assert done.pk is not None and done.token is not None
+    partition = partition_of(done.pk)
+    assert IdempotencyKey.objects.complete(done.pk, done.token, RESPONSE, ttl=10)
+    assert partition_of(done.pk) == partition  # the completion kept the expiry
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+        cursor.execute(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = %s",
+            [partition],
+        )
+        updated, hot = cursor.fetchone()
+    assert updated >= 1 and hot == updated
+
+
 def partition_of(pk: int | None) -> str:
     with connections["default"].cursor() as cursor:
         cursor.execute(
@@ -99,6 +135,7 @@ def test_converting_twice_is_a_no_op_and_undo_restores_the_plain_table(partition
     assert partitions.undo("default") is False
     connection = connections["default"]
     assert not partitions.is_partitioned(connection)
+    assert fillfactors() == {IdempotencyKey._meta.db_table: ["fillfactor=80"]}
     with override_settings(IDEMPOTENCY={**SETTINGS, "PARTITION_INTERVAL": None}):
         assert claim("kept").response == RESPONSE  # the plain statements, the row kept
         with pytest.raises(IntegrityError):  # (scope, key) unique again

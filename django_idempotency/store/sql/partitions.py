@@ -28,6 +28,10 @@ LIST_PARTITIONS = (
 RELKIND = "SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)"
 #: The database's clock, as the statements read it.
 NOW = "SELECT statement_timestamp()"
+#: The share of a heap page that inserts fill, as migration 0004 sets on the plain table: the
+#: room a completion needs to stay on the row's page (a HOT update). A partitioned table has
+#: no heap of its own, so each partition, and the plain table made again, gets it.
+FILLFACTOR = " WITH (fillfactor = 80)"
 
 
 def partitioned_like(q: Quote, new: str, old: str) -> str:
@@ -40,7 +44,9 @@ def partitioned_like(q: Quote, new: str, old: str) -> str:
 
 def plain_like(q: Quote, new: str, old: str) -> str:
     """A plain table ``new`` with the columns, defaults and identity of ``old``."""
-    return f"CREATE TABLE {q(new)} (LIKE {q(old)} INCLUDING DEFAULTS INCLUDING IDENTITY)"
+    return (
+        f"CREATE TABLE {q(new)} (LIKE {q(old)} INCLUDING DEFAULTS INCLUDING IDENTITY)" + FILLFACTOR
+    )
 
 
 def primary_key(q: Quote, table: str, columns: str) -> str:
@@ -51,12 +57,15 @@ def primary_key(q: Quote, table: str, columns: str) -> str:
 def partition_of(q: Quote, partition: str, parent: str) -> str:
     """A partition of ``parent`` for the range of two parameters (a new parent only:
     ``CREATE … PARTITION OF`` locks the parent against every reader)."""
-    return f"CREATE TABLE {q(partition)} PARTITION OF {q(parent)} FOR VALUES FROM (%s) TO (%s)"
+    return (
+        f"CREATE TABLE {q(partition)} PARTITION OF {q(parent)} FOR VALUES FROM (%s) TO (%s)"
+        + FILLFACTOR
+    )
 
 
 def table_like(q: Quote, partition: str, parent: str) -> str:
     """A table to attach to ``parent``: its columns and defaults."""
-    return f"CREATE TABLE {q(partition)} (LIKE {q(parent)} INCLUDING DEFAULTS)"
+    return f"CREATE TABLE {q(partition)} (LIKE {q(parent)} INCLUDING DEFAULTS)" + FILLFACTOR
 
 
 def unique_key(q: Quote, table: str, name: str) -> str:
