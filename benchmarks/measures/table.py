@@ -33,6 +33,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
+from datetime import timedelta
 from typing import Any
 
 from benchmarks.harness.cli import Measure
@@ -129,6 +130,33 @@ def fill(rows: int, fillfactor: int | None) -> str:
     )
 
 
+def partition() -> str:
+    """The filled table partitioned by expiry (``PARTITION_INTERVAL``), vacuumed; what it
+    is, in one line: the partitions, and the rows and unique-index pages of the one that
+    this measure's new keys go to (they expire a ``TTL`` from now)."""
+    from django.db import connection
+
+    from django_idempotency.store import partitions
+
+    partitions.convert("default")
+    table = table_name()
+    sql(f"VACUUM ANALYZE {table}")
+    found = partitions.partitions(connection)
+    now = sql("SELECT statement_timestamp()")[0][0]
+    newest = next(p for p in found if p.lower <= now + timedelta(seconds=TTL) < p.upper)
+    pages = "pg_relation_size(indexrelid) / current_setting('block_size')::int"
+    index_pages = sql(
+        f"SELECT {pages} FROM pg_index WHERE indrelid = to_regclass(%s) AND indisunique "
+        "AND indnatts = 2",
+        [newest.name],
+    )[0][0]
+    rows = sql(f'SELECT count(*) FROM "{newest.name}"')[0][0]
+    return (
+        f"partitioned: {len(found)} partitions; the new keys' one, {newest.name}: "
+        f"{rows:,} rows, unique (scope, key) index {index_pages:,} pages"
+    )
+
+
 def strategy_keys(next_key: Callable[[], str]) -> Callable[[int], None]:
     """``n`` new keys claimed and completed through the db strategy's Lifecycle."""
     from django_idempotency.protocol.lifecycle import Lifecycle
@@ -202,9 +230,13 @@ def counters() -> dict[str, int]:
     """The table's and the server's counters now (this session's statistics flushed)."""
     sql("SELECT pg_stat_force_next_flush()")
     sql("SELECT 1")  # the flush happens when the session goes idle after the line above
+    # The table's own, or its partitions' summed (a partitioned table has no rows itself).
     ins, upd, hot = sql(
-        "SELECT n_tup_ins, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = %s",
-        [table_name()],
+        "SELECT sum(n_tup_ins)::bigint, sum(n_tup_upd)::bigint, sum(n_tup_hot_upd)::bigint "
+        "FROM pg_stat_user_tables "
+        "WHERE relid = to_regclass(%s) OR relid IN (SELECT inhrelid FROM pg_inherits "
+        "WHERE inhparent = to_regclass(%s))",
+        [table_name(), table_name()],
     )[0]
     lsn, records, fpi = sql(
         "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn, wal_records, wal_fpi FROM pg_stat_wal"
@@ -260,6 +292,9 @@ def options(parser: argparse.ArgumentParser) -> None:
         help="threads writing each case's keys at once (default: %(default)s)")  # fmt: skip
     add("--wal-compression", default="off",
         help="the server's wal_compression: off, pglz, lz4 or zstd (default: off)")  # fmt: skip
+    add("--partition-interval", type=int, default=None, metavar="SECONDS",
+        help="the table partitioned by expiry after the fill (PARTITION_INTERVAL; "
+             "default: the plain table)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -271,10 +306,13 @@ def run(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         server = stack.enter_context(private_server(settings))
         stack.callback(close_connections)
-        configure({"default": django_database(create_database(server))})
+        idempotency = {"ADMIN_ENABLED": False, "PARTITION_INTERVAL": args.partition_interval}
+        configure({"default": django_database(create_database(server))}, idempotency=idempotency)
         print(f"library {django_idempotency.__file__}; migrations up to {latest_migration()}")
         print(f"server {sql('SHOW server_version')[0][0]}, {settings}", flush=True)
         print(fill(args.rows, args.fillfactor), flush=True)
+        if args.partition_interval is not None:
+            print(partition(), flush=True)
         writers: dict[str, Callable[[int], None]] = {
             "uuid4": in_threads(strategy_keys(uuid4_key), args.threads),
             "sequential": in_threads(strategy_keys(sequential()), args.threads),
