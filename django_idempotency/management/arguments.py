@@ -1,6 +1,7 @@
 """The command-line arguments the library's management commands share: their types
-(``--batch-size``, durations such as ``90s`` or ``1h30m``) and the ``--database`` and
-``--progress-every`` options, each command with its own help text."""
+(``--batch-size``, durations such as ``90s`` or ``1h30m``), the ``--database`` and
+``--progress-every`` options, each command with its own help text, and the base class that
+translates a command's ``help``."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import argparse
 from datetime import timedelta
 from typing import Any
 
-from django.core.management.base import CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 from django.utils.translation import gettext as _
 
@@ -17,6 +18,15 @@ from .durations import parse_duration
 from .progress import DEFAULT_EVERY
 
 MAX_BATCH_SIZE = 100_000
+
+
+class TranslatedCommand(BaseCommand):
+    """A command whose ``help`` (marked with ``gettext_noop``) is translated when its parser
+    is made, into the language active then."""
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        self.help = _(type(self).help)
+        return super().create_parser(prog_name, subcommand, **kwargs)
 
 
 def batch_size(value: str) -> int:

@@ -27,7 +27,7 @@ from datetime import timedelta
 from types import FrameType
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError, InterfaceError, connections
 from django.utils.formats import number_format
 from django.utils.translation import gettext as _
@@ -35,7 +35,14 @@ from django.utils.translation import gettext_noop, ngettext, pgettext_lazy
 
 from ...conf import conf
 from ...models import IdempotencyOutbox
-from ..arguments import add_database, add_progress_every, batch_size, databases, duration
+from ..arguments import (
+    TranslatedCommand,
+    add_database,
+    add_progress_every,
+    batch_size,
+    databases,
+    duration,
+)
 from ..progress import Progress
 
 #: Seconds between two passes of ``--loop``, by default.
@@ -75,16 +82,12 @@ def stop_on_signals(stop: threading.Event) -> Iterator[None]:
             signal.signal(sig, old)
 
 
-class Command(BaseCommand):
+class Command(TranslatedCommand):
     help = gettext_noop(  # translated by create_parser(), into the language active then
         "Move the hybrid strategy's outbox rows into IdempotencyKey, in batches of one "
         "transaction each, without Celery: until the outbox is empty, for --duration, or "
         "with --loop until SIGTERM or SIGINT."
     )
-
-    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
-        self.help = _(type(self).help)
-        return super().create_parser(prog_name, subcommand, **kwargs)
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(

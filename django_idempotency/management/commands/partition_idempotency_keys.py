@@ -15,25 +15,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError, connections
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
 from ...conf import conf
 from ...store import partitions
-from ..arguments import add_database, databases, duration
+from ..arguments import TranslatedCommand, add_database, databases, duration
 
 
-class Command(BaseCommand):
+class Command(TranslatedCommand):
     help = gettext_noop(  # translated by create_parser(), into the language active then
         "Partition the idempotency key table by expiry (IDEMPOTENCY['PARTITION_INTERVAL'], "
         "PostgreSQL), or make it a plain table again with --undo."
     )
-
-    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
-        self.help = _(type(self).help)
-        return super().create_parser(prog_name, subcommand, **kwargs)
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(

@@ -18,7 +18,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError
 from django.utils.formats import number_format
 from django.utils.translation import gettext as _
@@ -27,22 +27,25 @@ from django.utils.translation import gettext_noop, ngettext, pgettext_lazy
 from ...conf import conf
 from ...models import IdempotencyKey
 from ...store import partitions
-from ..arguments import add_database, add_progress_every, batch_size, databases, duration
+from ..arguments import (
+    TranslatedCommand,
+    add_database,
+    add_progress_every,
+    batch_size,
+    databases,
+    duration,
+)
 from ..durations import format_duration
 from ..progress import Progress
 
 DEFAULT_BATCH_SIZE = 1000
 
 
-class Command(BaseCommand):
+class Command(TranslatedCommand):
     help = gettext_noop(  # translated by create_parser(), into the language active then
         "Delete expired idempotency keys in batches of short transactions. "
         "Expired keys are no longer replayed, so deleting them changes no response."
     )
-
-    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
-        self.help = _(type(self).help)
-        return super().create_parser(prog_name, subcommand, **kwargs)
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
