@@ -86,6 +86,25 @@ class Schema:
             now,
         ]
 
+    def takeover_where(self) -> list[Part]:
+        """`` WHERE`` the row ``pk``, still under ``old_token``, is free (stale or expired, on
+        the database's clock) and the outbox holds no live completion of its key: the row a
+        takeover may replace."""
+        col, table, outbox = self.col, self.table, self.outbox_col
+        return [
+            f" WHERE {col('id')} = ",
+            Param("pk"),
+            f" AND {col('claim_token')} = ",
+            Param("old_token"),
+            " AND ",
+            *self.free(),
+            f" AND NOT EXISTS (SELECT 1 FROM {self.outbox} WHERE {outbox('scope')} = ",
+            f"{table}.{col('scope')} AND {outbox('key')} = {table}.{col('key')} ",
+            f"AND {outbox('expires_at')} > ",
+            Now(),
+            ")",
+        ]
+
     def key_where(self) -> list[Part]:
         """`` WHERE`` IdempotencyKey's row of parameters ``scope`` and ``key``."""
         return [
