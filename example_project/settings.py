@@ -171,6 +171,10 @@ if os.environ.get("IDEMPOTENCY_WAIT_MAX_WAITERS"):
 if os.environ.get("IDEMPOTENCY_REDIS_PREFIX"):
     IDEMPOTENCY["REDIS_KEY_PREFIX"] = os.environ["IDEMPOTENCY_REDIS_PREFIX"]
 
+# Time partitions of the key table (PostgreSQL; docs/operations.md): seconds per partition.
+if os.environ.get("IDEMPOTENCY_PARTITION_INTERVAL"):
+    IDEMPOTENCY["PARTITION_INTERVAL"] = int(os.environ["IDEMPOTENCY_PARTITION_INTERVAL"])
+
 # Celery (example_project/celery.py): the hybrid strategy's outbox drain and the key purge.
 CELERY_BROKER_URL = (
     os.environ.get("CELERY_BROKER_URL") or os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"

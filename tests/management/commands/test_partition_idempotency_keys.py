@@ -94,3 +94,28 @@ def test_the_purge_task_drops_expired_partitions(postgres: None) -> None:
         after = {p.name for p in partitions.partitions(connections["default"])}
         assert before - after and after - before  # dropped, and created ahead
         assert not IdempotencyKey.objects.filter(key="short").exists()
+
+
+def test_a_fresh_database_migrated_then_partitioned_by_the_command(postgres: None) -> None:
+    """What a project does: ``migrate`` a new database, set ``PARTITION_INTERVAL``, run the
+    command (a real ``manage.py`` process, the example project's): the table is
+    partitioned, the project still starts (its checks pass), the migrations see no change
+    to make, and the purge runs on it."""
+    from ...support.databases import query_scalar
+    from ...support.example import manage, scratch_database
+
+    hourly = {"IDEMPOTENCY_PARTITION_INTERVAL": "3600"}
+    with scratch_database("postgres", prefix="idem_partitions_") as url:
+        output = manage(url, "partition_idempotency_keys", env=hourly)
+        assert "Partitioned the idempotency key table of database 'default'" in output
+        relkind = "SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)"
+        table = IdempotencyKey._meta.db_table
+        assert query_scalar(url, relkind, (table,)) == "p"
+        partitions_made = "SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass(%s)"
+        assert query_scalar(url, partitions_made, (table,)) >= 48  # a TTL and a day ahead
+        manage(url, "check", env=hourly)
+        manage(url, "makemigrations", "--check", "--dry-run", "django_idempotency", env=hourly)
+        assert "Deleted 0 expired idempotency keys" in manage(
+            url, "purge_idempotency_keys", env=hourly
+        )
+        assert "is partitioned" in manage(url, "partition_idempotency_keys", env=hourly)
