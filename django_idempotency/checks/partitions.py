@@ -1,11 +1,12 @@
-"""The checks of ``PARTITION_INTERVAL``, the key table partitioned by expiry (E070-E076).
+"""The checks of ``PARTITION_INTERVAL``, the key table partitioned by expiry (E070-W077).
 
 The settings' own (validators, run at start-up, never connecting): E070 the interval is
 set on a database that is not PostgreSQL, E071 it is not a whole number of seconds, W073
 the partitions a claim looks in are many, E076 ``PARTITION_AHEAD`` is not a positive number
 of seconds. The table's (``manage.py check --deploy`` only, which connects, on each key
 database): W074 the setting is on and the table is plain yet, E075 the table is
-partitioned and the setting is off, W075 the database could not be asked.
+partitioned and the setting is off, W075 the database could not be asked, W077 a
+hybrid drain batch's locks would hold more than a quarter of the server's lock table.
 """
 
 from __future__ import annotations
@@ -105,7 +106,8 @@ def _check_count() -> list[CheckMessage]:
 @register("idempotency_partitions", deploy=True)
 def check_partitioned_table(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """W074/E075: the key table on each key database is partitioned exactly when the
-    setting says so; W075 when a database could not be asked (never raised)."""
+    setting says so; W077: the hybrid drain's locks against the server's lock table; W075
+    when a database could not be asked (never raised)."""
     from django.db import DatabaseError, connections
 
     from ..store.partitions import is_partitioned
@@ -116,6 +118,7 @@ def check_partitioned_table(app_configs: Any = None, **kwargs: Any) -> list[Chec
             continue
         try:
             partitioned = is_partitioned(connections[alias])
+            messages += _drain_lock_messages(alias, connections[alias])
         except DatabaseError as exc:
             messages.append(
                 Warning(
@@ -128,6 +131,44 @@ def check_partitioned_table(app_configs: Any = None, **kwargs: Any) -> list[Chec
             continue
         messages += _table_messages(alias, partitioned, conf.PARTITION_INTERVAL is not None)
     return messages
+
+
+#: The share of the server's lock table that one drain batch may hold (W077): room for a
+#: few drainers at once and every other transaction's locks.
+DRAIN_LOCK_SHARE = 4
+
+LOCK_SLOTS = (
+    "SELECT current_setting('max_locks_per_transaction')::int * "
+    "(current_setting('max_connections')::int + "
+    "current_setting('max_prepared_transactions')::int)"
+)
+
+
+def _drain_lock_messages(alias: str, connection: Any) -> list[CheckMessage]:
+    """W077: with partitions, each row of a hybrid drain batch holds an advisory lock until
+    the batch commits; a batch past a quarter of the server's shared lock table leaves two
+    drainers able to fill it, and then every transaction that needs a lock fails."""
+    if conf.PARTITION_INTERVAL is None or conf.STRATEGY != "hybrid":
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(LOCK_SLOTS)
+        slots = int(cursor.fetchone()[0])
+    batch = conf.OUTBOX_BATCH_SIZE
+    if batch * DRAIN_LOCK_SHARE <= slots:
+        return []
+    return [
+        Warning(
+            f"IDEMPOTENCY['OUTBOX_BATCH_SIZE'] is {batch}: on the partitioned key table of "
+            f"database {alias!r} each row of a drain batch holds an advisory lock until the "
+            f"batch commits, and the server's lock table has {slots} slots "
+            "(max_locks_per_transaction * (max_connections + max_prepared_transactions)), "
+            f"shared by every transaction: {slots // batch or 1} drain batch(es) at once "
+            "fill it, and then every statement that needs a lock fails.",
+            hint=f"Keep OUTBOX_BATCH_SIZE at or below {slots // DRAIN_LOCK_SHARE}, or raise "
+            "max_locks_per_transaction on the server. " + HINT,
+            id=ID + "W077",
+        )
+    ]
 
 
 def _table_messages(alias: str, partitioned: bool, wanted: bool) -> list[CheckMessage]:

@@ -111,3 +111,29 @@ def test_w075_an_unreachable_database_is_a_warning_not_a_crash(postgres: None) -
         connection.close()
         connection.settings_dict.clear()
         connection.settings_dict.update(saved)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(databases=["default"], transaction=True)
+def test_w077_a_hybrid_drain_batch_past_a_quarter_of_the_lock_table(postgres: None) -> None:
+    """The server's lock table (max_locks_per_transaction × (max_connections +
+    max_prepared_transactions)) read on check --deploy: 1,000 rows a batch, the default,
+    fit; 100,000 would let two drain batches fill it."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "SELECT current_setting('max_locks_per_transaction')::int * "
+            "(current_setting('max_connections')::int + "
+            "current_setting('max_prepared_transactions')::int)"
+        )
+        slots = cursor.fetchone()[0]
+    hybrid = {**SMALL, "STRATEGY": "hybrid", "REDIS_URL": "redis://127.0.0.1:6379/15"}
+    partitions_wanted = [m for m in check_partitioned_table() if str(m.id).endswith("W077")]
+    assert partitions_wanted == []  # no partitions: no drain locks
+    assert slots >= 4 * 1000
+    with override_settings(IDEMPOTENCY=hybrid):
+        assert [m for m in check_partitioned_table() if str(m.id).endswith("W077")] == []
+    with override_settings(IDEMPOTENCY={**hybrid, "OUTBOX_BATCH_SIZE": 100_000}):
+        message = only(check_partitioned_table(), "W077")
+        assert isinstance(message, Warning) and f"{slots} slots" in message.msg
+    with override_settings(IDEMPOTENCY={**SMALL, "OUTBOX_BATCH_SIZE": 100_000}):
+        assert [m for m in check_partitioned_table() if str(m.id).endswith("W077")] == []
