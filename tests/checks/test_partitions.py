@@ -116,7 +116,7 @@ def test_w075_an_unreachable_database_is_a_warning_not_a_crash(postgres: None) -
 @pytest.mark.postgres
 @pytest.mark.django_db(databases=["default"], transaction=True)
 def test_w077_a_hybrid_drain_batch_past_a_quarter_of_the_lock_table(postgres: None) -> None:
-    """The server's lock table (max_locks_per_transaction × (max_connections +
+    """The server's lock table (max_locks_per_transaction * (max_connections +
     max_prepared_transactions)) read on check --deploy: 1,000 rows a batch, the default,
     fit; 100,000 would let two drain batches fill it."""
     with connections["default"].cursor() as cursor:
