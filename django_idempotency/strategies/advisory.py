@@ -21,8 +21,7 @@ from ..errors import LeaseLost, StoreUnavailable
 from ..models import IdempotencyKey
 from ..protocol import waiting
 from ..protocol.replay import StoredResponse
-from ..store.sql.partitioned import LOCK_SQL as LOCK_SQL
-from ..store.sql.partitioned import lock_name as lock_name
+from ..store.sql.partitioned import LOCK_SQL, lock_name
 from ..store.status import COMPLETED
 from .base import (
     Attempt,

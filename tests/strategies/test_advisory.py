@@ -20,8 +20,9 @@ from rest_framework.test import APIClient
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.protocol.lifecycle import Lifecycle
 from django_idempotency.protocol.replay import REPLAYED_HEADER, StoredResponse
+from django_idempotency.store.sql.partitioned import lock_name
 from django_idempotency.strategies import get_strategy
-from django_idempotency.strategies.advisory import AdvisoryLockStrategy, lock_name
+from django_idempotency.strategies.advisory import AdvisoryLockStrategy
 from django_idempotency.strategies.base import Attempt, Claim, Mismatch, Replay
 
 from ..support.assertions import assert_problem

@@ -38,7 +38,7 @@ def raw_advisory_replay(conninfo: str, alias: str) -> tuple[Loop, int]:
     and how many statements that is."""
     import psycopg
 
-    from django_idempotency.strategies.advisory import lock_name
+    from django_idempotency.store.sql.partitioned import lock_name
 
     recorded, rec_key = record_advisory(alias)
     rec_lock = lock_name(SCOPE, rec_key)
@@ -100,7 +100,7 @@ def raw_advisory_minimal(conninfo: str) -> Loop:
     import psycopg
     from psycopg.types.json import Jsonb
 
-    from django_idempotency.strategies.advisory import lock_name
+    from django_idempotency.store.sql.partitioned import lock_name
 
     try_lock_sql, read_sql, write_sql = minimal_statements()
     conn = psycopg.connect(conninfo, autocommit=True, cursor_factory=psycopg.ClientCursor)
