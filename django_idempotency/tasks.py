@@ -34,6 +34,7 @@ from celery import current_app, shared_task
 
 from .checks.settings import ensure_valid
 from .conf import conf
+from .protocol.shards import key_databases
 
 logger = logging.getLogger("django_idempotency")
 
@@ -101,7 +102,7 @@ def drain_outbox(
     """
     ensure_valid()
     totals = {"drained": 0, "discarded": 0, "transactions": 0, "held": 0}
-    for alias in [using] if using else conf.KEY_DATABASES:
+    for alias in key_databases(using):
         counts = _drain(alias, batch_size, time_budget, hold_partial, follow_up)
         for name, count in counts.items():
             totals[name] += count
@@ -177,7 +178,7 @@ def purge_expired_keys(
     ensure_valid()
     older = timedelta(seconds=float(older_than)) if older_than else None
     total = 0
-    for alias in [using] if using else conf.KEY_DATABASES:
+    for alias in key_databases(using):
         if conf.PARTITION_INTERVAL is not None:
             partitions.maintain(alias, older_than=older)
         deleted = IdempotencyKey.objects.delete_expired(

@@ -13,7 +13,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 from django.utils.translation import gettext as _
 
-from ..conf import conf
+from ..protocol.shards import key_databases
 from .durations import parse_duration
 from .progress import DEFAULT_EVERY
 
@@ -73,8 +73,7 @@ def add_database(parser: CommandParser, help_text: str) -> None:
 def databases(options: dict[str, Any]) -> list[str]:
     """The alias ``--database`` names, or every key database; ``CommandError`` unless
     each is an alias of ``DATABASES``."""
-    named: str | None = options["database"]
-    aliases = [named] if named else list(conf.KEY_DATABASES)
+    aliases = key_databases(options["database"])
     for using in aliases:
         if using not in connections.settings:
             known = ", ".join(sorted(connections.settings))
