@@ -10,11 +10,11 @@ from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
-from django.utils.module_loading import import_string
 
 from ..conf import DEFAULTS, conf
 from ..protocol.shards import ROUTER
 from . import ID
+from .values import _raw, importable_callable
 
 
 def _check_unprotected() -> list[CheckMessage]:
@@ -67,7 +67,7 @@ KEY_DATABASES_HINT = (
 def _check_key_databases() -> list[CheckMessage]:
     """E035: KEY_DATABASES is None or a list of aliases of DATABASES; E036: it lists
     DATABASE; W032: several of them, but no DATABASE_ROUTING to choose among them."""
-    raw = conf.user_settings.get("KEY_DATABASES", DEFAULTS["KEY_DATABASES"])
+    raw = _raw("KEY_DATABASES")
     if raw is None:
         return []
     if not isinstance(raw, list | tuple) or not raw or not all(isinstance(a, str) for a in raw):
@@ -109,24 +109,19 @@ def _check_key_databases() -> list[CheckMessage]:
 def _check_database_routing() -> list[CheckMessage]:
     """E037: DATABASE_ROUTING is None, "router", or the dotted path of a callable; W033:
     WAIT_LISTEN_DATABASE with several key databases (NOTIFY is per database)."""
-    raw = conf.user_settings.get("DATABASE_ROUTING", DEFAULTS["DATABASE_ROUTING"])
+    raw = _raw("DATABASE_ROUTING")
     messages: list[CheckMessage] = []
-    if raw is not None and raw != ROUTER:
-        try:
-            found = callable(import_string(raw)) if isinstance(raw, str) else False
-        except ImportError:
-            found = False
-        if not found:
-            messages.append(
-                Error(
-                    f"IDEMPOTENCY['DATABASE_ROUTING'] is {raw!r}: neither None, 'router', nor "
-                    "the dotted path of a callable that can be imported.",
-                    hint="Set 'router' (DATABASE_ROUTERS' db_for_write of IdempotencyKey "
-                    "chooses each request's key database), the dotted path of a function "
-                    "(request) -> alias, or None (every key on IDEMPOTENCY['DATABASE']).",
-                    id=ID + "E037",
-                )
+    if raw is not None and raw != ROUTER and not importable_callable(raw):
+        messages.append(
+            Error(
+                f"IDEMPOTENCY['DATABASE_ROUTING'] is {raw!r}: neither None, 'router', nor "
+                "the dotted path of a callable that can be imported.",
+                hint="Set 'router' (DATABASE_ROUTERS' db_for_write of IdempotencyKey "
+                "chooses each request's key database), the dotted path of a function "
+                "(request) -> alias, or None (every key on IDEMPOTENCY['DATABASE']).",
+                id=ID + "E037",
             )
+        )
     if conf.WAIT_LISTEN_DATABASE is not None and len(conf.KEY_DATABASES) > 1:
         messages.append(
             Warning(

@@ -263,19 +263,21 @@ def _check_name_lists() -> list[CheckMessage]:
     return messages
 
 
+def importable_callable(path: Any) -> bool:
+    """Whether ``path`` is the dotted path of a callable that can be imported."""
+    try:
+        return callable(import_string(path)) if isinstance(path, str) else False
+    except ImportError:
+        return False
+
+
 def _check_callables() -> list[CheckMessage]:
     """E018: SCOPE_FUNCTION and PROBLEM_RENDERER name callables that can be imported; one
     that cannot would fail every request that needs it."""
     messages: list[CheckMessage] = []
     for name in ("SCOPE_FUNCTION", "PROBLEM_RENDERER"):
         path = _raw(name)
-        if path is None:
-            continue
-        try:
-            found = callable(import_string(path)) if isinstance(path, str) else False
-        except ImportError:
-            found = False
-        if not found:
+        if path is not None and not importable_callable(path):
             messages.append(
                 Error(
                     f"IDEMPOTENCY[{name!r}] is {path!r}, which is not the dotted path of a "
