@@ -100,12 +100,10 @@ def ranges(start: datetime, until: datetime, interval: int) -> list[tuple[dateti
     """The ranges from ``start`` until past ``until``, each ending on a multiple of
     ``interval`` seconds since the epoch (the first may be shorter: it starts at
     ``start``)."""
-    step = timedelta(seconds=interval)
-    epoch = datetime(1970, 1, 1, tzinfo=UTC)
     lower = start
     found = []
     while lower < until:
-        upper = epoch + step * ((lower - epoch) // step + 1)
+        upper = _aligned(lower, interval) + timedelta(seconds=interval)
         found.append((lower, upper))
         lower = upper
     return found
@@ -129,12 +127,15 @@ def ahead_seconds(ahead: float | None = None) -> float:
 
 
 def create_ahead(
-    connection: BaseDatabaseWrapper, interval: int, until: datetime, done: Maintenance
+    connection: BaseDatabaseWrapper,
+    interval: int,
+    now: datetime,
+    until: datetime,
+    done: Maintenance,
 ) -> None:
-    """Create and attach the partitions from the end of the last one (now, when there is
-    none) until past ``until``; each in a transaction of its own."""
+    """Create and attach the partitions from the end of the last one (``now``, the
+    database's, when there is none) until past ``until``; each in a transaction of its own."""
     existing = partitions(connection)
-    now = _now(connection)
     # After the last partition, never over one (the interval may have changed since).
     start = max([_aligned(now, interval), *(p.upper for p in existing)])
     parent, q = table(), connection.ops.quote_name
@@ -199,7 +200,7 @@ def maintain(
         return done
     now = _now(connection)
     drop_expired(connection, now - (older_than or timedelta(0)), done)
-    create_ahead(connection, step, now + timedelta(seconds=ahead_seconds(ahead)), done)
+    create_ahead(connection, step, now, now + timedelta(seconds=ahead_seconds(ahead)), done)
     if done.dropped or done.created:
         logger.info(
             "partitions of the idempotency keys: %d created, %d dropped",
