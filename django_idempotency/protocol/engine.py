@@ -138,7 +138,8 @@ class IdempotentRequest:
         strategy = get_strategy(options.strategy)
         # DRF's Request hands method and path over from Django's: ask Django's.
         django_request: HttpRequest = getattr(request, "_request", request)
-        database = conf.DATABASE if conf.DATABASE_ROUTING is None else key_database(request)
+        routed = conf.DATABASE_ROUTING is not None
+        database = key_database(request) if routed else conf.DATABASE
         attempt = Attempt(
             scope=bounded,
             key=found,
@@ -152,7 +153,7 @@ class IdempotentRequest:
             atomic=conf.ATOMIC,
             database=database,
             wait=max(options.wait if options.wait is not None else conf.WAIT, 0.0),
-            shard="" if conf.DATABASE_ROUTING is None else database,
+            shard=database if routed else "",
         )
         return cls(request, attempt, strategy)
 

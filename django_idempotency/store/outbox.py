@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from .errors import is_transient
 from .records import DrainResult, KeyRecord
-from .sql import OUTBOX_ADD_COLUMNS, STORE_COLUMNS, database, statements
+from .sql import OUTBOX_ADD_COLUMNS, STORE_COLUMNS, Statement, database, statements
 from .status import COMPLETED
 
 if TYPE_CHECKING:
@@ -202,7 +202,9 @@ class IdempotencyOutboxManager(models.Manager[_Outbox]):
         return DrainResult(drained=stored, discarded=moved - stored)
 
     @staticmethod
-    def _drain_locked(connection: Any, lock: Any, move: Any, values: dict[str, Any]) -> DrainResult:
+    def _drain_locked(
+        connection: Any, lock: Statement, move: Statement, values: dict[str, Any]
+    ) -> DrainResult:
         """One batch on a key table partitioned by expiry: the batch and its keys' locks,
         then the move (:func:`~django_idempotency.store.sql.drain.move_locked`), in one
         transaction."""
