@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import closing
+from contextlib import closing, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,7 @@ from rest_framework.test import APIClient
 
 from django_idempotency import strategies
 from django_idempotency.models import IdempotencyKey
+from django_idempotency.store import partitions
 from django_idempotency.store.status import IN_PROGRESS
 from django_idempotency.strategies.hybrid import HybridStrategy
 from django_idempotency.strategies.redis import store as redis_store
@@ -49,6 +50,9 @@ pytestmark = [
     pytest.mark.urls("tests.support.faults"),
     pytest.mark.django_db(transaction=True, databases=["default", "sqlite"]),
 ]
+
+#: Hourly partitions of the key table for the ``db-partitioned`` column.
+PARTITION_INTERVAL = 3600
 
 #: The documented 503 problem types.
 DOCUMENTED_503 = {"store-unavailable", "transient-conflict", "database-unavailable"}
@@ -90,6 +94,9 @@ def _param(name: str, *marks: Any) -> Any:
 
 ALL = [
     _param("db-postgres", pytest.mark.postgres),
+    # The key table partitioned by expiry (PARTITION_INTERVAL): the claim and the takeover
+    # under the key's advisory lock, a takeover into a new row.
+    _param("db-partitioned", pytest.mark.postgres),
     _param("db-sqlite"),
     # MariaDB's database only for its own cells (a flush of MariaDB after every test of the
     # matrix would cost more than the cells themselves).
@@ -118,6 +125,8 @@ def configure(request: pytest.FixtureRequest, settings: Any, prefix: str, name: 
     server: Any = None
     if name == "db-postgres":
         value["STRATEGY"] = "db"
+    elif name == "db-partitioned":
+        value.update(STRATEGY="db", PARTITION_INTERVAL=PARTITION_INTERVAL)
     elif name == "db-sqlite":
         value.update(STRATEGY="db", DATABASE="sqlite")
         alias = "sqlite"
@@ -144,6 +153,9 @@ def configure(request: pytest.FixtureRequest, settings: Any, prefix: str, name: 
     settings.IDEMPOTENCY = value
     strategies.reset()
     redis_store.reset_clients()
+    if name == "db-partitioned":
+        assert partitions.convert(alias, interval=PARTITION_INTERVAL)
+        request.addfinalizer(lambda: partitions.undo(alias))
     return Setup(name, alias, server)
 
 
@@ -578,6 +590,7 @@ def test_connection_lost_during_commit(setup: Setup, client: APIClient, slow_com
 
 KILLED = [
     pytest.param("postgres", "db", marks=[pytest.mark.postgres], id="db-postgres"),
+    pytest.param("postgres", "db-partitioned", marks=[pytest.mark.postgres], id="db-partitioned"),
     pytest.param("sqlite", "db", id="db-sqlite"),
     pytest.param("mariadb", "db", marks=[pytest.mark.mariadb], id="db-mariadb"),
     pytest.param("postgres", "advisory_lock", marks=[pytest.mark.postgres], id="advisory_lock"),
@@ -601,12 +614,16 @@ def test_worker_killed_during_view(
     from ..support.example import request as http
 
     env: dict[str, str] = {}
+    partitioned = strategy == "db-partitioned"
+    if partitioned:
+        strategy, env = "db", {"IDEMPOTENCY_PARTITION_INTERVAL": str(PARTITION_INTERVAL)}
     if strategy in ("redis", "hybrid"):
         private: RedisServer = request.getfixturevalue("running_private_redis")
         env = {"REDIS_URL": private.url, "IDEMPOTENCY_REDIS_PREFIX": "killed-" + uuid.uuid4().hex}
     charge = {"amount": 1999, "currency": "EUR"}
     with (
         scratch_database(backend) as db,
+        _partitioned(db, env) if partitioned else nullcontext(),
         example_server(
             db, strategy=strategy, psp_delay_ms=4000, lock_timeout=1, workers=1, threads=4, env=env
         ) as server,
@@ -650,6 +667,15 @@ def test_worker_killed_during_view(
             if status == 201:
                 assert body["id"] == fresh[0]["id"]
         assert count_rows(db, "payments_charge") == 1
+
+
+@contextmanager
+def _partitioned(database_url: str, env: dict[str, str]) -> Iterator[None]:
+    """The example project's key table in ``database_url`` partitioned by its own command."""
+    from ..support.example import manage
+
+    manage(database_url, "partition_idempotency_keys", env=env)
+    yield
 
 
 # -- changing strategy -----------------------------------------------------------------------
