@@ -57,10 +57,11 @@ def problem_json(
     error: IdempotencyError, *, extra: Mapping[str, object] | None = None
 ) -> HttpResponse:
     """An RFC 9457 ``application/problem+json`` response for ``error`` (with its
-    ``Retry-After``)."""
+    ``Retry-After``), in UTF-8 as JSON is (RFC 8259) and as DRF writes its own errors: a
+    translated ``detail`` reads "für", not "f\\u00fcr"."""
     payload = problem_document(error, extra=extra)
     response = HttpResponse(
-        json.dumps(payload, cls=DjangoJSONEncoder),
+        json.dumps(payload, cls=DjangoJSONEncoder, ensure_ascii=False).encode(),
         status=error.status,
         content_type=PROBLEM_CONTENT_TYPE,
     )

@@ -252,3 +252,19 @@ def test_the_renderer_gets_the_request(
     request = renderer_request(probe, slug)
     assert_the_request(request, entry, alice)
     assert request.path == entry.path
+
+
+def test_problem_bodies_are_utf8_not_escaped() -> None:
+    """A translated detail is written as UTF-8, as DRF writes its own errors and as
+    docs/errors.md shows them, whatever ``DEFAULT_CHARSET`` says."""
+    from django.utils import translation
+
+    from django_idempotency.errors import RequestTooLarge
+
+    with translation.override("de"), override_settings(DEFAULT_CHARSET="iso-8859-1"):
+        response = problem_json(RequestTooLarge())
+        detail = str(RequestTooLarge().detail)
+    assert not detail.isascii()  # the catalog translates it into German
+    assert b"\\u" not in response.content
+    assert json.loads(response.content.decode("utf-8"))["detail"] == detail
+    assert detail.encode("utf-8") in response.content
