@@ -3,6 +3,7 @@ callables, choices (E002-E004, E009-E017, E022, W001-W004)."""
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from collections.abc import Callable, Iterable
@@ -43,15 +44,23 @@ NAME_LIST_SETTINGS = (
 
 
 def _check_unknown_keys() -> list[CheckMessage]:
-    """W001: a key that is not a setting (a typo would be ignored)."""
+    """W001: a key that is not a setting (a typo would be ignored); the hint names the
+    closest setting when there is one."""
     return [
         Warning(
             f"IDEMPOTENCY[{name!r}] is not a known setting and is ignored.",
-            hint="Known settings: " + ", ".join(sorted(DEFAULTS)) + ".",
+            hint=_unknown_hint(name),
             id=ID + "W001",
         )
         for name in sorted(set(conf.user_settings) - set(DEFAULTS))
     ]
+
+
+def _unknown_hint(name: object) -> str:
+    close = difflib.get_close_matches(str(name).upper(), DEFAULTS, n=1, cutoff=0.75)
+    if close:
+        return f"Did you mean {close[0]!r}?"
+    return "Known settings: " + ", ".join(sorted(DEFAULTS)) + "."
 
 
 def _raw(name: str) -> Any:

@@ -83,12 +83,17 @@ def test_e001_not_a_dict(value: Any) -> None:
     assert len(messages) == 1
 
 
-def test_w001_unknown_setting() -> None:
-    messages = run({"STRATEGY": "db", "LOCK_TIMEOUTS": 5, "ttl": 3})
+def test_w001_unknown_setting_names_the_closest() -> None:
+    messages = run({"STRATEGY": "db", "LOCK_TIMEOUTS": 5, "ttl": 3, "STRATEGI": "db", "XYZ": 1})
     found = [m for m in messages if m.id == "django_idempotency.W001"]
-    assert len(found) == 2
-    assert all(isinstance(m, Warning) and "LOCK_TIMEOUT" in (m.hint or "") for m in found)
-    assert "'LOCK_TIMEOUTS'" in found[0].msg and "'ttl'" in found[1].msg
+    assert all(isinstance(m, Warning) for m in found)
+    hints = {m.msg.split("'")[1]: m.hint or "" for m in found}
+    assert set(hints) == {"LOCK_TIMEOUTS", "STRATEGI", "XYZ", "ttl"}
+    assert hints["LOCK_TIMEOUTS"] == "Did you mean 'LOCK_TIMEOUT'?"
+    assert hints["STRATEGI"] == "Did you mean 'STRATEGY'?"
+    assert hints["ttl"] == "Did you mean 'TTL'?"
+    assert hints["XYZ"].startswith("Known settings: ") and "'STRATEGY'" not in hints["XYZ"]
+    assert found[0].msg == "IDEMPOTENCY['LOCK_TIMEOUTS'] is not a known setting and is ignored."
 
 
 @pytest.mark.parametrize(
