@@ -69,7 +69,7 @@ class Progress:
     def line(self, done: int, now: float) -> str:
         """The progress line, in the active language, its numbers grouped as it groups them."""
         rate = done / max(now - self.started, 1e-9)
-        values = {"verb": self.verb, "done": _number(done), "rate": _number(round(rate))}
+        values = {"verb": self.verb, "done": _number(done), "rate": _rate(rate)}
         if self.total is None:
             return _("%(verb)s %(done)s rows, %(rate)s rows/s") % values
         values["total"] = _number(max(self.total, done))
@@ -81,6 +81,14 @@ class Progress:
             _("%(verb)s %(done)s of about %(total)s rows, %(rate)s rows/s, about %(left)s left")
             % values
         )
+
+
+def _rate(rate: float) -> str:
+    """Rows a second, with one decimal below 10 (a small batch over a long run is 0.4
+    rows/s, not 0)."""
+    if rate < 10:
+        return number_format(rate, 1)
+    return _number(round(rate))
 
 
 def _number(value: int) -> str:

@@ -248,26 +248,26 @@ class Command(TranslatedCommand):
             "Drained %(count)d idempotency outbox rows",
             totals.rows,
         ) % {"count": totals.rows}
-        expired = ngettext(
+        in_transactions = ngettext(
+            "in %(count)d transaction", "in %(count)d transactions", totals.transactions
+        ) % {"count": totals.transactions}
+        values = {
+            "drained": moved,
+            "database": repr(alias),
+            "in_transactions": in_transactions,
+            "elapsed": number_format(elapsed, 2),
+        }
+        if not totals.discarded:
+            line = _("%(drained)s from database %(database)s %(in_transactions)s (%(elapsed)ss).")
+            self.stdout.write(self.style.SUCCESS(line % values))
+            return
+        values["expired"] = ngettext(
             "%(count)d of them expired and only deleted",
             "%(count)d of them expired and only deleted",
             totals.discarded,
         ) % {"count": totals.discarded}
-        in_transactions = ngettext(
-            "in %(count)d transaction", "in %(count)d transactions", totals.transactions
-        ) % {"count": totals.transactions}
-        self.stdout.write(
-            self.style.SUCCESS(
-                _(
-                    "%(drained)s (%(expired)s) from database %(database)s %(in_transactions)s "
-                    "(%(elapsed)ss)."
-                )
-                % {
-                    "drained": moved,
-                    "expired": expired,
-                    "database": repr(alias),
-                    "in_transactions": in_transactions,
-                    "elapsed": number_format(elapsed, 2),
-                }
-            )
+        line = _(
+            "%(drained)s (%(expired)s) from database %(database)s %(in_transactions)s "
+            "(%(elapsed)ss)."
         )
+        self.stdout.write(self.style.SUCCESS(line % values))

@@ -79,7 +79,7 @@ def test_progress_lines_show_rows_rate_and_time_left(using: str) -> None:
     make_keys(using, expired=5)
     lines = purge("--database", using, "--batch-size", "2", "--progress-every", "0").splitlines()
     assert len(lines) == 4  # one per batch (every 0s), then the summary
-    assert re.fullmatch(r"deleted 2 of about 5 rows, [\d,]+ rows/s, about \w+ left", lines[0])
+    assert re.fullmatch(r"deleted 2 of about 5 rows, [\d,.]+ rows/s, about \w+ left", lines[0])
     assert lines[1].startswith("deleted 4 of about 5 rows, ")
     assert lines[2].startswith("deleted 5 of about 5 rows, ")
     assert lines[3].startswith("Deleted 5 expired idempotency keys")
@@ -134,6 +134,20 @@ def test_progress_lines_come_at_most_every_interval() -> None:
     now[0] = 100
     quiet.update(5)
     assert quiet.lines == 0
+
+
+def test_a_slow_rate_keeps_a_decimal() -> None:
+    """Below 10 rows/s the rate has one decimal: 3 rows in 10 s is 0.3 rows/s, not 0."""
+    from django.core.management.base import BaseCommand
+
+    from django_idempotency.management.progress import Progress
+
+    now = [0.0]
+    command = BaseCommand(stdout=io.StringIO())
+    progress = Progress(command, verb="deleted", verbosity=1, every=5, clock=lambda: now[0])
+    now[0] = 10
+    progress.update(3)
+    assert command.stdout._out.getvalue() == "deleted 3 rows, 0.3 rows/s\n"  # type: ignore[attr-defined]
 
 
 def test_nothing_to_delete() -> None:
