@@ -83,7 +83,13 @@ mariadb-dev:
 lint: $(VENV)/.test
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pre-commit run --all-files --show-diff-on-failure
 
-docs: $(VENV)/.test
+$(VENV)/.docs: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e ".[docs]"
+	touch $@
+
+## The documentation site, checked against the code (mkdocs build --strict); installs only
+## the docs extra, as Read the Docs does
+docs: $(VENV)/.docs
 	$(BIN)/mkdocs build --strict
 
 ## Every measure of benchmarks/ in its short mode (python -m benchmarks all --quick: a few
