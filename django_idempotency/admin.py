@@ -389,8 +389,11 @@ class IdempotencyKeyAdmin(KeyDatabaseAdmin):
             return False
         return super().has_delete_permission(request)
 
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        found = super().get_actions(request)
+    def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict[str, Any]:
+        # ``action_location``: Django 6.1 passes it (the change form has actions too) and
+        # warns about an override without it; 5.2 and 6.0 have no such parameter.
+        location = {} if action_location is None else {"action_location": action_location}
+        found = super().get_actions(request, **location)
         found.pop("delete_selected", None)
         return found
 
