@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test matrix lint typecheck docs bench clean services browser pgbouncer gettext messages mariadb-dev
+.PHONY: run test stress-test matrix lint typecheck docs bench clean services browser pgbouncer gettext messages mariadb-dev
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,22 @@ COVERAGE ?= --cov=django_idempotency --cov-branch --cov-report=term-missing:skip
 WORKERS ?= 3
 test: $(VENV)/.test browser pgbouncer gettext
 	$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope --durations=15 $(COVERAGE) $(PYTEST_ARGS)
+
+## The whole suite $(STRESS_RUNS) times in a row, each in a random order, beside two CPU-bound
+## processes per core: the proof that no test depends on the machine's speed or on the tests'
+## order. pytest-randomly prints each run's seed first; replay that order with
+## make stress-test STRESS_RUNS=1 PYTEST_ARGS=--randomly-seed=N
+STRESS_RUNS ?= 3
+stress-test: $(VENV)/.test browser pgbouncer gettext
+	@hogs=""; for i in $$(seq $$(( $$(nproc) * 2 ))); do \
+		( trap 'exit 0' TERM; while :; do :; done ) & hogs="$$hogs $$!"; done; \
+	trap 'kill $$hogs 2>/dev/null' EXIT INT TERM; \
+	for run in $$(seq $(STRESS_RUNS)); do \
+		echo "stress-test: run $$run of $(STRESS_RUNS), load $$(cut -d' ' -f1 /proc/loadavg)"; \
+		started=$$(date +%s); \
+		$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope -p randomly --randomly-dont-reset-seed $(PYTEST_ARGS) || exit 1; \
+		echo "stress-test: run $$run passed in $$(( $$(date +%s) - started )) s"; \
+	done
 
 ## The version matrix (noxfile.py): the smoke subset on every supported combination of Python
 ## 3.11-3.13, Django 5.2 and 6.0, and DRF 3.15 and the newest, but the main one that `make test`
