@@ -424,6 +424,23 @@ def test_drain_overwrites_every_kind_of_key_row_alike(using: str) -> None:
     assert len({row.claim_token for row in rows.values()}) == 4
 
 
+@pytest.mark.parametrize("using", BACKENDS)
+def test_an_expired_outbox_row_is_drained_without_the_newer_row_of_its_key(using: str) -> None:
+    """An outbox row that expired before it was drained, and a newer record of its key
+    written since (another strategy's, after a switch): the outbox row is only deleted."""
+    assert _add(using, "switched")
+    IdempotencyOutbox.objects.using(using).update(expires_at=timezone.now() - timedelta(seconds=1))
+    newer = CompletedKeyFactory(_using=using, scope="user:1", key="switched", response_body=b"2")
+    result = IdempotencyOutbox.objects.drain(10, using=using)
+    assert (result.drained, result.discarded) == (0, 1)
+    row = IdempotencyKey.objects.using(using).get(key="switched")
+    assert (row.pk, row.claim_token, bytes(row.response_body or b"")) == (
+        newer.pk,
+        newer.claim_token,
+        b"2",
+    )
+
+
 @pytest.mark.postgres
 @pytest.mark.parametrize("hold", [None, timedelta(seconds=30)], ids=["plain", "hold"])
 def test_a_drain_batch_is_one_statement_on_postgres(hold: timedelta | None) -> None:

@@ -523,3 +523,20 @@ def test_a_purge_batch_that_a_renewal_moved_a_row_from_under_is_taken_again(
     assert owner.result() is True
     assert purger.result() == 0
     assert rows("lapsed") == 1 and partition_of(lapsed.pk) != expired_range
+
+
+def test_an_expired_outbox_row_is_drained_without_the_newer_row_of_its_key(
+    partitioned: None,
+) -> None:
+    """An outbox row that expired before it was drained, and a newer completed record of
+    its key written since (another strategy's, after a switch): the drain deletes the
+    outbox row and leaves the record, wherever its partition is."""
+    outbox_row("switched", expires_in=-1)
+    newer = claim("switched", ttl=30)
+    assert newer.state is ClaimState.CLAIMED and newer.pk is not None and newer.token
+    assert IdempotencyKey.objects.complete(newer.pk, newer.token, RESPONSE, ttl=30)
+    result = IdempotencyOutbox.objects.drain(using="default")
+    assert (result.drained, result.discarded) == (0, 1)
+    row = IdempotencyKey.objects.get(key="switched")
+    assert (row.claim_token, row.status) == (newer.token, IdempotencyKey.Status.COMPLETED)
+    assert claim("switched").state is ClaimState.COMPLETED

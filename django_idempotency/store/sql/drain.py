@@ -16,8 +16,8 @@ On a key table partitioned by expiry (``PARTITION_INTERVAL``) no index can arbit
 ``ON CONFLICT (scope, key)``, so a batch is two statements of one transaction, as the
 claim is (:mod:`.partitioned`): :func:`lock_batch` takes the batch and each of its keys'
 advisory locks, in the order of the locks' hashes; :func:`move_locked` (whose snapshot
-is taken after the locks) deletes the batch from the outbox and any row of its keys from
-the key table, and inserts the live ones as completed keys.
+is taken after the locks) deletes the batch from the outbox and, for its live rows only,
+any row of their keys from the key table, and inserts them as completed keys.
 """
 
 from __future__ import annotations
@@ -132,17 +132,22 @@ def lock_batch(s: Schema, *, hold: bool) -> list[Part]:
 
 def move_locked(s: Schema) -> list[Part]:
     """The partitioned drain's second statement: the outbox rows of ids ``ids`` (locked
-    by :func:`lock_batch`) deleted, every row of their keys deleted from the key table
-    (whatever partition holds it), and the live ones inserted as completed keys (after the
-    delete: the insert reads its count); its one row: rows deleted, rows stored."""
+    by :func:`lock_batch`) deleted; for each of them that is live, every row of its key
+    deleted from the key table (whatever partition holds it) and the row inserted as a
+    completed key (after the delete: the insert reads its count). An expired outbox row
+    is only deleted: the key's row, which may be a newer record written since (another
+    strategy's, after a switch), is left alone. Live is judged once, on the database's
+    clock, for the delete and the insert alike. Its one row: rows deleted, rows stored."""
     returned = ", ".join(s.outbox_col(name) for name in OUTBOX_ADD_COLUMNS)
     return [
         f"WITH moved AS (DELETE FROM {s.outbox} WHERE {s.outbox_col('id')} = ANY(",
         Param("ids"),
         f") RETURNING {returned}), gone AS (DELETE FROM {s.table} USING moved "
         f"WHERE {s.table}.{s.col('scope')} = moved.{s.q('scope')} "
-        f"AND {s.table}.{s.col('key')} = moved.{s.q('key')} RETURNING 1), "
-        f"stored AS ({_insert_moved(s)}",
+        f"AND {s.table}.{s.col('key')} = moved.{s.q('key')} "
+        f"AND moved.{s.q(str(s.outbox_fields['expires_at'].column))} > ",
+        Now(),
+        f" RETURNING 1), stored AS ({_insert_moved(s)}",
         Now(),
         " AND (SELECT count(*) FROM gone) >= 0 RETURNING 1) "
         "SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM stored)",
