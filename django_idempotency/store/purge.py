@@ -22,6 +22,13 @@ from .sql import Statement, clock_in_sql, database, statements
 from .status import IN_PROGRESS
 
 
+def check_older_than(older_than: timedelta | None) -> None:
+    """Refuse a negative ``older_than``: it would put the cutoff in the future, and the
+    purge (or the partition drop) would delete keys that have not expired yet."""
+    if older_than is not None and older_than < timedelta(0):
+        raise ValueError(f"older_than must not be negative (got {older_than})")
+
+
 def _time(alias: str, at: datetime | None, before: timedelta | float | None = None) -> Any:
     """``at``, else the database's now (see :func:`clock_in_sql`), less ``before``
     (seconds or a timedelta), for an ORM filter."""
@@ -75,6 +82,7 @@ class PurgeQuerySet(models.QuerySet[_Key]):
     ) -> Self:
         """The keys whose ``expires_at`` has passed (``older_than`` ago, when given) at
         ``now``, by default on the database's clock."""
+        check_older_than(older_than)
         alias = database(using, self._db)
         return self.using(alias).filter(expires_at__lte=_time(alias, now, older_than))
 
@@ -109,6 +117,7 @@ class PurgeQuerySet(models.QuerySet[_Key]):
         judged at ``now``, by default on the database's clock. Returns the number of
         rows deleted.
         """
+        check_older_than(older_than)
         cutoff = None
         if now is not None:
             cutoff = now - older_than if older_than else now
@@ -148,6 +157,7 @@ class PurgeQuerySet(models.QuerySet[_Key]):
         (``python -m benchmarks purge --compare`` measures both). No
         ``pre_delete``/``post_delete`` signals are sent for the purged rows.
         """
+        check_older_than(older_than)
         alias = database(using, self._db)
         connection = connections[alias]
         if connection.vendor not in {"postgresql", "sqlite"}:

@@ -422,6 +422,22 @@ def test_purge_spares_an_expired_key_whose_request_is_still_running(alias: str) 
     assert manager.using(alias).filter(key="running").exists()
 
 
+def test_a_negative_older_than_is_refused_and_deletes_nothing(alias: str) -> None:
+    """A negative ``older_than`` would put the cutoff in the future, where live keys are."""
+    live = CompletedKeyFactory(_using=alias, key="live")
+    manager = IdempotencyKey.objects
+    for purge in (
+        lambda: manager.delete_expired(older_than=timedelta(hours=-1), using=alias),
+        lambda: list(
+            manager.iter_delete_expired(batch_size=10, older_than=timedelta(hours=-1), using=alias)
+        ),
+        lambda: manager.expired(older_than=timedelta(hours=-1), using=alias).count(),
+    ):
+        with pytest.raises(ValueError, match="older_than"):
+            purge()
+    assert manager.using(alias).filter(pk=live.pk).exists()
+
+
 def test_delete_expired_uses_one_alias_only() -> None:
     ExpiredKeyFactory(_using="sqlite")
     ExpiredKeyFactory(_using="default")
