@@ -83,12 +83,16 @@ def _insert_moved(s: Schema) -> str:
 
 def _stored(s: Schema) -> list[Part]:
     """``stored``: the moved rows that have not expired, written as completed keys with a
-    fresh claim token over any row of their keys."""
+    fresh claim token over any row of their keys that was created before the response
+    expired. A row created at or after that is a newer record of the key (claimed once the
+    response had expired, and committed while this statement, which judged the response
+    live when it started, waited for it): it is kept, and the response only deleted."""
     updates = ", ".join(f"{s.col(name)} = EXCLUDED.{s.col(name)}" for name in STORE_COLUMNS[2:])
     return [
         f"stored AS ({_insert_moved(s)}",
         Now(),
-        f" ON CONFLICT ({s.col('scope')}, {s.col('key')}) DO UPDATE SET {updates} RETURNING 1)",
+        f" ON CONFLICT ({s.col('scope')}, {s.col('key')}) DO UPDATE SET {updates} "
+        f"WHERE {s.table}.{s.col('created_at')} < EXCLUDED.{s.col('expires_at')} RETURNING 1)",
     ]
 
 
