@@ -7,7 +7,8 @@ FROM moved WHERE live ON CONFLICT (scope, key) DO UPDATE …)``: the rows no oth
 holds are deleted from the outbox and their live ones written as completed keys, in one
 statement and so in one transaction, with no row passing through the client. The key row
 is overwritten whatever it holds, as the ORM path does (a ``db`` claim of the key still
-running is fenced out by the fresh claim token). Built where the dialect has
+running is fenced out by the fresh claim token), unless it was created after the response
+expired: that is a newer record of the key, kept. Built where the dialect has
 data-modifying CTEs (:attr:`BaseDialect.moves_in_statement
 <django_idempotency.store.sql.base.BaseDialect.moves_in_statement>`); elsewhere the
 manager keeps its ORM path.
