@@ -596,7 +596,7 @@ def test_a_row_moved_out_of_an_ended_partition_while_it_is_dropped_is_kept(
     ended = partition_of(lapsed.pk)
     moved, commit = threading.Event(), threading.Event()
 
-    def mover() -> int | None:
+    def mover() -> int:
         with transaction.atomic(using="default"):
             if move == "renewal":
                 assert lapsed.pk is not None and lapsed.token is not None
@@ -605,6 +605,7 @@ def test_a_row_moved_out_of_an_ended_partition_while_it_is_dropped_is_kept(
             else:
                 taken = claim("moved")
                 assert taken.state is ClaimState.CLAIMED and taken.taken_over
+                assert taken.pk is not None
                 pk = taken.pk
             moved.set()
             commit.wait(30)
