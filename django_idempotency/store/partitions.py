@@ -22,6 +22,7 @@ from django.apps import apps
 from django.db import DatabaseError, connections, transaction
 
 from ..conf import conf
+from .purge import check_older_than
 from .sql import partitions as ddl
 
 if TYPE_CHECKING:
@@ -193,6 +194,7 @@ def maintain(
     """Create the partitions ahead (until now plus :func:`ahead_seconds`) and drop those
     whose range ended ``older_than`` ago or more (default: at once), on the keys' database.
     Nothing when the table is not partitioned. Run by the purge command and task."""
+    check_older_than(older_than)  # a cutoff in the future would drop live keys
     connection = connections[using or conf.DATABASE]
     done = Maintenance()
     step = interval or conf.PARTITION_INTERVAL

@@ -22,6 +22,13 @@ from .sql import Statement, clock_in_sql, database, statements
 from .status import IN_PROGRESS
 
 
+def check_older_than(older_than: timedelta | None) -> None:
+    """Refuse a negative ``older_than``: it would put the cutoff in the future, and the
+    purge (or the partition drop) would delete keys that have not expired yet."""
+    if older_than is not None and older_than < timedelta(0):
+        raise ValueError(f"older_than must not be negative (got {older_than})")
+
+
 def _time(alias: str, at: datetime | None, before: timedelta | float | None = None) -> Any:
     """``at``, else the database's now (see :func:`clock_in_sql`), less ``before``
     (seconds or a timedelta), for an ORM filter."""
@@ -53,6 +60,18 @@ def _delete_batch(alias: str, statement: Statement, values: dict[str, Any]) -> i
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def _delete_where(queryset: models.QuerySet[Any], alias: str) -> int:
+    """``DELETE … WHERE`` the filters of ``queryset``, one statement; how many rows.
+
+    Not ``queryset.delete()``: with a delete signal receiver connected to the model,
+    Django's collector reads the rows, sends the signals, and deletes them by id alone,
+    so that a key renewed or taken over after the read would be deleted though live. Here
+    the expiry condition is checked again by the ``DELETE`` on the row it deletes, as in
+    the one-statement purge, and no signals are sent (the key table has no relations).
+    """
+    return int(queryset._raw_delete(alias))
+
+
 #: The model of the queryset: IdempotencyKey (named by the models, not imported here).
 _Key = TypeVar("_Key", bound=models.Model)
 
@@ -75,6 +94,7 @@ class PurgeQuerySet(models.QuerySet[_Key]):
     ) -> Self:
         """The keys whose ``expires_at`` has passed (``older_than`` ago, when given) at
         ``now``, by default on the database's clock."""
+        check_older_than(older_than)
         alias = database(using, self._db)
         return self.using(alias).filter(expires_at__lte=_time(alias, now, older_than))
 
@@ -109,6 +129,7 @@ class PurgeQuerySet(models.QuerySet[_Key]):
         judged at ``now``, by default on the database's clock. Returns the number of
         rows deleted.
         """
+        check_older_than(older_than)
         cutoff = None
         if now is not None:
             cutoff = now - older_than if older_than else now
@@ -145,9 +166,13 @@ class PurgeQuerySet(models.QuerySet[_Key]):
         transaction, ``DELETE … WHERE expires_at <= cutoff AND id IN (SELECT id …
         WHERE expires_at <= cutoff ORDER BY expires_at LIMIT n)``: one round trip, and
         faster than reading the ids first and deleting them in a second statement
-        (``python -m benchmarks purge --compare`` measures both). No
-        ``pre_delete``/``post_delete`` signals are sent for the purged rows.
+        (``python -m benchmarks purge --compare`` measures both). Elsewhere the ids are
+        read first, then ``DELETE … WHERE <purgeable> AND id IN (ids)``. Either way a row
+        is deleted only if it is still purgeable when the ``DELETE`` reaches it (a key
+        renewed or taken over since is left), and no ``pre_delete``/``post_delete``
+        signals are sent for the purged rows.
         """
+        check_older_than(older_than)
         alias = database(using, self._db)
         connection = connections[alias]
         if connection.vendor not in {"postgresql", "sqlite"}:
@@ -203,7 +228,7 @@ class PurgeQuerySet(models.QuerySet[_Key]):
                 )
                 if not pks:
                     return
-                deleted, _ = keys.purgeable(cutoff, lease).filter(pk__in=pks).delete()
+                deleted = _delete_where(keys.purgeable(cutoff, lease).filter(pk__in=pks), alias)
             batches += 1
             yield deleted
             if len(pks) < batch_size:
@@ -235,6 +260,6 @@ class PurgeQuerySet(models.QuerySet[_Key]):
         for start in range(0, len(pks), batch_size):
             chunk = pks[start : start + batch_size]
             with transaction.atomic(using=alias):
-                deleted, _ = purgeable.filter(pk__in=chunk).delete()
+                deleted = _delete_where(purgeable.filter(pk__in=chunk), alias)
             total += deleted
         return total

@@ -422,6 +422,55 @@ def test_purge_spares_an_expired_key_whose_request_is_still_running(alias: str) 
     assert manager.using(alias).filter(key="running").exists()
 
 
+def test_a_negative_older_than_is_refused_and_deletes_nothing(alias: str) -> None:
+    """A negative ``older_than`` would put the cutoff in the future, where live keys are."""
+    live = CompletedKeyFactory(_using=alias, key="live")
+    manager = IdempotencyKey.objects
+    for purge in (
+        lambda: manager.delete_expired(older_than=timedelta(hours=-1), using=alias),
+        lambda: list(
+            manager.iter_delete_expired(batch_size=10, older_than=timedelta(hours=-1), using=alias)
+        ),
+        lambda: manager.expired(older_than=timedelta(hours=-1), using=alias).count(),
+    ):
+        with pytest.raises(ValueError, match="older_than"):
+            purge()
+    assert manager.using(alias).filter(pk=live.pk).exists()
+
+
+@pytest.mark.parametrize("purge", ["orm", "pks"])
+def test_the_orm_purge_deletes_with_the_expiry_in_the_delete_whatever_receivers_listen(
+    alias: str, purge: str
+) -> None:
+    """The purge through the ORM (other databases; the admin's action) is one ``DELETE``
+    whose ``WHERE`` holds the expiry condition, like the one-statement purge, and sends no
+    delete signals. With a ``pre_delete`` receiver connected, Django's ``delete()`` would
+    read the rows, send the signal and then delete them by id alone: a key renewed in
+    between (here by the receiver, as a retry would) would be deleted though live."""
+    from django.db.models.signals import pre_delete
+
+    key = ExpiredKeyFactory(_using=alias, key="renewed")
+    renewed: list[bool] = []
+
+    def renew(**_kwargs: Any) -> None:
+        IdempotencyKey.objects.using(alias).filter(pk=key.pk).update(
+            expires_at=timezone.now() + timedelta(hours=1)
+        )
+        renewed.append(True)
+
+    pre_delete.connect(renew, sender=IdempotencyKey, weak=False)
+    manager: Any = IdempotencyKey.objects
+    try:
+        if purge == "orm":
+            deleted = sum(manager._iter_delete_expired_orm(10, timezone.now(), alias, None))
+        else:
+            deleted = manager.delete_expired_pks([key.pk], using=alias)
+    finally:
+        pre_delete.disconnect(renew, sender=IdempotencyKey)
+    assert (deleted, renewed) == (1, [])
+    assert not manager.using(alias).filter(pk=key.pk).exists()
+
+
 def test_delete_expired_uses_one_alias_only() -> None:
     ExpiredKeyFactory(_using="sqlite")
     ExpiredKeyFactory(_using="default")

@@ -424,6 +424,47 @@ def test_drain_overwrites_every_kind_of_key_row_alike(using: str) -> None:
     assert len({row.claim_token for row in rows.values()}) == 4
 
 
+@pytest.mark.parametrize("using", BACKENDS)
+def test_an_expired_outbox_row_is_drained_without_the_newer_row_of_its_key(using: str) -> None:
+    """An outbox row that expired before it was drained, and a newer record of its key
+    written since (another strategy's, after a switch): the outbox row is only deleted."""
+    assert _add(using, "switched")
+    IdempotencyOutbox.objects.using(using).update(expires_at=timezone.now() - timedelta(seconds=1))
+    newer = CompletedKeyFactory(_using=using, scope="user:1", key="switched", response_body=b"2")
+    result = IdempotencyOutbox.objects.drain(10, using=using)
+    assert (result.drained, result.discarded) == (0, 1)
+    row = IdempotencyKey.objects.using(using).get(key="switched")
+    assert (row.pk, row.claim_token, bytes(row.response_body or b"")) == (
+        newer.pk,
+        newer.claim_token,
+        b"2",
+    )
+
+
+@pytest.mark.postgres
+def test_the_drain_does_not_overwrite_a_record_made_after_the_response_expired() -> None:
+    """A key row created at or after the outbox response's expiry is a newer record (the
+    key could be claimed only once the response had expired). The drain's statement judges
+    the response live when it starts; a claim committed while the statement waits for the
+    key's row (the response expiring in between) is such a row: the upsert leaves it. Here
+    the row is placed with that ``created_at`` while the response is still live."""
+    assert _add("default", "later", ttl=60)
+    response = IdempotencyOutbox.objects.get(key="later")
+    newer = CompletedKeyFactory(
+        _using="default",
+        scope="user:1",
+        key="later",
+        response_body=b"2",
+        created_at=response.expires_at,
+        expires_at=response.expires_at + timedelta(seconds=30),
+    )
+    result = IdempotencyOutbox.objects.drain(10, using="default")
+    assert (result.drained, result.discarded) == (0, 1)
+    assert not IdempotencyOutbox.objects.exists()
+    row = IdempotencyKey.objects.get(key="later")
+    assert (row.claim_token, bytes(row.response_body or b"")) == (newer.claim_token, b"2")
+
+
 @pytest.mark.postgres
 @pytest.mark.parametrize("hold", [None, timedelta(seconds=30)], ids=["plain", "hold"])
 def test_a_drain_batch_is_one_statement_on_postgres(hold: timedelta | None) -> None:

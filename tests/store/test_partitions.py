@@ -26,9 +26,10 @@ from django_idempotency.store import partitions
 from django_idempotency.store.records import ClaimResult, ClaimState
 from django_idempotency.store.sql import statements
 
-from ..support.partitions import AHEAD, INTERVAL, partitioned_table
+from ..support.partitions import AHEAD, INTERVAL, partitioned_table, past_partition
 from ..support.partitions import SMALL as SETTINGS
 from ..support.threads import in_background, run_at_once
+from ..support.waiting import wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(databases=["default"], transaction=True)]
 
@@ -523,3 +524,112 @@ def test_a_purge_batch_that_a_renewal_moved_a_row_from_under_is_taken_again(
     assert owner.result() is True
     assert purger.result() == 0
     assert rows("lapsed") == 1 and partition_of(lapsed.pk) != expired_range
+
+
+def test_an_expired_outbox_row_is_drained_without_the_newer_row_of_its_key(
+    partitioned: None,
+) -> None:
+    """An outbox row that expired before it was drained, and a newer completed record of
+    its key written since (another strategy's, after a switch): the drain deletes the
+    outbox row and leaves the record, wherever its partition is."""
+    outbox_row("switched", expires_in=-1)
+    newer = claim("switched", ttl=30)
+    assert newer.state is ClaimState.CLAIMED and newer.pk is not None and newer.token
+    assert IdempotencyKey.objects.complete(newer.pk, newer.token, RESPONSE, ttl=30)
+    result = IdempotencyOutbox.objects.drain(using="default")
+    assert (result.drained, result.discarded) == (0, 1)
+    row = IdempotencyKey.objects.get(key="switched")
+    assert (row.claim_token, row.status) == (newer.token, IdempotencyKey.Status.COMPLETED)
+    assert claim("switched").state is ClaimState.COMPLETED
+
+
+# -- a drop takes only what expired --------------------------------------------------------------
+
+
+def test_maintain_refuses_a_negative_older_than_and_drops_nothing(partitioned: None) -> None:
+    """A negative ``older_than`` would drop the partitions whose range ends in the future."""
+    live = claim("live")
+    before = partitions.partitions(connections["default"])
+    with pytest.raises(ValueError, match="older_than"):
+        partitions.maintain("default", older_than=timedelta(hours=-1))
+    assert partitions.partitions(connections["default"]) == before
+    assert rows("live") == 1 and live.state is ClaimState.CLAIMED
+
+
+def test_a_drop_takes_the_expired_record_and_leaves_the_newer_one_of_its_key(
+    partitioned: None,
+) -> None:
+    """A key's expired record in a partition that ended, its newer record in a live one: the
+    ended partition is dropped, with the expired record only."""
+    lower, _upper = past_partition()
+    old = claim("key")
+    assert old.pk is not None and old.token is not None
+    assert IdempotencyKey.objects.complete(old.pk, old.token, RESPONSE, ttl=10)
+    IdempotencyKey.objects.filter(pk=old.pk).update(expires_at=lower)
+    ended = partition_of(old.pk)
+    newer = claim("key", ttl=30)
+    assert newer.state is ClaimState.CLAIMED and newer.taken_over and newer.pk is not None
+    live = partition_of(newer.pk)
+    done = partitions.maintain("default", ahead=AHEAD)
+    assert ended in done.dropped and not done.deferred  # (others may have ended too)
+    assert live in {p.name for p in partitions.partitions(connections["default"])}
+    assert list(IdempotencyKey.objects.values_list("pk", flat=True)) == [newer.pk]
+
+
+@pytest.mark.parametrize("move", ["renewal", "takeover"])
+def test_a_row_moved_out_of_an_ended_partition_while_it_is_dropped_is_kept(
+    partitioned: None, move: str
+) -> None:
+    """A claim whose lease lapsed, in a partition that ended: its owner renews it (or another
+    request takes it over), which moves the row to a live partition (an UPDATE across
+    partitions, or a DELETE and an INSERT), and the transaction stays open while the
+    maintenance detaches and drops the ended partition. The drop waits for that transaction;
+    the moved row is in its new partition, and is kept."""
+    from django.db import transaction
+
+    lower, _upper = past_partition()
+    lapsed = claim("moved")
+    assert lapsed.pk is not None and lapsed.token is not None
+    IdempotencyKey.objects.filter(pk=lapsed.pk).update(
+        expires_at=lower, locked_at=timezone.now() - timedelta(seconds=6)
+    )
+    ended = partition_of(lapsed.pk)
+    moved, commit = threading.Event(), threading.Event()
+
+    def mover() -> int:
+        with transaction.atomic(using="default"):
+            if move == "renewal":
+                assert lapsed.pk is not None and lapsed.token is not None
+                assert IdempotencyKey.objects.renew(lapsed.pk, lapsed.token, using="default")
+                pk = lapsed.pk
+            else:
+                taken = claim("moved")
+                assert taken.state is ClaimState.CLAIMED and taken.taken_over
+                assert taken.pk is not None
+                pk = taken.pk
+            moved.set()
+            commit.wait(30)
+        return pk
+
+    owner = in_background(mover)
+    assert moved.wait(30)
+    maintenance = in_background(lambda: partitions.maintain("default", ahead=AHEAD))
+    wait_until(lambda: _waiting_ddl() > 0, timeout=30)  # the drop waits for the move
+    commit.set()
+    pk = owner.result()
+    done = maintenance.result()
+    assert ended in done.dropped and not done.deferred  # (others may have ended too)
+    row = IdempotencyKey.objects.get(key="moved")
+    assert row.pk == pk and row.status == IdempotencyKey.Status.IN_PROGRESS
+    assert row.expires_at > timezone.now() and partition_of(pk) != ended
+
+
+def _waiting_ddl() -> int:
+    """Backends whose ``DETACH``/``DROP`` of a partition waits for a lock."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+            "AND wait_event_type = 'Lock' AND (query ILIKE '%%DETACH PARTITION%%' "
+            "OR query ILIKE 'DROP TABLE%%')"
+        )
+        return int(cursor.fetchone()[0])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -39,3 +40,24 @@ def partitioned_table(
             yield
         finally:
             partitions.undo(using)
+
+
+def past_partition(using: str = "default", seconds: int = 60) -> tuple[datetime, datetime]:
+    """A partition attached before the first one, ``seconds`` wide and ended already on the
+    database's clock, as a partition looks once its range has passed: its range, so that a
+    test places an expired row in it (``UPDATE … SET expires_at``) without waiting."""
+    from django.db import connections, transaction
+
+    from django_idempotency.store import partitions
+    from django_idempotency.store.sql import partitions as ddl
+
+    connection = connections[using]
+    upper = min(p.lower for p in partitions.partitions(connection))
+    lower = upper - timedelta(seconds=seconds)
+    parent, q = partitions.table(), connection.ops.quote_name
+    name = partitions.partition_name(parent, lower)
+    with transaction.atomic(using=using), connection.cursor() as cursor:
+        cursor.execute(ddl.table_like(q, name, parent))
+        cursor.execute(ddl.unique_key(q, name, name + "_scope_key"))
+        cursor.execute(ddl.attach(q, parent, name), [lower, upper])
+    return lower, upper

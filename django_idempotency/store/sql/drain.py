@@ -7,7 +7,8 @@ FROM moved WHERE live ON CONFLICT (scope, key) DO UPDATE …)``: the rows no oth
 holds are deleted from the outbox and their live ones written as completed keys, in one
 statement and so in one transaction, with no row passing through the client. The key row
 is overwritten whatever it holds, as the ORM path does (a ``db`` claim of the key still
-running is fenced out by the fresh claim token). Built where the dialect has
+running is fenced out by the fresh claim token), unless it was created after the response
+expired: that is a newer record of the key, kept. Built where the dialect has
 data-modifying CTEs (:attr:`BaseDialect.moves_in_statement
 <django_idempotency.store.sql.base.BaseDialect.moves_in_statement>`); elsewhere the
 manager keeps its ORM path.
@@ -16,8 +17,8 @@ On a key table partitioned by expiry (``PARTITION_INTERVAL``) no index can arbit
 ``ON CONFLICT (scope, key)``, so a batch is two statements of one transaction, as the
 claim is (:mod:`.partitioned`): :func:`lock_batch` takes the batch and each of its keys'
 advisory locks, in the order of the locks' hashes; :func:`move_locked` (whose snapshot
-is taken after the locks) deletes the batch from the outbox and any row of its keys from
-the key table, and inserts the live ones as completed keys.
+is taken after the locks) deletes the batch from the outbox and, for its live rows only,
+any row of their keys from the key table, and inserts them as completed keys.
 """
 
 from __future__ import annotations
@@ -83,12 +84,16 @@ def _insert_moved(s: Schema) -> str:
 
 def _stored(s: Schema) -> list[Part]:
     """``stored``: the moved rows that have not expired, written as completed keys with a
-    fresh claim token over any row of their keys."""
+    fresh claim token over any row of their keys that was created before the response
+    expired. A row created at or after that is a newer record of the key (claimed once the
+    response had expired, and committed while this statement, which judged the response
+    live when it started, waited for it): it is kept, and the response only deleted."""
     updates = ", ".join(f"{s.col(name)} = EXCLUDED.{s.col(name)}" for name in STORE_COLUMNS[2:])
     return [
         f"stored AS ({_insert_moved(s)}",
         Now(),
-        f" ON CONFLICT ({s.col('scope')}, {s.col('key')}) DO UPDATE SET {updates} RETURNING 1)",
+        f" ON CONFLICT ({s.col('scope')}, {s.col('key')}) DO UPDATE SET {updates} "
+        f"WHERE {s.table}.{s.col('created_at')} < EXCLUDED.{s.col('expires_at')} RETURNING 1)",
     ]
 
 
@@ -132,17 +137,22 @@ def lock_batch(s: Schema, *, hold: bool) -> list[Part]:
 
 def move_locked(s: Schema) -> list[Part]:
     """The partitioned drain's second statement: the outbox rows of ids ``ids`` (locked
-    by :func:`lock_batch`) deleted, every row of their keys deleted from the key table
-    (whatever partition holds it), and the live ones inserted as completed keys (after the
-    delete: the insert reads its count); its one row: rows deleted, rows stored."""
+    by :func:`lock_batch`) deleted; for each of them that is live, every row of its key
+    deleted from the key table (whatever partition holds it) and the row inserted as a
+    completed key (after the delete: the insert reads its count). An expired outbox row
+    is only deleted: the key's row, which may be a newer record written since (another
+    strategy's, after a switch), is left alone. Live is judged once, on the database's
+    clock, for the delete and the insert alike. Its one row: rows deleted, rows stored."""
     returned = ", ".join(s.outbox_col(name) for name in OUTBOX_ADD_COLUMNS)
     return [
         f"WITH moved AS (DELETE FROM {s.outbox} WHERE {s.outbox_col('id')} = ANY(",
         Param("ids"),
         f") RETURNING {returned}), gone AS (DELETE FROM {s.table} USING moved "
         f"WHERE {s.table}.{s.col('scope')} = moved.{s.q('scope')} "
-        f"AND {s.table}.{s.col('key')} = moved.{s.q('key')} RETURNING 1), "
-        f"stored AS ({_insert_moved(s)}",
+        f"AND {s.table}.{s.col('key')} = moved.{s.q('key')} "
+        f"AND moved.{s.q(str(s.outbox_fields['expires_at'].column))} > ",
+        Now(),
+        f" RETURNING 1), stored AS ({_insert_moved(s)}",
         Now(),
         " AND (SELECT count(*) FROM gone) >= 0 RETURNING 1) "
         "SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM stored)",

@@ -7,6 +7,7 @@ RETURNING "django_idempotency_idempotencyoutbox"."scope", "django_idempotency_id
 FROM "django_idempotency_idempotencykey" USING moved
 WHERE "django_idempotency_idempotencykey"."scope" = moved."scope"
 AND "django_idempotency_idempotencykey"."key" = moved."key"
+AND moved."expires_at" > statement_timestamp()
 RETURNING 1), stored AS (INSERT INTO "django_idempotency_idempotencykey" ("scope", "key", "fingerprint", "status", "claim_token", "locked_at", "request_method", "request_path", "response_status", "response_headers", "response_body", "created_at", "completed_at", "expires_at") SELECT "scope", "key", "fingerprint", 'completed', gen_random_uuid(), NULL, "request_method", "request_path", "response_status", "response_headers", "response_body", "created_at", "created_at", "expires_at"
 FROM moved
 WHERE "expires_at" > statement_timestamp()

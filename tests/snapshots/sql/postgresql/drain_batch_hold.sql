@@ -11,6 +11,7 @@ FROM moved
 WHERE "expires_at" > statement_timestamp()
 ON CONFLICT ("scope", "key") DO UPDATE
 SET "fingerprint" = EXCLUDED."fingerprint", "status" = EXCLUDED."status", "claim_token" = EXCLUDED."claim_token", "locked_at" = EXCLUDED."locked_at", "request_method" = EXCLUDED."request_method", "request_path" = EXCLUDED."request_path", "response_status" = EXCLUDED."response_status", "response_headers" = EXCLUDED."response_headers", "response_body" = EXCLUDED."response_body", "created_at" = EXCLUDED."created_at", "completed_at" = EXCLUDED."completed_at", "expires_at" = EXCLUDED."expires_at"
+WHERE "django_idempotency_idempotencykey"."created_at" < EXCLUDED."expires_at"
 RETURNING 1) SELECT (SELECT count(*)
 FROM batch), (SELECT count(*)
 FROM moved), (SELECT count(*)
