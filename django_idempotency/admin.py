@@ -87,36 +87,15 @@ def render_body(body: bytes | memoryview | None, headers: Any = None) -> tuple[s
     size = len(data)
     if not data:
         return (str(_("empty")), "")
-    content_type = _content_type(headers)
-    text: str | None = None
-    kind = ""
-    if size <= JSON_PARSE_LIMIT and ("json" in content_type or data[:1] in (b"{", b"[")):
-        try:
-            parsed = json.loads(data)
-        except (ValueError, UnicodeDecodeError):
-            pass
-        else:
-            text = json.dumps(parsed, indent=2, ensure_ascii=False)
-            kind = "JSON"
-    truncated = False
-    if text is None:
-        head = data[: BODY_DISPLAY_LIMIT * 4]
-        try:
-            # Incremental: a multi-byte character cut at the end of ``head`` is not an error.
-            text = codecs.getincrementaldecoder("utf-8")().decode(head, final=len(head) == size)
-            kind = gettext("text")
-            truncated = len(head) < size
-        except UnicodeDecodeError:
-            text = None
-        if text is not None and _CONTROL.search(text):
-            text = None  # valid UTF-8, but control characters: show it as binary
-    if text is None:
-        shown = data[:BINARY_DISPLAY_LIMIT]
-        if size > len(shown):
+    shown = _as_json(data, _content_type(headers)) or _as_text(data)
+    if shown is None:
+        binary = data[:BINARY_DISPLAY_LIMIT]
+        if size > len(binary):
             note = gettext("binary, %(size)d bytes, first %(shown)d shown")
         else:
             note = gettext("binary, %(size)d bytes")
-        return (note % {"size": size, "shown": len(shown)}, _hexdump(shown))
+        return (note % {"size": size, "shown": len(binary)}, _hexdump(binary))
+    kind, text, truncated = shown
     values = {"kind": kind, "size": size, "limit": BODY_DISPLAY_LIMIT}
     if truncated or len(text) > BODY_DISPLAY_LIMIT:
         text = text[:BODY_DISPLAY_LIMIT]
@@ -124,6 +103,31 @@ def render_body(body: bytes | memoryview | None, headers: Any = None) -> tuple[s
     else:
         note = gettext("%(kind)s, %(size)d bytes")
     return (note % values, text)
+
+
+def _as_json(data: bytes, content_type: str) -> tuple[str, str, bool] | None:
+    """``("JSON", indented, False)`` for a body that parses as JSON, else None."""
+    if len(data) > JSON_PARSE_LIMIT or not ("json" in content_type or data[:1] in (b"{", b"[")):
+        return None
+    try:
+        parsed = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return ("JSON", json.dumps(parsed, indent=2, ensure_ascii=False), False)
+
+
+def _as_text(data: bytes) -> tuple[str, str, bool] | None:
+    """``(kind, text, truncated)`` for a UTF-8 body without control characters, else
+    None (binary)."""
+    head = data[: BODY_DISPLAY_LIMIT * 4]
+    try:
+        # Incremental: a multi-byte character cut at the end of ``head`` is not an error.
+        text = codecs.getincrementaldecoder("utf-8")().decode(head, final=len(head) == len(data))
+    except UnicodeDecodeError:
+        return None
+    if _CONTROL.search(text):
+        return None  # valid UTF-8, but control characters: show it as binary
+    return (gettext("text"), text, len(head) < len(data))
 
 
 def headers_html(headers: Any) -> SafeString | str:

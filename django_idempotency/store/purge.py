@@ -101,7 +101,7 @@ class PurgeQuerySet(models.QuerySet[_Key]):
     def purgeable(self, cutoff: Any, lease_cutoff: Any) -> Self:
         """Keys expired at ``cutoff``, less those in progress under a live lease, renewed
         after ``lease_cutoff`` (datetimes or expressions): the lease rule of
-        :func:`~django_idempotency.store.records.lease_lapsed`."""
+        :func:`~django_idempotency.store.sql.parts.lapsed`."""
         return self.filter(expires_at__lte=cutoff).exclude(
             status=IN_PROGRESS, locked_at__gt=lease_cutoff
         )

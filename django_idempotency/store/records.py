@@ -1,8 +1,8 @@
 """What the managers return about a key: the claim's outcome, a row, a record, a drain.
 
 One row shape, :class:`KeyRow`, as the SQL reads it; :class:`KeyRecord` is that row seen
-by the ``hybrid`` strategy (docs/hybrid.md), :func:`lease_lapsed` is the lease rule
-in Python, and :func:`kept_ttl` says when the completion keeps the claim's expiry. The
+by the ``hybrid`` strategy (docs/hybrid.md), and :func:`kept_ttl` says when the completion
+keeps the claim's expiry. The
 reference is docs/api.md ("The model and its manager").
 """
 
@@ -71,15 +71,6 @@ class KeyRow(NamedTuple):
         return StoredResponse.from_row(
             self.response_status, self.response_headers, self.response_body
         )
-
-
-def lease_lapsed(locked_at: datetime | None, cutoff: datetime) -> bool:
-    """The lease rule: a lease last renewed at or before ``cutoff``, or never, has lapsed.
-
-    The statements apply the same rule in SQL (``store.sql.parts.lapsed``), and the purge's ORM
-    filter (``IdempotencyKeyQuerySet.purgeable``) keeps exactly the leases it calls live.
-    """
-    return locked_at is None or locked_at <= cutoff
 
 
 #: The share of the TTL by which the completion may leave a key's expiry where its claim

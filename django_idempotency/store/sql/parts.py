@@ -42,6 +42,7 @@ def joined(parts: list[Part], separator: str = ", ") -> list[Part]:
 
 
 def lapsed(locked: str, at: Part) -> list[Part]:
-    """The lease rule in SQL: the lease in column ``locked`` was last renewed at or before
-    ``at``, or never (:func:`~django_idempotency.store.records.lease_lapsed` in Python)."""
+    """The lease rule: the lease in column ``locked`` was last renewed at or before ``at``,
+    or never (the purge's ORM filter, ``IdempotencyKeyQuerySet.purgeable``, keeps exactly
+    the leases this calls live)."""
     return [f"({locked} IS NULL OR {locked} <= ", at, ")"]

@@ -237,32 +237,68 @@ def _target() -> str:
 
 
 def _kind(exc: BaseException) -> str:
-    """Which of the check's ids ``exc`` (raised by ``step``) stands for."""
-    from redis.exceptions import AuthenticationError, ReadOnlyError
-
+    """Which of the check's ids ``exc`` (raised by ``step``) stands for: the first of
+    :data:`KINDS` whose test matches, else ``E047``."""
     chain = _chain(exc)
     text = " ".join(str(e) for e in chain)
-    if any(isinstance(e, ModeMismatch) for e in chain) or text.startswith(("MOVED", "ASK ")):
-        return "E044"
+    for kind, matches in KINDS:
+        if matches(exc, chain, text):
+            return kind
+    return "E047"
+
+
+Chain = list[BaseException]
+
+
+def _any(chain: Chain, *types: type[BaseException]) -> bool:
+    return any(isinstance(e, types) for e in chain)
+
+
+def _cluster_node(exc: BaseException, chain: Chain, text: str) -> bool:
+    return _any(chain, ModeMismatch) or text.startswith(("MOVED", "ASK "))
+
+
+def _credentials(exc: BaseException, chain: Chain, text: str) -> bool:
+    from redis.exceptions import AuthenticationError
+
     auth = ("WRONGPASS", "NOAUTH", "invalid username-password", "Authentication required")
-    if any(isinstance(e, AuthenticationError) for e in chain) or any(a in text for a in auth):
-        return "E041"
-    if any(isinstance(e, ssl.SSLError) for e in chain) or "SSL" in text:
-        return "E042"
-    if _permission_denied(exc):  # first: redis-py reports a refused CLUSTER SLOTS as E045's text
-        return "E043"
-    if "cluster mode is not enabled" in text.lower() or "cluster support disabled" in text:
-        return "E045"
-    if any(isinstance(e, ReadOnlyError) for e in chain) or "READONLY" in text:
-        return "E046"
-    if any(isinstance(e, ConnectionError | TimeoutError | OSError) for e in chain):
-        return "E040"
+    return _any(chain, AuthenticationError) or any(a in text for a in auth)
+
+
+def _tls(exc: BaseException, chain: Chain, text: str) -> bool:
+    return _any(chain, ssl.SSLError) or "SSL" in text
+
+
+def _not_a_cluster(exc: BaseException, chain: Chain, text: str) -> bool:
+    return "cluster mode is not enabled" in text.lower() or "cluster support disabled" in text
+
+
+def _read_only(exc: BaseException, chain: Chain, text: str) -> bool:
+    from redis.exceptions import ReadOnlyError
+
+    return _any(chain, ReadOnlyError) or "READONLY" in text
+
+
+def _unreachable(exc: BaseException, chain: Chain, text: str) -> bool:
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
-    if any(isinstance(e, RedisConnectionError | RedisTimeoutError) for e in chain):
-        return "E040"
-    return "E047"
+    return _any(chain, ConnectionError, TimeoutError, OSError) or _any(
+        chain, RedisConnectionError, RedisTimeoutError
+    )
+
+
+#: The ids in the order they are tested: a refused command before "not a cluster", since
+#: redis-py reports a refused CLUSTER SLOTS with E045's text.
+KINDS: tuple[tuple[str, Callable[[BaseException, Chain, str], bool]], ...] = (
+    ("E044", _cluster_node),
+    ("E041", _credentials),
+    ("E042", _tls),
+    ("E043", lambda exc, chain, text: _permission_denied(exc)),
+    ("E045", _not_a_cluster),
+    ("E046", _read_only),
+    ("E040", _unreachable),
+)
 
 
 def message_for(exc: BaseException, step: str, commands: str) -> Error:
