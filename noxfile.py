@@ -5,7 +5,8 @@ The main combination (Python 3.11, the newest Django the main virtualenv gets, t
 DRF) runs the whole suite in ``make test``. Every other one runs here, against the same
 PostgreSQL, MariaDB and Redis: the claim, the replay, the races on real threads, and the
 migrations check. Django 6.0 and 6.1 need Python 3.12 or newer, so 3.11 pairs with Django
-5.2 only. Deprecation warnings are errors in these runs. The venvs are reused between runs (``nox -r``); the packages come from PyPI.
+5.2 only. Deprecation warnings are errors in these runs. The venvs are reused between
+runs (``nox -r``); the packages come from PyPI.
 
     nox -r                         # every combination
     nox -r -s "smoke-3.12(django='6.0', drf='3.15')"
