@@ -240,7 +240,8 @@ def test_drain_and_its_help_speak_the_active_language() -> None:
         report = run("drain_idempotency_outbox")
         command = DrainCommand()
         helptext = command.create_parser("manage.py", "drain_idempotency_outbox").format_help()
-    assert report.startswith("0 Outbox-Zeilen übertragen (davon 0 abgelaufen und nur gelöscht)")
+    assert report.startswith("0 Outbox-Zeilen übertragen aus der Datenbank 'default'")
+    assert "abgelaufen" not in report
     assert "Überträgt die Outbox-Zeilen der Hybrid-Strategie" in helptext
     assert "Zeilen pro Transaktion" in helptext
     assert "(Standard 10 s)" in helptext
