@@ -16,7 +16,6 @@ a 500.
 from __future__ import annotations
 
 import logging
-from functools import cache
 from typing import Any
 
 from django.http.response import HttpResponseBase
@@ -87,18 +86,24 @@ def drf_problem_response(error: IdempotencyError, request: Any) -> HttpResponseB
     return response
 
 
-@cache
+_PAGE_RENDERERS: dict[type[BrowsableAPIRenderer], type[BrowsableAPIRenderer]] = {}
+
+
 def problem_page_renderer(base: type[BrowsableAPIRenderer]) -> type[BrowsableAPIRenderer]:
     """``base`` (DRF's browsable renderer, or a project's subclass of it) naming
     ``application/problem+json`` in the page's response box, where DRF names the media
-    type of the view's first renderer (``application/json``) whatever the response is."""
+    type of the view's first renderer (``application/json``) whatever the response is;
+    one class per base, made on first use."""
+    if base in _PAGE_RENDERERS:
+        return _PAGE_RENDERERS[base]
 
     def get_context(self: Any, data: Any, accepted_media_type: Any, context: Any) -> Any:
         page = base.get_context(self, data, accepted_media_type, context)
         page["response_headers"]["Content-Type"] = "application/problem+json"
         return page
 
-    return type(f"Problem{base.__name__}", (base,), {"get_context": get_context})
+    made = type(f"Problem{base.__name__}", (base,), {"get_context": get_context})
+    return _PAGE_RENDERERS.setdefault(base, made)
 
 
 def render_problem_page(response: HttpResponseBase, view: Any) -> HttpResponseBase:
