@@ -33,10 +33,12 @@ def test_a_failed_statement_in_a_block_without_savepoint_marks_the_transaction()
     with transaction.atomic():
         assert transactions.will_commit(connection)
         assert not transactions.marked_for_rollback(connection)
-        with pytest.raises(DatabaseError):
-            with transaction.atomic(savepoint=False):
-                with connection.cursor() as cursor:
-                    cursor.execute("SELECT * FROM no_such_table_anywhere")
+        with (
+            pytest.raises(DatabaseError),
+            transaction.atomic(savepoint=False),
+            connection.cursor() as cursor,
+        ):
+            cursor.execute("SELECT * FROM no_such_table_anywhere")
         assert transactions.marked_for_rollback(connection)
         assert not transactions.will_commit(connection)
 
@@ -59,12 +61,11 @@ def test_commit_hooks_taken_do_not_run_at_commit_and_run_when_given_back() -> No
 def test_savepoints_line_up_with_the_blocks_inside_the_outermost() -> None:
     with transaction.atomic():
         assert transactions.open_savepoints(connection) == set()
-        with transaction.atomic():
-            with transaction.atomic(savepoint=False):
-                (sid,) = transactions.open_savepoints(connection)
-                blocks = connection.atomic_blocks
-                assert len(blocks) == 3
-                assert connection.savepoint_ids == [sid, None]
+        with transaction.atomic(), transaction.atomic(savepoint=False):
+            (sid,) = transactions.open_savepoints(connection)
+            blocks = connection.atomic_blocks
+            assert len(blocks) == 3
+            assert connection.savepoint_ids == [sid, None]
     assert transactions.testcase_commit_point(connection) is None  # no TestCase here
 
 
