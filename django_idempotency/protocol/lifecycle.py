@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError, connections, transaction
 
 from ..errors import DatabaseMisconfigured, LeaseLost, StoreUnavailable
-from ..store.sql import commits_in_statement
+from ..store.sql import commits_in_statement, features_of
 from ..strategies.base import Attempt, Claim, Delegate, Outcome, Strategy
 from . import testcase, transactions, writeguard
 
@@ -201,10 +201,10 @@ class Lifecycle:
 
     def _settle_and_begin(self, claim: Claim) -> Outcome | None:
         """Ask the claim whether the key is settled elsewhere, and open the view's
-        transaction (on PostgreSQL the question is its first statement)."""
+        transaction (where the database allows, the question is its first statement)."""
         atomic = self.attempt.atomic or self.strategy.claims_in_transaction
         in_transaction = (
-            atomic and self._connection.vendor == "postgresql"
+            atomic and features_of(self._connection).settles_in_view_transaction
         ) or self._atomic is not None
         settled = None
         if not in_transaction:

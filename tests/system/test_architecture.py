@@ -204,6 +204,24 @@ def test_django_transaction_internals_are_read_in_one_module() -> None:
     assert reading == []
 
 
+def test_only_the_dialects_compare_vendor_names() -> None:
+    """Above ``store/sql/`` the code asks a dialect's features (``features_of``), as
+    Django's backends have ``features.py``: a new vendor is one dialect module and its
+    snapshot tests. The migrations, which must not change with the code, aside."""
+    comparing: list[str] = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE)
+        if relative.parts[:2] == ("store", "sql") or relative.parts[0] == "migrations":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Compare) and any(
+                isinstance(side, ast.Attribute) and side.attr == "vendor"
+                for side in (node.left, *node.comparators)
+            ):
+                comparing.append(f"{relative}:{node.lineno}")
+    assert comparing == []
+
+
 #: What users import: the modules docs/api.md must name.
 PUBLIC = (
     "conf",
