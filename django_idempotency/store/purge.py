@@ -13,10 +13,10 @@ from datetime import datetime, timedelta
 from typing import Any, Self, TypeVar
 
 from django.db import OperationalError, connections, models, transaction
-from django.db.models.functions import Now
 from django.utils import timezone
 
 from ..conf import conf
+from .clock import DatabaseNow
 from .errors import is_transient
 from .sql import Statement, clock_in_sql, database, features_of, statements
 from .status import IN_PROGRESS
@@ -30,14 +30,15 @@ def check_older_than(older_than: timedelta | None) -> None:
 
 
 def _time(alias: str, at: datetime | None, before: timedelta | float | None = None) -> Any:
-    """``at``, else the database's now (see :func:`clock_in_sql`), less ``before``
-    (seconds or a timedelta), for an ORM filter."""
+    """``at``, else the database's now (:class:`~.clock.DatabaseNow`, in UTC whatever the
+    session's time zone; see :func:`clock_in_sql`), less ``before`` (seconds or a
+    timedelta), for an ORM filter."""
     if isinstance(before, (int, float)):
         before = timedelta(seconds=before)
     if at is not None:
         return at - before if before else at
     if clock_in_sql(connections[alias]):
-        return Now() - before if before else Now()
+        return DatabaseNow() - before if before else DatabaseNow()
     return timezone.now() - before if before else timezone.now()
 
 
