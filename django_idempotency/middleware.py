@@ -110,13 +110,7 @@ class IdempotencyMiddleware:
             return None
         # An async view on a sync stack: Django would run it with async_to_sync too.
         call = async_to_sync(view_func) if iscoroutinefunction(view_func) else view_func
-        return handle(
-            request,
-            lambda: call(request, *view_args, **view_kwargs),
-            scope=opt_in.scope,
-            options=opt_in.options,
-            key=opt_in.key,
-        )
+        return _handled(opt_in, request, call, view_args, view_kwargs)
 
     async def _aprocess_view(
         self,
@@ -139,22 +133,23 @@ class IdempotencyMiddleware:
 
         # A sync view on an async stack: the lifecycle and the view in one thread, as Django
         # runs sync views (``sync_to_async``, thread-sensitive).
-        return await sync_to_async(self._run_sync, thread_sensitive=True)(
-            request, view_func, view_args, view_kwargs, opt_in
+        return await sync_to_async(_handled, thread_sensitive=True)(
+            opt_in, request, view_func, view_args, view_kwargs
         )
 
-    @staticmethod
-    def _run_sync(
-        request: HttpRequest,
-        view_func: Callable[..., Any],
-        view_args: Sequence[Any],
-        view_kwargs: dict[str, Any],
-        opt_in: OptIn,
-    ) -> HttpResponseBase:
-        return handle(
-            request,
-            lambda: view_func(request, *view_args, **view_kwargs),
-            scope=opt_in.scope,
-            options=opt_in.options,
-            key=opt_in.key,
-        )
+
+def _handled(
+    opt_in: OptIn,
+    request: HttpRequest,
+    view_func: Callable[..., Any],
+    view_args: Sequence[Any],
+    view_kwargs: dict[str, Any],
+) -> HttpResponseBase:
+    """The sync view ``view_func`` run under the protocol, as ``opt_in`` declares it."""
+    return handle(
+        request,
+        lambda: view_func(request, *view_args, **view_kwargs),
+        scope=opt_in.scope,
+        options=opt_in.options,
+        key=opt_in.key,
+    )

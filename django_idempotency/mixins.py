@@ -17,14 +17,13 @@ from .browsable import drf_problem_response, render_problem_page
 from .checks.settings import validate_view_options, view_name
 from .conf import conf
 from .errors import IdempotencyError, MisplacedIdempotencyMixin
-from .protocol.engine import IdempotentRequest, transient_conflict_error
+from .protocol.engine import ANSWERED, IdempotentRequest, problem_for
 from .protocol.fingerprint import preload_body
 from .protocol.header import header_value
 from .protocol.keysource import KeyFunc, may_carry_body_key, request_key
 from .protocol.options import OPTION_NAMES, Options
 from .protocol.scope import default_scope
 from .protocol.shards import non_atomic
-from .store.errors import DATABASE_ERRORS
 
 
 class _ShortCircuit(Exception):
@@ -112,16 +111,13 @@ class IdempotencyMixin:
                 idem = self._idempotency
                 if idem is not None and idem.claimed:
                     response = idem.finish(response)
-        except IdempotencyError as error:
-            response = drf_problem_response(error, getattr(self, "request", request))
-        except DATABASE_ERRORS as exc:
-            # Raised by the handler and past DRF: the claim's context has rolled back.
-            # A transient conflict or a lost connection is a 503; others propagate.
+        except ANSWERED as exc:
+            # A database error raised by the handler and past DRF: the claim's context has
+            # rolled back. A transient conflict or a lost connection is a 503; others
+            # propagate.
             idem = self._idempotency
-            conflict = transient_conflict_error(
-                exc, None if idem is None else idem.attempt.database
-            )
-            response = drf_problem_response(conflict, getattr(self, "request", request))
+            error = problem_for(exc, None if idem is None else idem.attempt.database)
+            response = drf_problem_response(error, getattr(self, "request", request))
         finally:
             self._idempotency_stack = None
         # A problem for the browsable API is rendered here, once the claim's lifecycle has

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from types import TracebackType
+from typing import cast
 
 from asgiref.sync import async_to_sync, sync_to_async
 from django.db import DatabaseError, InterfaceError, connections
@@ -442,13 +443,19 @@ class IdempotentRequest:
         )
 
 
-def transient_conflict_response(
-    exc: DatabaseError | InterfaceError, request: HttpRequest, database: str | None = None
-) -> HttpResponse:
-    """503 problem response for a database error that a retry gets past (see
-    :func:`transient_conflict_error`); other database errors propagate. ``request`` is
-    handed to ``PROBLEM_RENDERER``; ``database``: the key's (None: ``DATABASE``)."""
-    return problem_response(transient_conflict_error(exc, database), request=request)
+#: What an entry point answers with a problem (:func:`problem_for`) instead of a 500.
+ANSWERED: tuple[type[BaseException], ...] = (IdempotencyError, *DATABASE_ERRORS)
+
+
+def problem_for(exc: BaseException, database: str | None = None) -> IdempotencyError:
+    """The problem that answers ``exc`` (one of :data:`ANSWERED`), the one error-to-problem
+    path of every entry point: an ``IdempotencyError`` is its own; a database error that a
+    retry gets past is a 503 (:func:`transient_conflict_error`), and any other database
+    error is raised again. ``database``: the alias of the request's key (None:
+    ``DATABASE``)."""
+    if isinstance(exc, IdempotencyError):
+        return exc
+    return transient_conflict_error(cast("DatabaseError | InterfaceError", exc), database)
 
 
 def transient_conflict_error(
@@ -500,11 +507,9 @@ def handle(
             if not idem.claimed:
                 return idem.short_circuit()
             return idem.finish(view())
-    except IdempotencyError as error:
-        return problem_response(error, request=request)
-    except DATABASE_ERRORS as exc:
+    except ANSWERED as exc:
         database = None if idem is None else idem.attempt.database
-        return transient_conflict_response(exc, request, database)
+        return problem_response(problem_for(exc, database), request=request)
 
 
 # -- the async path ---------------------------------------------------------------------------
