@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 from django.test import Client
 from rest_framework.test import APIClient
 
@@ -27,11 +28,12 @@ from django_idempotency.strategies.redis.store import get_client, get_store
 from django_idempotency.strategies.redis.suspects import suspects
 from tests.testapp.models import SideEffect
 
-from ..support.api import post_json, replayed
+from ..support.api import api_client, post_json, replayed
 from ..support.assertions import assert_problem
+from ..support.factories import UserFactory
 from ..support.gates import Background, Gate
 from ..support.gates import gate as the_gate
-from ..support.redis_servers import RedisServer, closed_port_url
+from ..support.redis_servers import RedisClusterNodes, RedisServer, closed_port_url
 from ..support.waiting import wait_until
 
 pytestmark = [
@@ -178,3 +180,50 @@ def test_a_completion_that_did_not_reach_redis_is_looked_up_in_postgresql(
     assert retry.status_code == 201 and replayed(retry), retry.content
     assert retry.content == first.content
     assert SideEffect.objects.count() == 3, "the key ran once"
+
+
+def _quiet_slot(scope: str, key: str) -> None:
+    """The loss keys of the slot of (scope, key) as on a node that lost nothing lately, with
+    the INFO comparison not due for ten minutes."""
+    keys = get_store().loss_keys_for(scope, key)
+    node = get_client().get_node_from_key(keys[0])  # type: ignore[union-attr]
+    primary = redis.Redis(host=node.host, port=node.port, socket_timeout=5)
+    try:
+        info = primary.info("server") | primary.info("stats")
+        primary.set(keys[0], f"{info['run_id']} {info['evicted_keys']}")
+        primary.set(keys[1], "1", px=600_000)
+        primary.delete(keys[2])
+    finally:
+        primary.close()
+
+
+@pytest.mark.redis_cluster
+def test_on_a_cluster_each_mark_is_in_its_keys_slot(
+    redis_settings: Any, redis_cluster: RedisClusterNodes
+) -> None:
+    def on(url: str) -> None:
+        redis_settings(url, STRATEGY="hybrid", REDIS_CLUSTER=True, TTL=600, REDIS_SOCKET_TIMEOUT=2)
+
+    on(redis_cluster.url)
+    client = api_client(UserFactory())
+    keys = [uuid.uuid4().hex for _ in range(4)]
+    on(closed_port_url())  # no node answers: the db strategy takes the keys
+    first = {key: post_json(client, key, {"amount": 2}) for key in keys}
+    assert all(response.status_code == 201 for response in first.values())
+    on(redis_cluster.url)
+    scope = IdempotencyKey.objects.get(key=keys[0]).scope
+    warm = uuid.uuid4().hex
+    for key in [*keys, warm]:
+        _quiet_slot(scope, key)
+    assert post_json(client, warm, {"amount": 1}).status_code == 201  # writes the marks
+    store, cluster = get_store(), get_client()
+    for key in keys:  # each in its record's slot (so on the node that serves it)
+        mark, record = store.suspect_key(scope, key), store.record_key(scope, key)
+        assert cluster.keyslot(mark) == cluster.keyslot(record)  # type: ignore[union-attr]
+        assert cluster.exists(mark)
+    suspects.forget()  # another process
+    for key in keys:
+        retry = post_json(client, key, {"amount": 2})
+        assert retry.status_code == 201 and replayed(retry), retry.content
+        assert retry.content == first[key].content
+    assert SideEffect.objects.count() == len(keys) + 1
