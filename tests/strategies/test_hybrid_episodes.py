@@ -15,6 +15,7 @@ Every run of a view body is counted (``SideEffect`` rows), with real threads.
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,12 +29,14 @@ from django_idempotency.strategies.redis.store import get_client, get_store
 from django_idempotency.strategies.redis.suspects import suspects
 from tests.testapp.models import SideEffect
 
+from ..support import faults
 from ..support.api import api_client, post_json, replayed
 from ..support.assertions import assert_problem
 from ..support.factories import UserFactory
 from ..support.gates import Background, Gate
 from ..support.gates import gate as the_gate
 from ..support.redis_servers import RedisClusterNodes, RedisServer, closed_port_url
+from ..support.threads import run_at_once
 from ..support.waiting import wait_until
 
 pytestmark = [
@@ -227,3 +230,54 @@ def test_on_a_cluster_each_mark_is_in_its_keys_slot(
         assert retry.status_code == 201 and replayed(retry), retry.content
         assert retry.content == first[key].content
     assert SideEffect.objects.count() == len(keys) + 1
+
+
+@pytest.fixture
+def counted_runs() -> Iterator[list[str]]:
+    """Every run of the fault views' body, by key, counted outside any transaction (a run
+    whose commit is refused rolls its row back, but not this)."""
+    faults.reset()
+    runs: list[str] = []
+    faults.interference.append(runs.append)
+    faults.plan.extend(["interfere"] * 1000)
+    yield runs
+    faults.reset()
+
+
+def _fault(key: str) -> Any:
+    return Client().post(
+        "/fault/fn/", {"amount": 1}, content_type="application/json", HTTP_IDEMPOTENCY_KEY=key
+    )
+
+
+@pytest.mark.urls("tests.support.faults")
+def test_a_redis_that_hangs_mid_traffic_runs_each_key_once(
+    hybrid: Any, running_private_redis: RedisServer, counted_runs: list[str]
+) -> None:
+    """Redis stops (SIGSTOP) under concurrent requests for new keys: a request on a pooled
+    connection sends its claim (unknown: 503), one that opens a connection never gets to send
+    it (not done: the db fallback runs it). Once Redis runs again, every key's retries are
+    answered by its one run: replayed from PostgreSQL, or run once after the lease of a claim
+    applied late lapsed. Before, the keys of the fallback ran again on their first retry."""
+    hybrid(LOCK_TIMEOUT=1)
+    assert _fault(faults.new_key()).status_code == 201  # connections, scripts, the marker
+    _quiet()
+    keys = [faults.new_key() for _ in range(6)]
+    with running_private_redis.paused():
+        during = run_at_once(len(keys), lambda i: _fault(keys[i]))
+    assert {r.status_code for r in during} <= {201, 503}, [r.content for r in during]
+    answered = {key: r for key, r in zip(keys, during, strict=True) if r.status_code == 201}
+    seen: list[Any] = []
+
+    def settled(key: str) -> bool:
+        response = _fault(key)
+        seen.append(response)
+        return response.status_code == 201
+
+    for key in keys:
+        wait_until(lambda key=key: settled(key), timeout=15)  # type: ignore[misc]
+        if key in answered:
+            assert replayed(seen[-1]) and seen[-1].content == answered[key].content
+    assert all(r.status_code in {201, 409} for r in seen), [r.content for r in seen]
+    assert not [r for r in seen if b"lease-lost" in r.content], "a view ran twice"
+    assert Counter(counted_runs[1:]) == dict.fromkeys(keys, 1), counted_runs
