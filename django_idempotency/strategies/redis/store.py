@@ -38,7 +38,8 @@ from ...errors import RedisNotConfigured
 from ...protocol.keys import key_digest
 from ...protocol.replay import StoredResponse
 from ...store.status import COMPLETED, IN_PROGRESS
-from .outcome import RedisUnavailable, failure
+from .outcome import RedisUnavailable as RedisUnavailable  # re-exported: the name callers know
+from .outcome import failure
 
 RedisClient = Union[redis.Redis, RedisCluster]  # noqa: UP007 - a runtime alias
 
