@@ -32,6 +32,7 @@ from .redis.store import (
     to_ms,
 )
 from .redis.strategy import RedisClaim, RedisStrategy, ours, redis_claim
+from .redis.suspects import suspects
 
 logger = logging.getLogger("django_idempotency")
 
@@ -100,6 +101,9 @@ class OutboxDatabaseClaim(DatabaseClaim):
 
     def after_commit(self) -> None:
         super().after_commit()
+        # Committed in PostgreSQL only: Redis's hot path looks the key up there while it lives.
+        a = self.attempt
+        suspects.add(a.redis_scope, a.key, a.ttl)
         self.strategy.parent.request_drain()
 
 
@@ -172,6 +176,7 @@ class HybridClaim(RedisClaim):
             )
         except RedisUnavailable:
             self.redis.verify_due = True
+            suspects.add(attempt.redis_scope, attempt.key, attempt.ttl)
             logger.warning(
                 "idempotency key %s (scope %s) committed, but Redis could not be updated; "
                 "it will be refilled from the database",
@@ -242,6 +247,10 @@ class HybridStrategy(RedisStrategy):
             if store is not None:
                 store.verify_due = True  # a restart or a failover may be why
             return self.unavailable(attempt, exc)
+        if suspects.pending:
+            # Redis answers: the marks of the keys this process handled without it go there
+            # now, so that every process's claims of those keys look them up in PostgreSQL.
+            suspects.flush(store)
         self.reached_redis()
         return outcome
 
@@ -277,7 +286,9 @@ class HybridStrategy(RedisStrategy):
             store, attempt, lambda token: HybridClaim(self, store, attempt, token), claim
         )
         if isinstance(outcome, HybridClaim):
-            if claim is None:
+            if suspects.holds(attempt.redis_scope, attempt.key):
+                outcome.check_db = True
+            elif claim is None:
                 outcome.check_db = self._must_check_db(store, attempt)
             else:
                 outcome.check_db = self._loss_reported(store, checks[-1], attempt.ttl, attempt)
@@ -434,6 +445,13 @@ class HybridStrategy(RedisStrategy):
             )
 
     # -- Redis down -----------------------------------------------------------------------
+
+    def unavailable(self, attempt: Attempt, exc: RedisUnavailable) -> Outcome:
+        """As the ``redis`` strategy; a key handed to the ``db`` strategy is remembered
+        (``suspects``) for as long as its claim and record may live."""
+        outcome = super().unavailable(attempt, exc)
+        suspects.add(attempt.redis_scope, attempt.key, attempt.ttl + attempt.lock_timeout)
+        return outcome
 
     # -- the drain ------------------------------------------------------------------------
 

@@ -419,8 +419,9 @@ def test_after_loss_claims_and_checks_the_marker_in_one_round_trip(
     hybrid: Any, api: APIClient
 ) -> None:
     """A quiet server: a new key is one Redis script before the view (SET NX PX GET and
-    one MGET of the loss keys) and one SET after the commit, and the only idempotency
-    statement in PostgreSQL is the outbox insert; a replay is the script's SET alone. The
+    one MGET of the loss keys and the key's suspect mark) and one SET after the commit, and
+    the only idempotency statement in PostgreSQL is the outbox insert; a replay is the
+    script's SET alone. The
     counts are the server's own (``INFO commandstats``, which counts the commands a script
     runs besides the EVALSHA)."""
     hybrid(HYBRID_DB_CHECK="after_loss", TTL=600)

@@ -1,8 +1,7 @@
 """What a Redis command that failed did: nothing (*not done*) or perhaps everything (*unknown*).
 
-A command that never left the client (the connection was refused, timed out while it was
-being opened, or the server refused the TLS handshake or the login: anything raised while
-redis-py was opening the connection) did nothing, and neither did one the server
+A command that never left the client (the connection was refused, timed out or failed while it
+was being opened, or the server refused the login) did nothing, and neither did one the server
 answered with an error (``ResponseError``: a script, a command or a key it refused). Any
 other failure came after the command was sent, or may have: a reply that timed out, a
 connection closed or reset while the command was on its way or its reply was. Such a
@@ -13,11 +12,11 @@ for "not claimed" (see docs/how-it-works.md, "A store that does not answer").
 from __future__ import annotations
 
 import logging
-import traceback
+import os
 from collections.abc import Callable
-from pathlib import PurePath
 from typing import TypeVar
 
+import redis
 from redis.exceptions import (
     AuthenticationError,
     AuthorizationError,
@@ -53,27 +52,36 @@ NOT_DONE: tuple[type[BaseException], ...] = (
 )
 
 
-#: redis-py's functions that open a connection (the socket, TLS, the login, ``HELLO``,
-#: ``CLIENT SETINFO``) before a command is written to it.
-CONNECTING = frozenset(
-    {"connect", "connect_check_health", "_connect", "on_connect", "on_connect_check_health"}
+#: Where redis-py's client code lives: a failure raised in its functions that open a
+#: connection, log in and check its health, which all run before the command is written.
+_REDIS_PACKAGE = os.path.dirname(redis.__file__) + os.sep
+_CONNECTING = frozenset(
+    {
+        "connect",
+        "_connect",
+        "connect_check_health",
+        "on_connect",
+        "on_connect_check_health",
+        "check_health",
+    }
 )
 
 
-def while_connecting(exc: BaseException) -> bool:
-    """Whether ``exc`` was raised while redis-py was opening the connection the command was
-    to be sent on (a TLS handshake the server refused fails on the first read of
-    ``on_connect``, as a reset that reads like a lost reply): nothing was sent then."""
-    for frame in traceback.extract_tb(exc.__traceback__):
-        path = PurePath(frame.filename)
-        if frame.name in CONNECTING and path.name == "connection.py" and "redis" in path.parts:
+def _while_connecting(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised while redis-py opened the connection (a refused or
+    unanswered connect, a TLS handshake, the login), before the command was written."""
+    frame = exc.__traceback__
+    while frame is not None:
+        code = frame.tb_frame.f_code
+        if code.co_name in _CONNECTING and code.co_filename.startswith(_REDIS_PACKAGE):
             return True
+        frame = frame.tb_next
     return False
 
 
 def not_sent(exc: BaseException) -> bool:
     """Whether ``exc`` proves the command did nothing (see the module's docstring)."""
-    if isinstance(exc, NOT_DONE) or while_connecting(exc):
+    if isinstance(exc, NOT_DONE) or _while_connecting(exc):
         return True
     text = str(exc)
     # redis-py's connect(): "Timeout connecting to server", "Error 111 connecting to

@@ -38,7 +38,7 @@ from ...errors import RedisNotConfigured
 from ...protocol.keys import key_digest
 from ...protocol.replay import StoredResponse
 from ...store.status import COMPLETED, IN_PROGRESS
-from .outcome import RedisUnavailable as RedisUnavailable  # where the callers import it
+from .outcome import RedisUnavailable as RedisUnavailable  # re-exported: the name callers know
 from .outcome import failure
 
 RedisClient = Union[redis.Redis, RedisCluster]  # noqa: UP007 - a runtime alias
@@ -305,7 +305,9 @@ return redis.call('DEL', KEYS[1])
 #            never written on a server that may evict (``maxmemory`` set and a
 #            ``maxmemory-policy`` other than ``noeviction``): there, every claim compares.
 #   suspect  exists for ``window`` ms (the records' Redis TTL) after a loss was seen.
-# A claim reads the three (one MGET); only when ``checked`` is gone (at most once per
+#   mark     (a claim's only) the key's own suspect mark (``suspects.py``): the key fell back
+#            to the database, or its completion did not reach Redis; read by the same MGET.
+# A claim reads them (one MGET); only when ``checked`` is gone (at most once per
 # ``interval`` per server), the marker is missing, or the caller asks (a new script
 # cache: a restart or a failover; an error seen) does it run INFO and compare. A changed
 # run_id (restart, failover) or eviction count (eviction, CONFIG RESETSTAT) or a missing
@@ -321,11 +323,16 @@ local function failed(reply)
   if type(reply) == 'table' and reply.err then return reply.err end
   return nil
 end
-local function loss(km, kc, ks, window, interval, verify)
-  local m = redis.pcall('MGET', km, kc, ks)
+local function loss(km, kc, ks, window, interval, verify, mark)
+  local m
+  if mark then
+    m = redis.pcall('MGET', km, kc, ks, mark)
+  else
+    m = redis.pcall('MGET', km, kc, ks)
+  end
   if failed(m) then return {-1, m.err} end
   if m[1] and m[2] and verify ~= '1' then
-    if m[3] then return {1} end
+    if m[3] or m[4] then return {1} end
     return {0}
   end
   local server = redis.pcall('INFO', 'server')
@@ -337,7 +344,7 @@ local function loss(km, kc, ks, window, interval, verify)
   local state = (string.match(server, 'run_id:(%x+)') or '?') .. ' '
     .. (string.match(stats, 'evicted_keys:(%d+)') or '?')
   local verdict = 0
-  if m[3] then verdict = 1 end
+  if m[3] or m[4] then verdict = 1 end
   if m[1] ~= state then
     local err = failed(redis.pcall('SET', ks, '1', 'PX', window))
       or failed(redis.pcall('SET', km, state))
@@ -367,7 +374,8 @@ return loss(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3])
 """
 )
 
-# KEYS[1] record, KEYS[2..4] marker, checked, suspect; ARGV[1] the in-progress record,
+# KEYS[1] record, KEYS[2..4] marker, checked, suspect, KEYS[5] the key's suspect mark;
+# ARGV[1] the in-progress record,
 # ARGV[2] lease ms, ARGV[3] window ms, ARGV[4] interval ms, ARGV[5] '1': compare with INFO
 # now. The claim (SET NX PX GET) and, when won, the loss check, in one round trip:
 # {record} when not claimed, {false, verdict, reason} when claimed. Redis 7 (SET NX GET).
@@ -377,7 +385,7 @@ CLAIM_LUA = (
     + """
 local old = redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2], 'NX', 'GET')
 if old then return {old} end
-local verdict = loss(KEYS[2], KEYS[3], KEYS[4], ARGV[3], ARGV[4], ARGV[5])
+local verdict = loss(KEYS[2], KEYS[3], KEYS[4], ARGV[3], ARGV[4], ARGV[5], KEYS[5])
 return {false, verdict[1], verdict[2]}
 """
 )
@@ -390,7 +398,7 @@ CLAIM6_LUA = (
 local old = redis.call('GET', KEYS[1])
 if old then return {old} end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-local verdict = loss(KEYS[2], KEYS[3], KEYS[4], ARGV[3], ARGV[4], ARGV[5])
+local verdict = loss(KEYS[2], KEYS[3], KEYS[4], ARGV[3], ARGV[4], ARGV[5], KEYS[5])
 return {false, verdict[1], verdict[2]}
 """
 )
@@ -493,6 +501,23 @@ class RedisStore:
     def record_key(self, scope: str, key: str) -> str:
         return f"{self.prefix}:{{{key_digest(scope, key)}}}:rec"
 
+    def suspect_key(self, scope: str, key: str) -> str:
+        """The key's suspect mark (``suspects.py``), in its record's hash slot."""
+        return f"{self.prefix}:{{{key_digest(scope, key)}}}:sus"
+
+    def put_suspects(self, marks: list[tuple[str, str, float]]) -> None:
+        """Write the suspect mark of each ``(scope, key, seconds)``, living ``seconds``: one
+        pipeline (on a Cluster, one per node)."""
+        if not marks:
+            return
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for scope, key, seconds in marks:
+                pipe.set(self.suspect_key(scope, key), b"1", px=_ms(seconds * 1000))
+            pipe.execute()
+        except REDIS_ERRORS as exc:
+            raise failure(exc) from exc
+
     @property
     def wake_channel(self) -> str:
         """The pub/sub channel that wakes waiting duplicates (``WAIT``)."""
@@ -569,11 +594,11 @@ class RedisStore:
         window_ms: int,
         interval_ms: int,
     ) -> tuple[bool, RedisRecord | None, LossCheck]:
-        """:meth:`claim`, and when won, the loss check of ``loss_keys``, in one script (one
-        round trip; the keys must share the record's Cluster slot). The check says
-        nothing (verdict 0) when the key was not claimed."""
+        """:meth:`claim`, and when won, the loss check of ``loss_keys`` and the key's suspect
+        mark, in one script (one round trip; the keys must share the record's Cluster slot).
+        The check says nothing (verdict 0) when the key was not claimed."""
         value = encode_record(RedisRecord(IN_PROGRESS, fingerprint, token, None))
-        keys = [self.record_key(scope, key), *loss_keys]
+        keys = [self.record_key(scope, key), *loss_keys, self.suspect_key(scope, key)]
         args = [value, _ms(lease_ms), _ms(window_ms), _ms(interval_ms)]
         reply, verified = self._run_loss_script(keys, args, claim=True)
         if reply[0] is not None:
