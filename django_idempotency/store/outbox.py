@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import NotSupportedError, OperationalError, connections, models, transaction
 
-from .clock import database_now
+from .clock import database_now, database_time
 from .errors import is_transient
 from .records import DrainResult, KeyRecord
 from .sql import OUTBOX_ADD_COLUMNS, STORE_COLUMNS, Statement, database, statements
@@ -122,14 +122,19 @@ class IdempotencyOutboxManager(models.Manager[_Outbox]):
     ) -> KeyRecord | None:
         """The live record of (scope, key): an undrained outbox row first (it is the newer
         one), else the IdempotencyKey row, in progress or completed. Expired rows count
-        as absent, judged on the database's clock. One statement (the outbox alone with
+        as absent, judged on the database's clock, which also says when the record was
+        read (``KeyRecord.read_at``). One statement (the outbox alone with
         ``outbox_only``); no write.
         """
         connection = connections[database(using, self._db)]
         sql = statements(connection)
         statement = sql.outbox_lookup if outbox_only else sql.read_live
         found, _count = statement.execute(connection, {"scope": scope, "key": key})
-        return None if found is None else KeyRecord.from_row(sql.key_row(connection, found))
+        if found is None:
+            return None
+        # The last column is the database's now (the app's on SQLite, which is the same).
+        read_at = database_time(found[-1]) if sql.dialect.clock_in_sql else None
+        return KeyRecord.from_row(sql.key_row(connection, found), read_at)
 
     def drain(
         self,
