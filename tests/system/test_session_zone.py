@@ -7,8 +7,10 @@ datetimes in UTC either way, so a comparison with the session's ``CURRENT_TIMEST
 ``NOW()`` on MariaDB is off by the zone's offset: five hours east, the purge would delete a
 key completed seconds ago with an hour left, and one in progress under a live lease; five
 hours west, it would delete nothing. Here the session of Django's own connection is put
-five hours east and west, and the purge (command, task, manager, admin action), its dry
-run and the outbox drain must keep the live keys and remove the expired ones.
+five hours east and west: the strategies must replay a live key, run an expired one again
+and respect a live lease, and the purge (command, task, manager, the admin's filter and
+action, partition maintenance), its dry run and the outbox drain must keep the live keys and
+remove the expired ones.
 """
 
 from __future__ import annotations
@@ -27,8 +29,11 @@ from django.utils import timezone
 
 from django_idempotency import tasks
 from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
+from django_idempotency.protocol.lifecycle import Lifecycle
 from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.store import partitions
+from django_idempotency.strategies import load_strategy
+from django_idempotency.strategies.base import Attempt, Claim, InProgress, Replay
 
 from ..support.mariadb import MARIADB, with_mariadb
 from ..support.partitions import AHEAD, partitioned_table, past_partition
@@ -142,6 +147,52 @@ def left(alias: str) -> set[str]:
 
 
 LIVE = {"live", "running"}
+
+
+# -- the strategies ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("alias", "strategy"),
+    [
+        pytest.param("default", "db", marks=pytest.mark.postgres, id="postgresql-db"),
+        pytest.param("mariadb", "db", marks=pytest.mark.mariadb, id="mariadb-db"),
+        pytest.param(
+            "default", "advisory_lock", marks=pytest.mark.postgres, id="postgresql-advisory_lock"
+        ),
+    ],
+)
+def test_a_strategy_replays_a_live_key_and_runs_an_expired_one_again(
+    alias: str, strategy: str, zone: str
+) -> None:
+    """A completed key with an hour left is replayed, and once expired (a second ago, by
+    the database's clock) it runs again, whatever the session's zone."""
+    attempt = Attempt("user:1", "k1", PRINT, ttl=3600, lock_timeout=30, database=alias)
+    with Lifecycle(load_strategy(strategy), attempt) as first:
+        assert isinstance(first.outcome, Claim)
+        first.complete(RESPONSE)
+    with Lifecycle(load_strategy(strategy), attempt) as retry:
+        assert isinstance(retry.outcome, Replay)
+    pk = IdempotencyKey.objects.using(alias).get(key="k1").pk
+    shift(alias, pk, expires_at=-1)
+    with Lifecycle(load_strategy(strategy), attempt) as again:
+        assert isinstance(again.outcome, Claim)
+        again.release()
+
+
+@pytest.mark.parametrize("alias", [POSTGRES, MARIADB])
+def test_the_db_strategys_lease_is_judged_on_the_servers_utc_clock(alias: str, zone: str) -> None:
+    """A claim whose lease was renewed a second ago is in progress; one not renewed for
+    ten minutes is taken over."""
+    running = claimed(alias, "k1")
+    shift(alias, running.pk, locked_at=-1)
+    attempt = Attempt("user:1", "k1", PRINT, ttl=3600, lock_timeout=30, database=alias)
+    with Lifecycle(load_strategy("db"), attempt) as duplicate:
+        assert isinstance(duplicate.outcome, InProgress)
+    shift(alias, running.pk, locked_at=-600)
+    with Lifecycle(load_strategy("db"), attempt) as takeover:
+        assert isinstance(takeover.outcome, Claim)
+        takeover.release()
 
 
 # -- the purge --------------------------------------------------------------------------------
