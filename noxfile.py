@@ -41,6 +41,7 @@ SMOKE = [
     "tests/test_mixins.py",
     "tests/test_decorators.py",
     "tests/test_admin.py",
+    "tests/protocol/test_transactions.py",
 ]
 
 

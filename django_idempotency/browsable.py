@@ -20,6 +20,7 @@ from typing import Any
 
 from django.http.response import HttpResponseBase
 from django.utils.cache import patch_vary_headers
+from rest_framework.renderers import BrowsableAPIRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -85,6 +86,26 @@ def drf_problem_response(error: IdempotencyError, request: Any) -> HttpResponseB
     return response
 
 
+_PAGE_RENDERERS: dict[type[BrowsableAPIRenderer], type[BrowsableAPIRenderer]] = {}
+
+
+def problem_page_renderer(base: type[BrowsableAPIRenderer]) -> type[BrowsableAPIRenderer]:
+    """``base`` (DRF's browsable renderer, or a project's subclass of it) naming
+    ``application/problem+json`` in the page's response box, where DRF names the media
+    type of the view's first renderer (``application/json``) whatever the response is;
+    one class per base, made on first use."""
+    if base in _PAGE_RENDERERS:
+        return _PAGE_RENDERERS[base]
+
+    def get_context(self: Any, data: Any, accepted_media_type: Any, context: Any) -> Any:
+        page = base.get_context(self, data, accepted_media_type, context)
+        page["response_headers"]["Content-Type"] = "application/problem+json"
+        return page
+
+    made = type(f"Problem{base.__name__}", (base,), {"get_context": get_context})
+    return _PAGE_RENDERERS.setdefault(base, made)
+
+
 def render_problem_page(response: HttpResponseBase, view: Any) -> HttpResponseBase:
     """Render a :class:`ProblemPage` now, finalized by ``view`` (DRF's ``APIView``) when it
     has not been yet; another response is returned as it is. A page that cannot be
@@ -95,6 +116,9 @@ def render_problem_page(response: HttpResponseBase, view: Any) -> HttpResponseBa
     try:
         if getattr(response, "accepted_renderer", None) is None:
             view.finalize_response(view.request, response)
+        renderer = response.accepted_renderer
+        if isinstance(renderer, BrowsableAPIRenderer):
+            response.accepted_renderer = problem_page_renderer(type(renderer))()
         response.render()
     except Exception as exc:  # the page is a convenience: never a 500 for it
         logger.warning(

@@ -152,6 +152,9 @@ def assert_page(
     assert b'-generic-content-form"' in response.content  # with its forms
     page = page_text(response)
     assert f"HTTP {error.status} " in page
+    # the response box names the problem's media type, not the view's first renderer's
+    assert "Content-Type: application/problem+json" in page, page
+    assert "Content-Type: application/json" not in page
     problem = error()
     members = [
         f'"type": "{problem.type_uri}"',

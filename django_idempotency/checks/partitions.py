@@ -64,6 +64,8 @@ def _check_database() -> list[CheckMessage]:
     """E070: PostgreSQL only, on every key database."""
     from django.db import connections
 
+    from ..store.sql import features_of
+
     if _interval() is None:
         return []
     messages: list[CheckMessage] = []
@@ -71,7 +73,7 @@ def _check_database() -> list[CheckMessage]:
         if alias not in settings.DATABASES:
             continue  # E005 / E035 name a missing alias
         vendor = connections[alias].vendor
-        if vendor != "postgresql":
+        if not features_of(connections[alias]).time_partitions:
             messages.append(
                 Error(
                     f"IDEMPOTENCY['PARTITION_INTERVAL'] is set, but database {alias!r} "
@@ -111,10 +113,11 @@ def check_partitioned_table(app_configs: Any = None, **kwargs: Any) -> list[Chec
     from django.db import DatabaseError, connections
 
     from ..store.partitions import is_partitioned
+    from ..store.sql import features_of
 
     messages: list[CheckMessage] = []
     for alias in conf.KEY_DATABASES:
-        if alias not in settings.DATABASES or connections[alias].vendor != "postgresql":
+        if alias not in settings.DATABASES or not features_of(connections[alias]).time_partitions:
             continue
         try:
             partitioned = is_partitioned(connections[alias])

@@ -14,16 +14,6 @@ from ..errors import STRATEGY_HINT, ImproperlyConfiguredStrategy
 from . import ID
 from .values import _number, _raw
 
-#: The databases each SQL strategy runs on (``connection.vendor``; ``mysql`` is MySQL and
-#: MariaDB), and how the checks name them.
-SQL_VENDORS = {
-    "db": frozenset({"postgresql", "sqlite", "mysql"}),
-    "hybrid": frozenset({"postgresql", "sqlite"}),
-}
-
-
-VENDOR_NAMES = {"postgresql": "PostgreSQL", "sqlite": "SQLite", "mysql": "MySQL/MariaDB"}
-
 
 def _check_outbox() -> list[CheckMessage]:
     """E019: OUTBOX_BATCH_SIZE is a whole number of at least 1 (0 would never drain)."""
@@ -78,32 +68,33 @@ def _database_errors(strategy: str, alias: str) -> list[CheckMessage]:
     the db strategy on MySQL or MariaDB."""
     from django.db import connections
 
-    vendor = connections[alias].vendor
-    if strategy == "advisory_lock" and vendor != "postgresql":
+    from ..store.sql import features_of, running
+
+    connection = connections[alias]
+    vendor, features = connection.vendor, features_of(connection)
+    supporting = running(strategy)  # none for a strategy that keeps no keys in SQL
+    if not supporting or strategy in features.strategies:
+        return _mysql_errors(alias) if strategy == "db" and features.session_from_options else []
+    names = " and ".join(dialect.display_name for dialect in supporting)
+    if strategy == "advisory_lock":
         return [
             Error(
-                f"The advisory_lock strategy needs PostgreSQL; database {alias!r} is {vendor}.",
+                f"The advisory_lock strategy needs {names}; database {alias!r} is {vendor}.",
                 hint="Use the 'db' strategy on SQLite.",
                 id=ID + "E007",
             )
         ]
-    supported = SQL_VENDORS.get(strategy)
-    if supported is not None and vendor not in supported:
-        names = " and ".join(VENDOR_NAMES[name] for name in sorted(supported))
-        return [
-            Error(
-                f"The {strategy} strategy supports {names}; database {alias!r} is {vendor}.",
-                hint=(
-                    "The db strategy runs on PostgreSQL, SQLite, MariaDB and MySQL."
-                    if strategy != "db"
-                    else "It needs an atomic insert-if-absent on the unique (scope, key)."
-                ),
-                id=ID + "E008",
-            )
-        ]
-    if strategy == "db" and vendor == "mysql":
-        return _mysql_errors(alias)
-    return []
+    return [
+        Error(
+            f"The {strategy} strategy supports {names}; database {alias!r} is {vendor}.",
+            hint=(
+                "The db strategy runs on PostgreSQL, SQLite, MariaDB and MySQL."
+                if strategy != "db"
+                else "It needs an atomic insert-if-absent on the unique (scope, key)."
+            ),
+            id=ID + "E008",
+        )
+    ]
 
 
 def _mysql_errors(alias: str) -> list[CheckMessage]:

@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError, connections, transaction
 
 from ..errors import DatabaseMisconfigured, LeaseLost, StoreUnavailable
-from ..store.sql import commits_in_statement
+from ..store.sql import commits_in_statement, features_of
 from ..strategies.base import Attempt, Claim, Delegate, Outcome, Strategy
-from . import testcase, writeguard
+from . import testcase, transactions, writeguard
 
 if TYPE_CHECKING:
     from .replay import StoredResponse
@@ -201,10 +201,10 @@ class Lifecycle:
 
     def _settle_and_begin(self, claim: Claim) -> Outcome | None:
         """Ask the claim whether the key is settled elsewhere, and open the view's
-        transaction (on PostgreSQL the question is its first statement)."""
+        transaction (where the database allows, the question is its first statement)."""
         atomic = self.attempt.atomic or self.strategy.claims_in_transaction
         in_transaction = (
-            atomic and self._connection.vendor == "postgresql"
+            atomic and features_of(self._connection).settles_in_view_transaction
         ) or self._atomic is not None
         settled = None
         if not in_transaction:
@@ -237,7 +237,7 @@ class Lifecycle:
         try:
             # Not in an outer block, nor in a transaction the caller manages by hand
             # (set_autocommit(False)): then this block's end is the COMMIT.
-            outermost = not connection.in_atomic_block and connection.get_autocommit()
+            outermost = transactions.starts_transaction(connection)
             atomic = transaction.atomic(using=self.attempt.database)
             atomic.__enter__()
         except DatabaseError as exc:
@@ -414,20 +414,15 @@ class Lifecycle:
           of its own): durable only at that COMMIT (see :meth:`_after_outer_commit`).
         """
         connection = self._connection
-        commits = (
-            exc_type is None
-            and not connection.needs_rollback
-            and not connection.closed_in_transaction
-        )
+        commits = exc_type is None and transactions.will_commit(connection)
         if not self._outermost:
-            outer = connection.atomic_blocks[:-1]
-            in_test_only = bool(outer) and all(getattr(b, "_from_testcase", False) for b in outer)
+            in_test_only = transactions.only_testcase_outside(connection)
             atomic.__exit__(exc_type, exc, tb)  # RELEASE (or ROLLBACK TO) SAVEPOINT
-            released = commits and in_test_only and not connection.needs_rollback
+            released = commits and in_test_only and not transactions.marked_for_rollback(connection)
             if released and self.state is State.COMPLETED:
                 self._move(State.COMMITTED)
             return
-        hooks, connection.run_on_commit = connection.run_on_commit, []
+        hooks = transactions.take_commit_hooks(connection)
         try:
             atomic.__exit__(exc_type, exc, tb)  # COMMIT or ROLLBACK
         except BaseException:
@@ -437,15 +432,14 @@ class Lifecycle:
             return
         if self.state is State.COMPLETED:
             self._move(State.COMMITTED)  # COMMIT returned: nothing may touch the record now
-        connection.run_on_commit = hooks + connection.run_on_commit
-        connection.run_and_clear_commit_hooks()  # the view's, in Django's order and way
+        transactions.run_commit_hooks(connection, hooks)  # the view's, in Django's way
 
     def _after_outer_commit(self, claim: Claim) -> None:
         """Run ``after_commit()`` when the transaction around the lifecycle's commits: the
         library's one ``on_commit`` callback, or, inside a ``TestCase``, none (see
         :mod:`~django_idempotency.protocol.testcase`)."""
         connection = self._connection
-        sid = None if connection is None else testcase.commit_point(connection)
+        sid = None if connection is None else transactions.testcase_commit_point(connection)
         if sid is None:
             transaction.on_commit(claim.after_commit, using=self.attempt.database)
         else:

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import transactions
+
 #: The connection's attribute with the work waiting for a release.
 PENDING = "_django_idempotency_pending_release"
 
@@ -28,25 +30,10 @@ class _Pending:
     work: Callable[[], None] = field(repr=False)
 
 
-def commit_point(connection: Any) -> str | None:
-    """The savepoint of the outermost block of the project's inside a ``TestCase``'s blocks,
-    when the current point is in one and that block has a savepoint; else None."""
-    blocks = connection.atomic_blocks
-    if not blocks or not getattr(blocks[0], "_from_testcase", False):
-        return None
-    for index, block in enumerate(blocks):
-        if not getattr(block, "_from_testcase", False):
-            # savepoint_ids[i] is the savepoint of atomic_blocks[i + 1] (the outermost
-            # block opens a transaction, not a savepoint).
-            sid: str | None = connection.savepoint_ids[index - 1]
-            return sid
-    return None
-
-
 def defer_to_release(connection: Any, sid: str, work: Callable[[], None]) -> None:
     """Run ``work`` when savepoint ``sid`` is released (see the module doc)."""
     _watch(connection)
-    sids = {s for s in connection.savepoint_ids if s is not None}
+    sids = transactions.open_savepoints(connection)
     pending = connection.__dict__.setdefault(PENDING, [])
     pending.append(_Pending(sid, sids, connection.connection, work))
 

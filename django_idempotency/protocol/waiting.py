@@ -27,6 +27,7 @@ from typing import Any
 from django.db import connections
 
 from ..conf import conf
+from ..store.sql import features_of
 from .keys import key_digest
 
 logger = logging.getLogger("django_idempotency")
@@ -354,7 +355,7 @@ def notify_database(alias: str, scope: str, key: str) -> None:
     other databases, whose waiters poll. Raises ``DatabaseError``: inside a transaction
     the caller must not carry on as if the statement had not failed."""
     connection = connections[alias]
-    if connection.vendor != "postgresql":
+    if not features_of(connection).notifies:
         return
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, key_digest(scope, key)])

@@ -18,7 +18,7 @@ from django.utils import timezone
 from ..conf import conf
 from .clock import DatabaseNow
 from .errors import is_transient
-from .sql import Statement, clock_in_sql, database, statements
+from .sql import Statement, clock_in_sql, database, features_of, statements
 from .status import IN_PROGRESS
 
 
@@ -176,7 +176,7 @@ class PurgeQuerySet(models.QuerySet[_Key]):
         check_older_than(older_than)
         alias = database(using, self._db)
         connection = connections[alias]
-        if connection.vendor not in {"postgresql", "sqlite"}:
+        if not features_of(connection).purges_in_statement:
             yield from self._iter_delete_expired_orm(
                 batch_size,
                 cutoff if cutoff is not None else _time(alias, None, older_than),

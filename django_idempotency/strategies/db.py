@@ -28,6 +28,7 @@ from ..protocol.keys import key_digest
 from ..protocol.replay import StoredResponse
 from ..store.errors import is_transient
 from ..store.records import ClaimState
+from ..store.sql import features_of
 from .base import (
     Attempt,
     Claim,
@@ -122,8 +123,8 @@ class DatabaseStrategy(Strategy):
     claim_class: type[DatabaseClaim] = DatabaseClaim
 
     def listener(self, attempt: Attempt) -> waiting.Listener | None:
-        if connections[attempt.database].vendor != "postgresql":
-            return None  # SQLite: in-process wake-ups and the poll
+        if not features_of(connections[attempt.database]).notifies:
+            return None  # in-process wake-ups and the poll
         return waiting.postgres_listener(attempt.database)
 
     def claim(self, attempt: Attempt) -> Outcome:

@@ -31,7 +31,7 @@ from .redis.store import (
     get_store,
     to_ms,
 )
-from .redis.strategy import RedisClaim, RedisStrategy, redis_claim
+from .redis.strategy import RedisClaim, RedisStrategy, ours, redis_claim
 
 logger = logging.getLogger("django_idempotency")
 
@@ -266,6 +266,10 @@ class HybridStrategy(RedisStrategy):
                     window_ms=self._window_ms(attempt.ttl),
                     interval_ms=to_ms(self._interval(store)),
                 )
+                if record is not None and ours(record, token):
+                    # Our own claim, applied by a send whose reply never came: its loss
+                    # check's verdict was lost with it, so the database is asked.
+                    check = LossCheck(1)
                 checks[:] = [check]
                 return won, record
 

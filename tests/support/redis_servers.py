@@ -1,7 +1,8 @@
 """Private Redis servers for tests that must flush, kill or cluster Redis.
 
 ``RedisServer`` runs one ``redis-server`` on a free loopback port, without
-persistence, as a child process that ``stop()`` terminates. ``RedisClusterNodes``
+persistence, as a child process that ``stop()`` terminates. ``paused()`` stops
+one (SIGSTOP) for a block, a server that hangs instead of failing. ``RedisClusterNodes``
 runs six of them with ``--cluster-enabled yes`` and joins them with
 ``redis-cli --cluster create ... --cluster-replicas 1`` (3 primaries, 3 replicas).
 ``RedisSentinels`` runs a master, its replica and three ``redis-server --sentinel``
@@ -12,11 +13,14 @@ is never touched.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,6 +179,19 @@ class RedisServer:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait(10)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The server stopped (SIGSTOP) for the block, then resumed (SIGCONT): a hung Redis.
+        The kernel still accepts connections and takes in what clients send, but nothing
+        answers, so every command times out on the client's side; the commands sent
+        meanwhile are read (and applied) once the server runs again."""
+        assert self.process is not None and self.process.poll() is None, "not running"
+        self.process.send_signal(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            self.process.send_signal(signal.SIGCONT)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -1,6 +1,7 @@
 """What a newcomer relies on: docs/architecture.md's module map names every module of the
-package, and only those; no import cycle, no function body over 60 lines nor above a
-cyclomatic complexity of 15; the tests mirror the package."""
+package, and only those; Django's transaction internals are read in one module; no import
+cycle, no function body over 60 lines nor above a cyclomatic complexity of 15; the tests
+mirror the package."""
 
 from __future__ import annotations
 
@@ -176,6 +177,49 @@ def test_no_import_cycle() -> None:
     for module in sorted(graph):
         visit(module, [])
     assert cycles == []
+
+
+#: Django's transaction internals: read only through protocol/transactions.py, whose tests
+#: pin their meaning on every Django version of the matrix.
+DJANGO_INTERNALS = (
+    "atomic_blocks",
+    "savepoint_ids",
+    "_from_testcase",
+    "needs_rollback",
+    "closed_in_transaction",
+    "run_on_commit",
+)
+
+
+def test_django_transaction_internals_are_read_in_one_module() -> None:
+    reading: list[str] = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path == PACKAGE / "protocol" / "transactions.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr in DJANGO_INTERNALS:
+                reading.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.attr}")
+            elif isinstance(node, ast.Constant) and node.value in DJANGO_INTERNALS:
+                reading.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.value!r}")
+    assert reading == []
+
+
+def test_only_the_dialects_compare_vendor_names() -> None:
+    """Above ``store/sql/`` the code asks a dialect's features (``features_of``), as
+    Django's backends have ``features.py``: a new vendor is one dialect module and its
+    snapshot tests. The migrations, which must not change with the code, aside."""
+    comparing: list[str] = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE)
+        if relative.parts[:2] == ("store", "sql") or relative.parts[0] == "migrations":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Compare) and any(
+                isinstance(side, ast.Attribute) and side.attr == "vendor"
+                for side in (node.left, *node.comparators)
+            ):
+                comparing.append(f"{relative}:{node.lineno}")
+    assert comparing == []
 
 
 #: What users import: the modules docs/api.md must name.

@@ -2,9 +2,11 @@
 
 As Django's ``db/backends/`` do, the base speaks the SQL the vendors share and each vendor
 module (:mod:`~django_idempotency.store.sql.postgresql`,
-:mod:`~django_idempotency.store.sql.sqlite`) overrides what differs. The builders of the
-family modules ask the dialect only for these fragments and flags, never for a vendor's
-name.
+:mod:`~django_idempotency.store.sql.sqlite`, :mod:`~django_idempotency.store.sql.mysql` for
+MariaDB and MySQL) overrides what differs. The builders of the family modules, and every
+layer above the store (the lifecycle, the waiters, the purge, the checks), ask the dialect
+for these fragments and features (as Django's ``features.py``), never for a vendor's name:
+a new vendor is one module here and its snapshot tests.
 """
 
 from __future__ import annotations
@@ -28,6 +30,26 @@ class BaseDialect:
 
     #: ``connection.vendor``.
     vendor = ""
+    #: How the checks and errors name the database.
+    display_name = "this database"
+    #: The SQL strategies that run on it (the checks refuse the others: E007, E008).
+    strategies: frozenset[str] = frozenset()
+    #: Whether the key's waiters are woken by the database (``LISTEN``/``NOTIFY``), else
+    #: they poll and are woken in-process.
+    notifies = False
+    #: Whether the claim's "is the key settled elsewhere?" read may be the first statement
+    #: of the view's transaction; else it is read before that transaction opens (on
+    #: SQLite a read fixes the snapshot, and the view's first write then fails after any
+    #: other commit).
+    settles_in_view_transaction = False
+    #: Whether a batch of the purge is one statement of the store's own SQL; else it goes
+    #: through the ORM (one ``DELETE`` with the expiry condition).
+    purges_in_statement = False
+    #: Whether the key table can be partitioned by expiry (``PARTITION_INTERVAL``).
+    time_partitions = False
+    #: Whether the ``db`` strategy's isolation level and time zone come from the
+    #: connection's ``OPTIONS``, which the checks read (E033, E034).
+    session_from_options = False
     #: Whether the statements take the time from the database server's clock (the SQL of
     #: :attr:`now_sql` and :attr:`now_plus_sql`), else from ``timezone.now()`` in a
     #: parameter. Every lease, expiry and purge decision is then made on that one clock.

@@ -21,6 +21,9 @@ from .parts import Param, Part
 
 class MySQLDialect(BaseDialect):
     vendor = "mysql"
+    display_name = "MySQL/MariaDB"
+    strategies = frozenset({"db"})
+    session_from_options = True
     clock_in_sql = True
     now_sql = "UTC_TIMESTAMP(6)"
     now_plus_sql = "(UTC_TIMESTAMP(6) + INTERVAL %s SECOND)"

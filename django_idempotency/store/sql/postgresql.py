@@ -31,6 +31,12 @@ ASYNC_COMMIT = " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS 
 
 class PostgreSQLDialect(BaseDialect):
     vendor = "postgresql"
+    display_name = "PostgreSQL"
+    strategies = frozenset({"db", "advisory_lock", "hybrid"})
+    notifies = True
+    settles_in_view_transaction = True
+    purges_in_statement = True
+    time_partitions = True
     clock_in_sql = True
     now_sql = "statement_timestamp()"
     now_plus_sql = "(statement_timestamp() + make_interval(secs => %s))"

@@ -11,4 +11,7 @@ from .base import BaseDialect
 
 class SQLiteDialect(BaseDialect):
     vendor = "sqlite"
+    display_name = "SQLite"
+    strategies = frozenset({"db", "hybrid"})
+    purges_in_statement = True
     clock_in_sql = False

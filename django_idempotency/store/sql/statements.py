@@ -37,6 +37,19 @@ DIALECTS: dict[str, type[BaseDialect]] = {
 }
 
 
+def features_of(connection: BaseDatabaseWrapper) -> type[BaseDialect]:
+    """The dialect of ``connection``'s vendor family, for its features alone: without
+    connecting (MariaDB and MySQL share theirs), as the checks and the request path ask."""
+    return DIALECTS.get(connection.vendor, BaseDialect)
+
+
+def running(strategy: str) -> list[type[BaseDialect]]:
+    """The dialects a SQL strategy runs on, by vendor name (none for another strategy)."""
+    return [
+        DIALECTS[vendor] for vendor in sorted(DIALECTS) if strategy in DIALECTS[vendor].strategies
+    ]
+
+
 def dialect_for(connection: BaseDatabaseWrapper) -> type[BaseDialect]:
     """The dialect of ``connection``'s vendor; on Django's ``mysql`` backend, MariaDB's or
     MySQL's (which asks the server, so it connects)."""

@@ -38,16 +38,14 @@ from ...errors import RedisNotConfigured
 from ...protocol.keys import key_digest
 from ...protocol.replay import StoredResponse
 from ...store.status import COMPLETED, IN_PROGRESS
+from .outcome import RedisUnavailable as RedisUnavailable  # where the callers import it
+from .outcome import failure
 
 RedisClient = Union[redis.Redis, RedisCluster]  # noqa: UP007 - a runtime alias
 
 
 #: Errors that mean "the store did not answer as it should" (redis-py wraps socket errors).
 REDIS_ERRORS: tuple[type[BaseException], ...] = (RedisError, RedisClusterException, OSError)
-
-
-class RedisUnavailable(Exception):
-    """Redis could not be reached, timed out, or the cluster is down; ``__cause__`` says why."""
 
 
 # -- clients -------------------------------------------------------------------------------
@@ -256,15 +254,18 @@ return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 """
 
 # KEYS[1] record; ARGV[1] token tail; ARGV[2] the response as JSON; ARGV[3] ttl in ms.
-# The completed record keeps the fingerprint and the token of the claim.
+# The completed record keeps the fingerprint and the token of the claim. A record already
+# completed under the same token answers 1 as well: a completion sent again because the
+# first one's reply never came (its outcome unknown) finds its own work done.
 COMPLETE_LUA = """
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
-local head = '{"s":"in_progress",'
 local tail = ARGV[1]
-if string.sub(v, 1, #head) ~= head or string.sub(v, -#tail) ~= tail then
-  return 0
-end
+if string.sub(v, -#tail) ~= tail then return 0 end
+local done = '{"s":"completed",'
+if string.sub(v, 1, #done) == done then return 1 end
+local head = '{"s":"in_progress",'
+if string.sub(v, 1, #head) ~= head then return 0 end
 local middle = string.sub(v, #head + 1, #v - #tail)
 local empty = ',"r":null'
 if string.sub(middle, -#empty) ~= empty then return 0 end
@@ -503,7 +504,7 @@ class RedisStore:
         try:
             self.client.publish(self.wake_channel, key_digest(scope, key))
         except REDIS_ERRORS as exc:
-            raise RedisUnavailable(str(exc)) from exc
+            raise failure(exc) from exc
 
     # operations
 
@@ -535,7 +536,7 @@ class RedisStore:
                 return True, None
             old = self.client.get(name)
         except REDIS_ERRORS as exc:
-            raise RedisUnavailable(str(exc)) from exc
+            raise failure(exc) from exc
         return False, None if old is None else decode_record(old)
 
     def loss_keys(self, tag: str = "hybrid") -> tuple[str, str, str]:
@@ -612,7 +613,7 @@ class RedisStore:
             return self._run_loss_script(keys, args, claim=claim)
         except REDIS_ERRORS as exc:
             self.verify_due = True
-            raise RedisUnavailable(str(exc)) from exc
+            raise failure(exc) from exc
         return reply, verify
 
     def _verdict(self, reply: list[Any], verified: bool) -> LossCheck:
@@ -664,14 +665,14 @@ class RedisStore:
         try:
             self.client.set(self.record_key(scope, key), value, px=_ms(ttl_ms))
         except REDIS_ERRORS as exc:
-            raise RedisUnavailable(str(exc)) from exc
+            raise failure(exc) from exc
 
     def get(self, scope: str, key: str) -> RedisRecord | None:
         """The record, or None: one ``GET``."""
         try:
             raw = self.client.get(self.record_key(scope, key))
         except REDIS_ERRORS as exc:
-            raise RedisUnavailable(str(exc)) from exc
+            raise failure(exc) from exc
         return None if raw is None else decode_record(raw)
 
     def pttl(self, scope: str, key: str) -> int:
@@ -679,13 +680,13 @@ class RedisStore:
         try:
             return int(self.client.pttl(self.record_key(scope, key)))
         except REDIS_ERRORS as exc:
-            raise RedisUnavailable(str(exc)) from exc
+            raise failure(exc) from exc
 
     def _run(self, script: Any, scope: str, key: str, args: list[Any]) -> bool:
         try:
             return bool(script(keys=[self.record_key(scope, key)], args=args))
         except REDIS_ERRORS as exc:
-            raise RedisUnavailable(str(exc)) from exc
+            raise failure(exc) from exc
 
 
 _stores: dict[tuple[int, str], RedisStore] = {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import partial
 
 from ...conf import conf
 from ...errors import LeaseLost, StoreUnavailable
@@ -29,6 +30,7 @@ from ..base import (
 )
 from ..db import DatabaseStrategy
 from .health import monitor
+from .outcome import RedisOutcomeUnknown, resend_once
 from .store import RedisRecord, RedisStore, RedisUnavailable, get_store, new_token, to_ms
 
 logger = logging.getLogger("django_idempotency")
@@ -52,7 +54,12 @@ class RedisClaim(Claim):
     def store(self, response: StoredResponse, *, commit: bool) -> None:
         a = self.attempt
         try:
-            stored = self.redis.complete(a.redis_scope, a.key, self.token, response, to_ms(a.ttl))
+            stored = resend_once(
+                lambda: self.redis.complete(
+                    a.redis_scope, a.key, self.token, response, to_ms(a.ttl)
+                ),
+                "completion",
+            )
         except RedisUnavailable as exc:
             raise StoreUnavailable(NOT_STORED_DETAIL) from exc
         if not stored:
@@ -105,6 +112,12 @@ def outcome_for(record: RedisRecord, attempt: Attempt) -> Outcome:
     return InProgress()
 
 
+def ours(record: RedisRecord, token: str) -> bool:
+    """Whether ``record`` is the claim this request made under ``token`` (one sent again,
+    by us or by a Cluster client's own retry, finds the first one applied)."""
+    return record.token == token and not record.completed
+
+
 #: ``(scope, key, fingerprint, token, lease_ms) -> (won, record)``, as ``RedisStore.claim``.
 ClaimCall = Callable[[str, str, str, str, int], tuple[bool, RedisRecord | None]]
 
@@ -116,13 +129,18 @@ def redis_claim(
     claim: ClaimCall | None = None,
 ) -> tuple[Outcome, RedisRecord | None]:
     """One claim in Redis (``store.claim``, or ``claim``): ``make(token)`` when won, else
-    the outcome of the record found (and the record); raises ``RedisUnavailable``."""
+    the outcome of the record found (and the record). A claim whose outcome is unknown is
+    sent once more with the same token: a record that holds that token is ours. Raises
+    ``RedisUnavailable`` (``RedisOutcomeUnknown`` when the key may be claimed)."""
     lease = to_ms(attempt.lock_timeout)
     call = claim or store.claim
     for _ in range(CLAIM_ATTEMPTS):
         token = new_token()
-        won, record = call(attempt.redis_scope, attempt.key, attempt.fingerprint, token, lease)
-        if won:
+        won, record = resend_once(
+            partial(call, attempt.redis_scope, attempt.key, attempt.fingerprint, token, lease),
+            "claim",
+        )
+        if won or (record is not None and ours(record, token)):
             return make(token), None
         if record is not None:
             return outcome_for(record, attempt), record
@@ -162,8 +180,26 @@ class RedisStrategy(Strategy):
 
     def unavailable(self, attempt: Attempt, exc: RedisUnavailable) -> Outcome:
         """Redis cannot be reached: the ``db`` strategy takes the request (counted in the
-        fallback episode, see ``redis_health``), or 503."""
+        fallback episode, see ``redis_health``), or 503. Always 503 (with ``Retry-After``)
+        when the claim's outcome is unknown: Redis may hold the key for this request or
+        for another, so no other store may run the view."""
         monitor.fell_back(self.name, exc)
+        if isinstance(exc, RedisOutcomeUnknown):
+            logger.warning(
+                "the outcome of the Redis claim of idempotency key %s (scope %s) is "
+                "unknown (%s): answered 503",
+                attempt.key,
+                attempt.scope,
+                exc,
+                extra={
+                    "idempotency_scope": attempt.scope,
+                    "idempotency_key": attempt.key,
+                    "idempotency_outcome": "redis_unknown",
+                    "idempotency_strategy": self.name,
+                },
+            )
+            retry_after = conf.RETRY_AFTER
+            raise StoreUnavailable(retry_after=1 if retry_after is None else retry_after) from exc
         if conf.REDIS_FAILURE_MODE != "db":
             raise StoreUnavailable() from exc
         logger.warning(

@@ -153,11 +153,24 @@ def test_release_never_deletes_a_completed_record(store: RedisStore) -> None:
     assert record is not None and record.completed and record.response == RESPONSE
 
 
+def test_a_completion_sent_again_finds_its_own_work_done(store: RedisStore) -> None:
+    """The completion of a claim whose first reply never came (its outcome unknown) is sent
+    again: it answers success, and the record keeps what the first one stored."""
+    token = _token()
+    store.claim("user:1", "twice", "fp", token, 5000)
+    assert store.complete("user:1", "twice", token, RESPONSE, 60_000)
+    other = StoredResponse(status=500, body=b"not this one")
+    assert store.complete("user:1", "twice", token, other, 60_000)
+    record = store.get("user:1", "twice")
+    assert record is not None and record.completed and record.response == RESPONSE
+    assert not store.complete("user:1", "twice", _token(), RESPONSE, 60_000), "another token"
+
+
 def test_an_owner_can_discard_its_own_completion(store: RedisStore) -> None:
     token = _token()
     store.claim("user:1", "undo", "fp", token, 5000)
     assert store.complete("user:1", "undo", token, RESPONSE, 60_000)
-    assert not store.complete("user:1", "undo", token, RESPONSE, 60_000), "completes once"
+    assert not store.complete("user:1", "undo", _token(), RESPONSE, 60_000)
     assert not store.discard("user:1", "undo", _token())
     assert store.discard("user:1", "undo", token)
     assert store.get("user:1", "undo") is None

@@ -1,0 +1,134 @@
+"""Which failed Redis commands did nothing and which may have been applied, on real servers:
+a closed port (refused before anything is sent), a private ``redis-server`` stopped with
+SIGSTOP (the command is sent and applied later, the reply never comes), a socket that never
+answers the connection's opening, and an error the server answers with."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import redis
+from redis.exceptions import ConnectionError, ResponseError, TimeoutError
+
+from django_idempotency.strategies.redis.outcome import (
+    RedisOutcomeUnknown,
+    RedisUnavailable,
+    failure,
+    not_sent,
+    resend_once,
+)
+from django_idempotency.strategies.redis.store import RedisStore
+
+from ...support.redis_servers import Blackhole, RedisServer, closed_port_url
+from ...support.waiting import wait_until
+
+pytestmark = pytest.mark.redis
+
+
+def _store(url: str, prefix: str, timeout: float = 0.25) -> RedisStore:
+    client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    return RedisStore(client, prefix)
+
+
+def _claim(store: RedisStore, key: str, token: str) -> tuple[bool, object]:
+    return store.claim("s", key, "fp", token, 60_000)
+
+
+def test_a_refused_connection_did_nothing(redis_prefix: str) -> None:
+    store = _store(closed_port_url(), redis_prefix)
+    with pytest.raises(RedisUnavailable) as caught:
+        _claim(store, "k", uuid.uuid4().hex)
+    assert not isinstance(caught.value, RedisOutcomeUnknown)
+
+
+def test_a_claim_sent_to_a_stopped_server_is_unknown_and_applied_once_it_runs(
+    running_private_redis: RedisServer, redis_prefix: str
+) -> None:
+    server = running_private_redis
+    store = _store(server.url, redis_prefix)
+    store.client.ping()  # connected: the claim itself is what is sent to the stopped server
+    token = uuid.uuid4().hex
+    with server.paused(), pytest.raises(RedisOutcomeUnknown):
+        _claim(store, "k", token)
+    # Not "nothing happened": the server read the claim once it ran again, and applied it.
+    wait_until(lambda: store.get("s", "k") is not None)
+    record = store.get("s", "k")
+    assert record is not None and record.token == token
+    # Sent again with the same token, the claim finds itself.
+    won, found = _claim(store, "k", token)
+    assert not won and found is not None and found.token == token  # type: ignore[attr-defined]
+
+
+def test_a_server_that_never_answers_the_connection_did_nothing(redis_prefix: str) -> None:
+    """redis-py opens a connection with commands of its own (``CLIENT SETINFO``) and reads
+    their replies before it writes the claim: a socket that never answers times out there,
+    and the claim was never sent. (A claim sent on an open connection to a server that
+    stops answering is the test above: unknown.)"""
+    hole = Blackhole()
+    try:
+        with pytest.raises(RedisUnavailable) as caught:
+            _claim(_store(hole.url, redis_prefix), "k", uuid.uuid4().hex)
+        assert not isinstance(caught.value, RedisOutcomeUnknown)
+    finally:
+        hole.close()
+
+
+def test_an_error_the_server_answers_did_nothing(shared_redis_url: str, redis_prefix: str) -> None:
+    store = _store(shared_redis_url, redis_prefix, timeout=2)
+    store.client.rpush(store.record_key("s", "k"), "not a record")  # WRONGTYPE for SET ... GET
+    with pytest.raises(RedisUnavailable) as caught:
+        _claim(store, "k", uuid.uuid4().hex)
+    assert not isinstance(caught.value, RedisOutcomeUnknown)
+
+
+@pytest.mark.parametrize(
+    ("error", "done"),
+    [
+        (ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused."), False),
+        (TimeoutError("Timeout connecting to server"), False),
+        (ResponseError("WRONGTYPE Operation against a key"), False),
+        (TimeoutError("Timeout reading from 127.0.0.1:6379"), None),
+        (ConnectionError("Connection closed by server."), None),
+        (ConnectionError("Error 104 while writing to socket. Connection reset by peer."), None),
+        (OSError("whatever the socket said"), None),
+    ],
+)
+def test_classification(error: BaseException, done: bool | None) -> None:
+    """``done`` False: nothing was done; None: unknown."""
+    assert not_sent(error) is (done is False)
+    assert isinstance(failure(error), RedisOutcomeUnknown) is (done is None)
+    assert isinstance(failure(error), RedisUnavailable)
+
+
+def test_resend_once_sends_again_only_when_the_outcome_is_unknown() -> None:
+    calls: list[int] = []
+
+    def lost_then_answered() -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RedisOutcomeUnknown("Timeout reading from socket")
+        return "answer"
+
+    assert resend_once(lost_then_answered, "claim") == "answer"
+    assert len(calls) == 2
+
+    def refused() -> str:
+        calls.append(1)
+        raise RedisUnavailable("Connection refused")
+
+    calls.clear()
+    with pytest.raises(RedisUnavailable) as caught:
+        resend_once(refused, "claim")
+    assert not isinstance(caught.value, RedisOutcomeUnknown) and len(calls) == 1
+
+    def lost_then_refused() -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RedisOutcomeUnknown("Timeout reading from socket")
+        raise RedisUnavailable("Connection refused")
+
+    calls.clear()
+    with pytest.raises(RedisOutcomeUnknown):  # the first one's outcome is still unknown
+        resend_once(lost_then_refused, "claim")
+    assert len(calls) == 2
