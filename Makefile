@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test stress-test matrix lint typecheck docs bench clean services browser pgbouncer gettext messages mariadb-dev
+.PHONY: run test stress-test matrix lint typecheck docs bench clean services browser pgbouncer faketime gettext messages mariadb-dev
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +34,7 @@ run: $(VENV)/.example
 ## tests wait on servers, threads and sleeps rather than the CPU; WORKERS=0 runs in this process.
 COVERAGE ?= --cov=django_idempotency --cov-branch --cov-report=term-missing:skip-covered
 WORKERS ?= 3
-test: $(VENV)/.test browser pgbouncer gettext
+test: $(VENV)/.test browser pgbouncer faketime gettext
 	$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope --durations=15 $(COVERAGE) $(PYTEST_ARGS)
 
 ## The whole suite $(STRESS_RUNS) times in a row, each in a random order, beside two CPU-bound
@@ -42,7 +42,7 @@ test: $(VENV)/.test browser pgbouncer gettext
 ## order. pytest-randomly prints each run's seed first; replay that order with
 ## make stress-test STRESS_RUNS=1 PYTEST_ARGS=--randomly-seed=N
 STRESS_RUNS ?= 3
-stress-test: $(VENV)/.test browser pgbouncer gettext
+stress-test: $(VENV)/.test browser pgbouncer faketime gettext
 	@hogs=""; for i in $$(seq $$(( $$(nproc) * 2 ))); do \
 		( trap 'exit 0' TERM; while :; do :; done ) & hogs="$$hogs $$!"; done; \
 	trap 'kill $$hogs 2>/dev/null' EXIT INT TERM; \
@@ -73,6 +73,12 @@ browser:
 pgbouncer:
 	@command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || [ "$$(id -u)" != 0 ] || \
 		{ (apt-get update -qq && apt-get install -y -qq pgbouncer) >/dev/null 2>&1 || echo "could not install pgbouncer"; }
+
+## Debian's libfaketime for the tests of an app server whose clock is off (a subprocess
+## run with LD_PRELOAD of libfaketime.so.1 and FAKETIME="-90s"; the database's clock is real)
+faketime:
+	@ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
+		{ (apt-get update -qq && apt-get install -y -qq faketime) >/dev/null 2>&1 || echo "could not install faketime"; }
 
 ## Debian's GNU gettext (msgfmt, xgettext, msgmerge): Django's makemessages and
 ## compilemessages run it, and tests/test_locale.py checks the catalogs with it

@@ -36,6 +36,7 @@ from django.utils.translation import gettext_lazy as _
 from . import models as idempotency_models
 from .conf import conf
 from .models import IdempotencyKey
+from .store.clock import DatabaseNow
 from .strategies import get_strategy
 
 #: Characters of a stored body shown on the detail page; the rest is cut off.
@@ -194,9 +195,9 @@ def timed(moment: Any, text: str) -> SafeString:
     )
 
 
-def expiry_text(expires_at: Any, depth: int = 1) -> str:
-    """ "in 23 hours", or "expired 2 days ago"."""
-    now = timezone.now()
+def expiry_text(expires_at: Any, depth: int = 1, now: Any = None) -> str:
+    """ "in 23 hours", or "expired 2 days ago", at ``now`` (by default the app's)."""
+    now = now or timezone.now()
     if expires_at <= now:
         return gettext("expired %(age)s ago") % {"age": human_age(now - expires_at, depth)}
     return gettext("in %(age)s") % {"age": human_age(expires_at - now, depth)}
@@ -239,7 +240,7 @@ class ExpiredFilter(ConditionFilter):
         return [("yes", _("Yes")), ("no", _("No"))]
 
     def conditions(self) -> dict[str, Q]:
-        now = timezone.now()
+        now = DatabaseNow()  # the store's clock, as the purge judges expiry
         return {"yes": Q(expires_at__lte=now), "no": Q(expires_at__gt=now)}
 
 
@@ -403,17 +404,22 @@ class IdempotencyKeyAdmin(KeyDatabaseAdmin):
 
     # -- columns and fields ---------------------------------------------------------------
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        # Each row comes with the database's now, on which its columns judge expiry and
+        # leases as the store does (not the app server's clock).
+        return super().get_queryset(request).annotate(database_now=DatabaseNow())
+
     @admin.display(boolean=True, description=_("expired"), ordering="expires_at")
     def expired(self, obj: IdempotencyKey) -> bool:
-        return obj.is_expired
+        return bool(obj.expires_at <= _now(obj))
 
     @admin.display(description=_("age"), ordering="created_at")
     def age(self, obj: IdempotencyKey) -> SafeString:
-        return timed(obj.created_at, human_age(timezone.now() - obj.created_at, depth=1))
+        return timed(obj.created_at, human_age(_now(obj) - obj.created_at, depth=1))
 
     @admin.display(description=_("expires"), ordering="expires_at")
     def expires(self, obj: IdempotencyKey) -> SafeString:
-        return timed(obj.expires_at, expiry_text(obj.expires_at))
+        return timed(obj.expires_at, expiry_text(obj.expires_at, now=_now(obj)))
 
     @admin.display(description=_("lease"))
     def lease(self, obj: IdempotencyKey) -> str:
@@ -563,12 +569,18 @@ def _log_summary(request: HttpRequest, message: str) -> None:
     )
 
 
+def _now(obj: Any) -> Any:
+    """The database's now, read with ``obj`` (``IdempotencyKeyAdmin.get_queryset``); the
+    app's for an object read otherwise."""
+    return getattr(obj, "database_now", None) or timezone.now()
+
+
 def _lease_text(obj: IdempotencyKey) -> str:
     """How long ago the in-progress lease was renewed ("renewed 12 seconds ago"), and
     whether that counts as abandoned."""
     if obj.locked_at is None:
         return str(_("no lease"))
-    age = timezone.now() - obj.locked_at
+    age = _now(obj) - obj.locked_at
     text = gettext("renewed %(age)s ago") % {"age": human_age(age)}
     if age.total_seconds() >= conf.LOCK_TIMEOUT:
         text += " " + gettext("(stale: older than LOCK_TIMEOUT, %(timeout)s)") % {

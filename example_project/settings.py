@@ -160,6 +160,8 @@ IDEMPOTENCY = {
     "LOCK_TIMEOUT": float(os.environ.get("IDEMPOTENCY_LOCK_TIMEOUT", "60")),
     "WAIT": float(os.environ.get("IDEMPOTENCY_WAIT", "0")),
 }
+if os.environ.get("IDEMPOTENCY_TTL"):
+    IDEMPOTENCY["TTL"] = float(os.environ["IDEMPOTENCY_TTL"])
 if os.environ.get("REDIS_CLUSTER_URL"):
     IDEMPOTENCY.update(REDIS_URL=os.environ["REDIS_CLUSTER_URL"], REDIS_CLUSTER=True)
 elif os.environ.get("REDIS_URL"):

@@ -20,6 +20,7 @@ from rest_framework.test import APIClient  # noqa: E402
 from .support import services  # noqa: E402
 from .support.api import api_client  # noqa: E402
 from .support.factories import UserFactory  # noqa: E402
+from .support.faketime import faketime_library  # noqa: E402
 from .support.pgbouncer import pgbouncer_binary  # noqa: E402
 from .support.workers import delete_queue  # noqa: E402
 
@@ -34,6 +35,7 @@ _CHECKS: dict[str, Callable[[], bool]] = {
     "redis_tls": lambda: services.redis_server_has_tls() and services.which("openssl") is not None,
     "browser": lambda: services.chromium() is not None,
     "pgbouncer": lambda: pgbouncer_binary() is not None,
+    "faketime": lambda: faketime_library() is not None,
     "gettext": lambda: all(services.which(tool) for tool in ("msgfmt", "xgettext", "msgmerge")),
     "mariadb": lambda: (
         "mariadb" in settings.DATABASES and services.answers(services.MARIADB_URL, 3306)

@@ -214,6 +214,38 @@ def test_nobody_adds_edits_or_deletes_one_record(admin_client: Client) -> None:
 # -- list, filters, search ----------------------------------------------------------------
 
 
+@pytest.mark.parametrize("skew", [90, -90], ids=["app-ahead-90s", "app-behind-90s"])
+def test_expiry_in_the_list_is_judged_on_the_database_clock(
+    admin_client: Client, monkeypatch: pytest.MonkeyPatch, skew: int
+) -> None:
+    """The expired filter and column, on an app server whose clock is 90 s off: a key with
+    30 s left by the database's clock is live, one expired 30 s ago is expired."""
+    from django_idempotency.store.clock import DatabaseNow
+
+    for key, left in (("live-by-db", 30), ("expired-by-db", -30)):
+        done = CompletedKeyFactory(key=key)
+        rows = IdempotencyKey.objects.filter(pk=done.pk)
+        rows.update(expires_at=DatabaseNow() + timedelta(seconds=left))
+    real_now = timezone.now
+    monkeypatch.setattr(timezone, "now", lambda: real_now() + timedelta(seconds=skew))
+
+    def keys(**params: str) -> set[str]:
+        response = admin_client.get(reverse(CHANGELIST), params)
+        assert response.status_code == 200
+        return {obj.key for obj in response.context["cl"].result_list}
+
+    assert keys(expired="no") == {"live-by-db"}
+    assert keys(expired="yes") == {"expired-by-db"}
+    page = admin_client.get(reverse(CHANGELIST), {"o": "-6"}).content.decode()
+    assert [cell.split()[0] for cell in cells(page, "expires")] == ["in", "expired"]
+    for key, expired in (("live-by-db", "False"), ("expired-by-db", "True")):
+        pk = IdempotencyKey.objects.get(key=key).pk
+        change = admin_client.get(
+            reverse("admin:django_idempotency_idempotencykey_change", args=[pk])
+        )
+        assert f'alt="{expired}"' in change.content.decode()
+
+
 def test_list_columns_filters_and_search(admin_client: Client) -> None:
     ok = CompletedKeyFactory(key="key-ok", response_status=201)
     client_error = ExpiredKeyFactory(key="key-4xx", response_status=422)

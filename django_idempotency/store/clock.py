@@ -45,7 +45,12 @@ def database_now(connection: BaseDatabaseWrapper) -> datetime:
         return timezone.now()
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT {dialect.now_sql}")
-        now: datetime = cursor.fetchone()[0]
-    if timezone.is_naive(now):  # MariaDB and MySQL: a DATETIME, in UTC
-        return timezone.make_aware(now, UTC)
-    return now.astimezone(UTC)
+        return database_time(cursor.fetchone()[0])
+
+
+def database_time(value: datetime) -> datetime:
+    """A time the database's clock gave (``now_sql`` in a statement's columns), aware and
+    in UTC: MariaDB's and MySQL's ``UTC_TIMESTAMP(6)`` is a naive ``DATETIME`` in UTC."""
+    if timezone.is_naive(value):
+        return timezone.make_aware(value, UTC)
+    return value.astimezone(UTC)

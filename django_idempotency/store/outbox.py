@@ -13,8 +13,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import NotSupportedError, OperationalError, connections, models, transaction
-from django.utils import timezone
 
+from .clock import database_now, database_time
 from .errors import is_transient
 from .records import DrainResult, KeyRecord
 from .sql import OUTBOX_ADD_COLUMNS, STORE_COLUMNS, Statement, database, statements
@@ -97,7 +97,6 @@ class IdempotencyOutboxManager(models.Manager[_Outbox]):
                     return False
             else:
                 statement = sql.outbox_add_fenced
-        now = timezone.now()
         values: dict[str, Any] = {
             "scope": scope,
             "key": key,
@@ -107,11 +106,10 @@ class IdempotencyOutboxManager(models.Manager[_Outbox]):
             "response_status": response.status,
             "response_headers": response.headers,
             "response_body": response.body,
-            "created_at": now,
-            "expires_at": now + timedelta(seconds=ttl),
         }
         for field in sql.outbox_add_fields:
             values[field.name] = field.get_db_prep_save(values[field.name], connection)
+        values["ttl"] = float(ttl)  # from the database's now, as every expiry
         if fence_lock_timeout is not None:
             values["stale"] = -float(fence_lock_timeout)
         if commit:
@@ -124,14 +122,19 @@ class IdempotencyOutboxManager(models.Manager[_Outbox]):
     ) -> KeyRecord | None:
         """The live record of (scope, key): an undrained outbox row first (it is the newer
         one), else the IdempotencyKey row, in progress or completed. Expired rows count
-        as absent, judged on the database's clock. One statement (the outbox alone with
+        as absent, judged on the database's clock, which also says when the record was
+        read (``KeyRecord.read_at``). One statement (the outbox alone with
         ``outbox_only``); no write.
         """
         connection = connections[database(using, self._db)]
         sql = statements(connection)
         statement = sql.outbox_lookup if outbox_only else sql.read_live
         found, _count = statement.execute(connection, {"scope": scope, "key": key})
-        return None if found is None else KeyRecord.from_row(sql.key_row(connection, found))
+        if found is None:
+            return None
+        # The last column is the database's now (the app's on SQLite, which is the same).
+        read_at = database_time(found[-1]) if sql.dialect.clock_in_sql else None
+        return KeyRecord.from_row(sql.key_row(connection, found), read_at)
 
     def drain(
         self,
@@ -152,9 +155,11 @@ class IdempotencyOutboxManager(models.Manager[_Outbox]):
         key) DO UPDATE`` (``ON DUPLICATE KEY UPDATE`` on MySQL and MariaDB) writes them as
         completed keys with fresh claim tokens (which also fences out a ``db`` claim of the
         same key that is still running); one ``DELETE`` removes them. Expired rows are
-        only deleted. A crash before the commit rolls all of it back, and running it again
-        writes the same rows again: several drainers at once, or one run after a crash,
-        neither lose nor duplicate a row.
+        only deleted; expiry and ``hold_partial`` are judged on the database's clock (read
+        once per transaction there: ``UTC_TIMESTAMP(6)``), never the app server's. A crash
+        before the commit rolls all of it back, and running it again writes the same rows
+        again: several drainers at once, or one run after a crash, neither lose nor
+        duplicate a row.
 
         ``hold_partial``: a batch shorter than ``batch_size`` whose oldest row is younger
         than this is left alone (``held``), so that under load every transaction carries
@@ -221,8 +226,8 @@ class IdempotencyOutboxManager(models.Manager[_Outbox]):
         """One transaction of :meth:`drain` through the ORM: the batch read, its live rows
         written as keys (``bulk_create``), the batch deleted."""
         features = connections[alias].features
-        now = timezone.now()
         with transaction.atomic(using=alias):
+            now = database_now(connections[alias])  # the statements' clock, not the app's
             rows: list[Any] = list(
                 self.using(alias)
                 .select_for_update(skip_locked=features.has_select_for_update_skip_locked)

@@ -101,10 +101,14 @@ class KeyRecord:
     response: StoredResponse | None = None
     claim_token: uuid.UUID | None = None
     locked_at: datetime | None = None
+    #: The database's now when the record was read (None where the app's clock is the
+    #: database's: SQLite).
+    read_at: datetime | None = None
 
     @classmethod
-    def from_row(cls, row: KeyRow) -> KeyRecord:
-        """The record of a row; a completed row's response, when it has one."""
+    def from_row(cls, row: KeyRow, read_at: datetime | None = None) -> KeyRecord:
+        """The record of a row (read at ``read_at`` by the database's clock); a completed
+        row's response, when it has one."""
         completed = row.status == COMPLETED and row.response_status is not None
         return cls(
             source="outbox" if row.from_outbox else "key",
@@ -115,6 +119,7 @@ class KeyRecord:
             response=row.stored_response() if completed else None,
             claim_token=row.claim_token,
             locked_at=row.locked_at,
+            read_at=read_at,
         )
 
     @property
@@ -122,10 +127,12 @@ class KeyRecord:
         return self.status == COMPLETED
 
     def ttl_seconds(self, now: datetime | None = None) -> float:
-        """Seconds this record is still replayed, by this process's clock (the TTL of a
-        Redis refill: a clock that is off shortens or lengthens that copy's life by as
-        much, and the database record stays the authority)."""
-        return max((self.expires_at - (now or timezone.now())).total_seconds(), 0.0)
+        """Seconds this record was still replayed when it was read, by the database's
+        clock (``read_at``; the app's clock only where it is the database's, on SQLite):
+        the TTL of a Redis refill, which an app server whose clock is off neither
+        shortens nor lengthens."""
+        at = now or self.read_at or timezone.now()
+        return max((self.expires_at - at).total_seconds(), 0.0)
 
 
 @dataclass(frozen=True)

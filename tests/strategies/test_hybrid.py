@@ -11,12 +11,14 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import pytest
 import redis
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
@@ -487,6 +489,31 @@ def _scope(key: str) -> tuple[str, str]:
     outbox = IdempotencyOutbox.objects.filter(key=key).first()
     row = IdempotencyKey.objects.filter(key=key).first()
     return (outbox or row).scope, key  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("drained", [False, True], ids=["in-outbox", "drained"])
+def test_a_refill_lives_what_the_record_has_left_by_the_database_clock(
+    hybrid: Any,
+    api: APIClient,
+    running_private_redis: RedisServer,
+    monkeypatch: pytest.MonkeyPatch,
+    drained: bool,
+) -> None:
+    """A key flushed from Redis is refilled from the database for what its record has
+    left by the database's clock: an app server 90 s ahead with ``TTL`` 60 no longer
+    refills it for a millisecond (as if it had expired), nor one behind for longer than the
+    record lives."""
+    hybrid(TTL=60)
+    key = uuid.uuid4().hex
+    assert post_json(api, key, {"amount": 5}).status_code == 201
+    if drained:
+        assert IdempotencyOutbox.objects.drain(100).drained == 1
+    get_client().flushall()
+    real_now = timezone.now
+    monkeypatch.setattr(timezone, "now", lambda: real_now() + timedelta(seconds=90))
+    assert replayed(post_json(api, key, {"amount": 5}))
+    assert 30_000 < get_store().pttl(*_scope(key)) <= 60_000
+    assert SideEffect.objects.count() == 1
 
 
 def test_after_loss_sees_a_failover_to_a_replica_that_missed_the_last_writes(

@@ -36,13 +36,18 @@ def start_command(database_name: str, *args: str) -> subprocess.Popen[str]:
 
 
 def run_command(
-    database_name: str, *args: str, timeout: float = 120, code: str | None = None
+    database_name: str,
+    *args: str,
+    timeout: float = 120,
+    code: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m django <args>``, or with ``code``, ``python -c <code> <args>``."""
+    """``python -m django <args>``, or with ``code``, ``python -c <code> <args>``; ``env``
+    adds to its environment (``faketime.skewed()``: a clock that is off)."""
     program = ["-c", code] if code is not None else ["-m", "django"]
     return subprocess.run(
         [sys.executable, *program, *args],
-        env=command_env(database_name),
+        env={**command_env(database_name), **(env or {})},
         cwd=ROOT,
         capture_output=True,
         text=True,

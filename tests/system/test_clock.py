@@ -24,7 +24,9 @@ from django_idempotency.protocol.lifecycle import Lifecycle
 from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.store.records import ClaimResult, ClaimState
 
+from ..support.commands import run_command
 from ..support.factories import CompletedKeyFactory, IdempotencyKeyFactory
+from ..support.faketime import skewed
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
 
@@ -272,3 +274,63 @@ def test_the_hybrid_lookup_judges_expiry_on_the_database_clock() -> None:
     with app_clock(45):
         found = IdempotencyOutbox.objects.lookup(row.scope, row.key)
     assert found is not None and found.completed
+
+
+# -- the hybrid strategy's outbox row ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("fenced", [False, True], ids=["plain", "fenced"])
+@pytest.mark.parametrize("skew", SKEWS)
+def test_an_outbox_row_is_stamped_with_the_db_clock(skew: int, fenced: bool) -> None:
+    """The row's ``created_at`` and ``expires_at`` are the database's, as the key table's
+    are: a server 45 s behind with ``TTL`` 60 would otherwise write a row with 15 s left."""
+    from django_idempotency.models import IdempotencyOutbox
+
+    fence = {"fence_lock_timeout": 30} if fenced else {}
+    with app_clock(skew):
+        assert IdempotencyOutbox.objects.add("user:1", "k1", PRINT, RESPONSE, ttl=60, **fence)
+    row = IdempotencyOutbox.objects.get(scope="user:1", key="k1")
+    assert near_db_now(row.created_at) and near_db_now(row.expires_at, offset=60)
+    assert row.expires_at - row.created_at == timedelta(seconds=60)
+
+
+#: A worker of its own whose clock is off (tests/support/faketime.py): it prints how far its
+#: clock is from the database's, then writes an outbox row as the hybrid strategy does.
+SKEWED_OUTBOX_ADD = """
+import django
+django.setup()
+from django.db import connection
+from django.utils import timezone
+from django_idempotency.models import IdempotencyOutbox
+from django_idempotency.protocol.replay import StoredResponse
+
+with connection.cursor() as cursor:
+    cursor.execute("SELECT statement_timestamp()")
+    database_now = cursor.fetchone()[0]
+print((timezone.now() - database_now).total_seconds())
+response = StoredResponse(status=201, headers={}, body=b'{"id": 1}')
+assert IdempotencyOutbox.objects.add("user:1", "skewed", "a" * 64, response, ttl=60)
+"""
+
+
+@pytest.mark.faketime
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_90s_behind_writes_an_outbox_row_that_lives_its_ttl() -> None:
+    """A real process whose clock runs 90 s behind the database's (libfaketime) completes a
+    request under ``hybrid`` with ``TTL`` 60: its outbox row lives 60 s by the database's
+    clock, and is found live (a row stamped by the worker's clock would have been written
+    expired, and a retry after a Redis flush would have run the view again)."""
+    from django_idempotency.models import IdempotencyOutbox
+
+    before = db_now()
+    done = run_command(
+        connections["default"].settings_dict["NAME"], code=SKEWED_OUTBOX_ADD, env=skewed("-90s")
+    )
+    after = db_now()
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout.split()[-1]) < -80  # the worker's clock really was behind
+    row = IdempotencyOutbox.objects.get(scope="user:1", key="skewed")
+    assert before <= row.created_at <= after
+    assert row.expires_at - row.created_at == timedelta(seconds=60)
+    found = IdempotencyOutbox.objects.lookup("user:1", "skewed")
+    assert found is not None and found.completed and found.source == "outbox"

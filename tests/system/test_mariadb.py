@@ -151,6 +151,33 @@ def test_leases_are_judged_on_the_servers_utc_clock(monkeypatch: pytest.MonkeyPa
     assert taken.state is ClaimState.CLAIMED and taken.taken_over
 
 
+@pytest.mark.parametrize("skew", [90, -90], ids=["app-ahead-90s", "app-behind-90s"])
+def test_the_drain_judges_expiry_on_the_servers_clock(
+    monkeypatch: pytest.MonkeyPatch, skew: int
+) -> None:
+    """The drain through the ORM (MariaDB has no one-statement drain) reads the server's
+    clock: a row with 30 s left is moved and one expired 30 s ago dropped, and rows written
+    two minutes ago are not held back as young, whatever the app server's clock says."""
+    with connections[ALIAS].cursor() as cursor:
+        cursor.execute("SELECT UTC_TIMESTAMP(6)")
+        server_now = timezone.make_aware(cursor.fetchone()[0], UTC)
+    for key, left in (("live", 30), ("expired", -30)):
+        IdempotencyOutbox.objects.using(ALIAS).create(
+            scope="user:1",
+            key=key,
+            fingerprint=PRINT,
+            response_status=201,
+            created_at=server_now - timedelta(minutes=2),
+            expires_at=server_now + timedelta(seconds=left),
+        )
+    real_now = timezone.now
+    monkeypatch.setattr(timezone, "now", lambda: real_now() + timedelta(seconds=skew))
+    outbox = IdempotencyOutbox.objects
+    result = outbox.drain(using=ALIAS, hold_partial=timedelta(minutes=1))
+    assert (result.drained, result.discarded, result.held) == (1, 1, 0)
+    assert list(IdempotencyKey.objects.using(ALIAS).values_list("key", flat=True)) == ["live"]
+
+
 # -- InnoDB's lock waits and deadlocks -------------------------------------------------------
 
 

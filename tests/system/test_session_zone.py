@@ -7,8 +7,10 @@ datetimes in UTC either way, so a comparison with the session's ``CURRENT_TIMEST
 ``NOW()`` on MariaDB is off by the zone's offset: five hours east, the purge would delete a
 key completed seconds ago with an hour left, and one in progress under a live lease; five
 hours west, it would delete nothing. Here the session of Django's own connection is put
-five hours east and west, and the purge (command, task, manager, admin action), its dry
-run and the outbox drain must keep the live keys and remove the expired ones.
+five hours east and west: the strategies must replay a live key, run an expired one again
+and respect a live lease, and the purge (command, task, manager, the admin's filter and
+action, partition maintenance), its dry run and the outbox drain must keep the live keys and
+remove the expired ones.
 """
 
 from __future__ import annotations
@@ -17,17 +19,24 @@ import io
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 from django.core.management import call_command
 from django.db import connections
+from django.urls import reverse
 from django.utils import timezone
 
 from django_idempotency import tasks
 from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
+from django_idempotency.protocol.lifecycle import Lifecycle
 from django_idempotency.protocol.replay import StoredResponse
+from django_idempotency.store import partitions
+from django_idempotency.strategies import load_strategy
+from django_idempotency.strategies.base import Attempt, Claim, InProgress, Replay
 
 from ..support.mariadb import MARIADB, with_mariadb
+from ..support.partitions import AHEAD, partitioned_table, past_partition
 
 pytestmark = pytest.mark.django_db(databases=with_mariadb("default"))
 
@@ -103,30 +112,33 @@ def shift(alias: str, pk: int | None, **seconds: float) -> None:
         )
 
 
-def claimed(alias: str, key: str) -> Any:
+def claimed(alias: str, key: str, ttl: float = 3600) -> Any:
     result = IdempotencyKey.objects.claim(
-        "user:1", key, PRINT, ttl=3600, lock_timeout=30, using=alias
+        "user:1", key, PRINT, ttl=ttl, lock_timeout=5, using=alias
     )
     assert result.pk is not None and result.token is not None
     return result
 
 
-def completed(alias: str, key: str) -> int:
-    owner = claimed(alias, key)
-    assert IdempotencyKey.objects.complete(owner.pk, owner.token, RESPONSE, ttl=3600, using=alias)
+def completed(alias: str, key: str, ttl: float = 3600) -> int:
+    owner = claimed(alias, key, ttl)
+    assert IdempotencyKey.objects.complete(owner.pk, owner.token, RESPONSE, ttl=ttl, using=alias)
     return int(owner.pk)
 
 
-def four_keys(alias: str) -> dict[str, int]:
+def four_keys(alias: str, ttl: float = 3600) -> dict[str, int]:
     """Two live keys and two expired ones, stamped by the database's clock: ``live``
-    completed just now with an hour left, ``running`` in progress under a lease renewed
-    just now, ``done`` completed and expired a minute ago, ``abandoned`` in progress, past
-    its expiry and its lease not renewed for ten minutes."""
-    keys = {"live": completed(alias, "live"), "running": int(claimed(alias, "running").pk)}
-    keys["done"] = completed(alias, "done")
-    shift(alias, keys["done"], expires_at=-60)
-    keys["abandoned"] = int(claimed(alias, "abandoned").pk)
-    shift(alias, keys["abandoned"], expires_at=-60, locked_at=-600)
+    completed just now with ``ttl`` left (an hour), ``running`` in progress under a lease
+    renewed just now, ``done`` completed and expired 30 s ago, ``abandoned`` in progress,
+    past its expiry and its lease not renewed for ten minutes."""
+    keys = {
+        "live": completed(alias, "live", ttl),
+        "running": int(claimed(alias, "running", ttl).pk),
+    }
+    keys["done"] = completed(alias, "done", ttl)
+    shift(alias, keys["done"], expires_at=-30)
+    keys["abandoned"] = int(claimed(alias, "abandoned", ttl).pk)
+    shift(alias, keys["abandoned"], expires_at=-30, locked_at=-600)
     return keys
 
 
@@ -135,6 +147,52 @@ def left(alias: str) -> set[str]:
 
 
 LIVE = {"live", "running"}
+
+
+# -- the strategies ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("alias", "strategy"),
+    [
+        pytest.param("default", "db", marks=pytest.mark.postgres, id="postgresql-db"),
+        pytest.param("mariadb", "db", marks=pytest.mark.mariadb, id="mariadb-db"),
+        pytest.param(
+            "default", "advisory_lock", marks=pytest.mark.postgres, id="postgresql-advisory_lock"
+        ),
+    ],
+)
+def test_a_strategy_replays_a_live_key_and_runs_an_expired_one_again(
+    alias: str, strategy: str, zone: str
+) -> None:
+    """A completed key with an hour left is replayed, and once expired (a second ago, by
+    the database's clock) it runs again, whatever the session's zone."""
+    attempt = Attempt("user:1", "k1", PRINT, ttl=3600, lock_timeout=30, database=alias)
+    with Lifecycle(load_strategy(strategy), attempt) as first:
+        assert isinstance(first.outcome, Claim)
+        first.complete(RESPONSE)
+    with Lifecycle(load_strategy(strategy), attempt) as retry:
+        assert isinstance(retry.outcome, Replay)
+    pk = IdempotencyKey.objects.using(alias).get(key="k1").pk
+    shift(alias, pk, expires_at=-1)
+    with Lifecycle(load_strategy(strategy), attempt) as again:
+        assert isinstance(again.outcome, Claim)
+        again.release()
+
+
+@pytest.mark.parametrize("alias", [POSTGRES, MARIADB])
+def test_the_db_strategys_lease_is_judged_on_the_servers_utc_clock(alias: str, zone: str) -> None:
+    """A claim whose lease was renewed a second ago is in progress; one not renewed for
+    ten minutes is taken over."""
+    running = claimed(alias, "k1")
+    shift(alias, running.pk, locked_at=-1)
+    attempt = Attempt("user:1", "k1", PRINT, ttl=3600, lock_timeout=30, database=alias)
+    with Lifecycle(load_strategy("db"), attempt) as duplicate:
+        assert isinstance(duplicate.outcome, InProgress)
+    shift(alias, running.pk, locked_at=-600)
+    with Lifecycle(load_strategy("db"), attempt) as takeover:
+        assert isinstance(takeover.outcome, Claim)
+        takeover.release()
 
 
 # -- the purge --------------------------------------------------------------------------------
@@ -178,6 +236,32 @@ def test_the_admins_purge_action_keeps_live_keys(alias: str, zone: str) -> None:
     assert left(alias) == LIVE
 
 
+def test_the_admin_lists_and_purges_on_the_servers_utc_clock(
+    alias: str, zone: str, admin_client: Any, settings: Any
+) -> None:
+    """The admin's expired filter and its purge action, through the admin itself, on the
+    key database whose session is five hours off UTC."""
+    settings.IDEMPOTENCY = {"KEY_DATABASES": list(dict.fromkeys(["default", alias]))}
+    keys = four_keys(alias)
+    changelist = reverse("admin:django_idempotency_idempotencykey_changelist")
+    there = {"database": alias} if alias != "default" else {}
+
+    def listed(**params: str) -> set[str]:
+        response = admin_client.get(changelist, {**there, **params})
+        assert response.status_code == 200
+        return {obj.key for obj in response.context["cl"].result_list}
+
+    assert listed(expired="no") == LIVE
+    assert listed(expired="yes") == {"done", "abandoned"}
+    page = admin_client.post(
+        changelist + ("?" + urlencode(there) if there else ""),
+        {"action": "purge_expired_keys", "_selected_action": [str(pk) for pk in keys.values()]},
+        follow=True,
+    )
+    assert "Purged 2 expired keys. 2 keys have not expired and were kept." in page.content.decode()
+    assert left(alias) == LIVE
+
+
 # -- the outbox drain -------------------------------------------------------------------------
 
 
@@ -197,3 +281,27 @@ def test_the_drain_moves_a_live_row_and_drops_an_expired_one(alias: str, zone: s
     call_command("drain_idempotency_outbox", "--database", alias, stdout=out)
     assert not IdempotencyOutbox.objects.using(alias).exists()
     assert left(alias) == {"live"}
+
+
+# -- partition maintenance (PostgreSQL) ---------------------------------------------------------
+
+
+@pytest.mark.django_db(databases=["default"], transaction=True)
+@pytest.mark.parametrize("alias", [POSTGRES])
+def test_partition_maintenance_drops_only_what_ended(alias: str, zone: str) -> None:
+    """With the key table partitioned by expiry, the purge drops the partitions that ended
+    on the database's clock and creates those ahead from it: the live keys stay, the
+    expired ones go, whatever the session's zone (partition bounds are instants)."""
+    with partitioned_table(using=alias):
+        lower, _upper = past_partition(alias)
+        keys = four_keys(alias, ttl=10)
+        shift(alias, keys["done"], expires_at=-(db_now(alias) - lower).total_seconds() + 1)
+        ended = partitions.partition_name(partitions.table(), lower)
+        call_command("purge_idempotency_keys", "--database", alias, stdout=io.StringIO())
+        assert left(alias) == LIVE
+        found = partitions.partitions(connections[alias])
+        assert ended not in {p.name for p in found}
+        assert min(p.lower for p in found) <= db_now(alias)
+        assert max(p.upper for p in found) >= db_now(alias) + timedelta(seconds=10 + AHEAD - 2)
+        for partition in found:  # named by its lower bound in UTC, whatever the session's zone
+            assert partition.name == partitions.partition_name(partitions.table(), partition.lower)

@@ -2,13 +2,15 @@
 
 A live row for the key wins (the conflict leaves it and returns nothing); an expired one
 that was never drained is replaced. On PostgreSQL the commit guard (a stale ``db`` claim
-deleted, a live key row refusing the insert) is folded into the same statement.
+deleted, a live key row refusing the insert) is folded into the same statement. The row's
+``created_at`` and ``expires_at`` (now plus parameter ``ttl``) are the database's clock, as
+every time of the key table is: never the app server's.
 """
 
 from __future__ import annotations
 
 from ..status import IN_PROGRESS
-from .parts import Param, Part, joined
+from .parts import Now, Param, Part, joined
 from .schema import Schema
 
 #: The columns of the outbox insert (the first two are the conflict target).
@@ -24,6 +26,17 @@ OUTBOX_ADD_COLUMNS = (
     "created_at",
     "expires_at",
 )
+
+
+#: The columns whose values are parameters; ``created_at`` and ``expires_at`` follow, from
+#: the database's clock (:func:`_values`).
+OUTBOX_ADD_PARAMS = OUTBOX_ADD_COLUMNS[:-2]
+
+
+def _values(s: Schema) -> list[Part]:
+    """The values of :data:`OUTBOX_ADD_COLUMNS`: the parameters, then now and now plus
+    ``ttl`` seconds."""
+    return joined([*(Param(name) for name in OUTBOX_ADD_PARAMS), Now(), Now("ttl")])
 
 
 def _columns(s: Schema) -> list[str]:
@@ -45,7 +58,7 @@ def outbox_add(s: Schema) -> list[Part]:
     """``INSERT … VALUES … ON CONFLICT (scope, key) DO UPDATE … WHERE expired RETURNING``."""
     return [
         f"INSERT INTO {s.outbox} ({', '.join(_columns(s))}) VALUES (",
-        *joined([Param(name) for name in OUTBOX_ADD_COLUMNS]),
+        *_values(s),
         ")" + _upsert(s),
     ]
 
@@ -73,7 +86,7 @@ def outbox_add_fenced(s: Schema) -> list[Part]:
     by ``fenced``."""
     return [
         f"INSERT INTO {s.outbox} ({', '.join(_columns(s))}) SELECT ",
-        *joined([Param(name) for name in OUTBOX_ADD_COLUMNS]),
+        *_values(s),
         " WHERE NOT EXISTS (SELECT 1 FROM key_row WHERE NOT key_row.free)",
         f" AND (NOT EXISTS (SELECT 1 FROM key_row WHERE key_row.status = '{IN_PROGRESS}')",
         " OR EXISTS (SELECT 1 FROM fenced))",

@@ -37,13 +37,22 @@ def _key_row(s: Schema, *live: Part) -> list[Part]:
     return [f" FROM {s.table}", *s.key_where(), *live, " ORDER BY 1 LIMIT 1"]
 
 
-def _outbox_then_key(s: Schema, *key_live: Part) -> list[Part]:
+def _outbox_then_key(s: Schema, *key_live: Part, clock: list[Part] | None = None) -> list[Part]:
+    clock = clock or []
     return [
         f"SELECT 0, {_outbox_as_key(s)}",
+        *clock,
         *s.outbox_live(Now()),
         f" UNION ALL SELECT 1, {_key_columns(s)}",
+        *clock,
         *_key_row(s, *key_live),
     ]
+
+
+#: The last column of the lookups of live rows: the database's now, from which the
+#: ``hybrid`` strategy counts what a record has left when it refills Redis
+#: (``KeyRecord.ttl_seconds``), never from the app server's clock.
+CLOCK: list[Part] = [", ", Now()]
 
 
 def read(s: Schema) -> list[Part]:
@@ -52,9 +61,10 @@ def read(s: Schema) -> list[Part]:
 
 
 def read_live(s: Schema) -> list[Part]:
-    """The same, live rows only: an expired key row counts as absent (database clock).
-    The ``hybrid`` strategy's lookup, and ``advisory_lock``'s read."""
-    return _outbox_then_key(s, f" AND {s.col('expires_at')} > ", Now())
+    """The same, live rows only: an expired key row counts as absent (database clock),
+    and the database's now as the last column. The ``hybrid`` strategy's lookup, and
+    ``advisory_lock``'s read."""
+    return _outbox_then_key(s, f" AND {s.col('expires_at')} > ", Now(), clock=CLOCK)
 
 
 def claim_read(s: Schema) -> list[Part]:
@@ -70,5 +80,5 @@ def claim_read(s: Schema) -> list[Part]:
 
 
 def outbox_lookup(s: Schema) -> list[Part]:
-    """The key's live outbox row alone."""
-    return [f"SELECT 0, {_outbox_as_key(s)}", *s.outbox_live(Now())]
+    """The key's live outbox row alone, and the database's now as the last column."""
+    return [f"SELECT 0, {_outbox_as_key(s)}", *CLOCK, *s.outbox_live(Now())]

@@ -19,7 +19,7 @@ from ..records import READ_COLUMNS, KeyRow
 from . import claim, completed, drain, fence, outbox, owner, partitioned, purge, read
 from .base import BaseDialect
 from .mysql import MariaDBDialect, MySQLDialect
-from .outbox import OUTBOX_ADD_COLUMNS
+from .outbox import OUTBOX_ADD_PARAMS
 from .parts import Part
 from .postgresql import PostgreSQLDialect, and_commit
 from .schema import Schema
@@ -142,8 +142,9 @@ class Statements:
         self.release = s.statement(*owner.release(s))
         self.fence_read = s.statement(*fence.fence_read(s))
         self.fence_delete = s.statement(*fence.fence_delete(s))
-        #: The outbox row's fields, whose ``get_db_prep_save`` adapts its values.
-        self.outbox_add_fields = [s.outbox_fields[name] for name in OUTBOX_ADD_COLUMNS]
+        #: The outbox row's fields, whose ``get_db_prep_save`` adapts its values (not its
+        #: times: the database's clock writes them).
+        self.outbox_add_fields = [s.outbox_fields[name] for name in OUTBOX_ADD_PARAMS]
         self._commit_forms(s)
         if self.partitioned:
             self._partitioned(s)

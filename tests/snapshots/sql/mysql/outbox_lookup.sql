@@ -1,6 +1,6 @@
 -- outbox_lookup (mysql)
 -- parameters: scope, key
-SELECT 0, `django_idempotency_idempotencyoutbox`.`id`, `django_idempotency_idempotencyoutbox`.`fingerprint`, 'completed', NULL, NULL, `django_idempotency_idempotencyoutbox`.`expires_at`, `django_idempotency_idempotencyoutbox`.`response_status`, `django_idempotency_idempotencyoutbox`.`response_headers`, `django_idempotency_idempotencyoutbox`.`response_body`
+SELECT 0, `django_idempotency_idempotencyoutbox`.`id`, `django_idempotency_idempotencyoutbox`.`fingerprint`, 'completed', NULL, NULL, `django_idempotency_idempotencyoutbox`.`expires_at`, `django_idempotency_idempotencyoutbox`.`response_status`, `django_idempotency_idempotencyoutbox`.`response_headers`, `django_idempotency_idempotencyoutbox`.`response_body`, UTC_TIMESTAMP(6)
 FROM `django_idempotency_idempotencyoutbox`
 WHERE `django_idempotency_idempotencyoutbox`.`scope` = %s
 AND `django_idempotency_idempotencyoutbox`.`key` = %s

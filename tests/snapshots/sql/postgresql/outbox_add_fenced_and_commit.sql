@@ -1,5 +1,5 @@
 -- outbox_add_fenced_and_commit (postgresql)
--- parameters: scope, key, stale, stale, scope, key, scope, key, fingerprint, request_method, request_path, response_status, response_headers, response_body, created_at, expires_at
+-- parameters: scope, key, stale, stale, scope, key, scope, key, fingerprint, request_method, request_path, response_status, response_headers, response_body, ttl
 WITH fenced AS (DELETE
 FROM "django_idempotency_idempotencykey"
 WHERE "scope" = %s
@@ -11,7 +11,7 @@ AND "expires_at" <= statement_timestamp()) OR ("status" = 'in_progress'
 AND ("locked_at" IS NULL OR "locked_at" <= (statement_timestamp() + make_interval(secs => %s))))) AS free
 FROM "django_idempotency_idempotencykey"
 WHERE "scope" = %s
-AND "key" = %s), stored AS (INSERT INTO "django_idempotency_idempotencyoutbox" ("scope", "key", "fingerprint", "request_method", "request_path", "response_status", "response_headers", "response_body", "created_at", "expires_at") SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s
+AND "key" = %s), stored AS (INSERT INTO "django_idempotency_idempotencyoutbox" ("scope", "key", "fingerprint", "request_method", "request_path", "response_status", "response_headers", "response_body", "created_at", "expires_at") SELECT %s, %s, %s, %s, %s, %s, %s, %s, statement_timestamp(), (statement_timestamp() + make_interval(secs => %s))
 WHERE NOT EXISTS (SELECT 1
 FROM key_row
 WHERE NOT key_row.free)

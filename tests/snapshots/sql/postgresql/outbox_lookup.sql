@@ -1,6 +1,6 @@
 -- outbox_lookup (postgresql)
 -- parameters: scope, key
-SELECT 0, "django_idempotency_idempotencyoutbox"."id", "django_idempotency_idempotencyoutbox"."fingerprint", 'completed', NULL, NULL, "django_idempotency_idempotencyoutbox"."expires_at", "django_idempotency_idempotencyoutbox"."response_status", "django_idempotency_idempotencyoutbox"."response_headers", "django_idempotency_idempotencyoutbox"."response_body"
+SELECT 0, "django_idempotency_idempotencyoutbox"."id", "django_idempotency_idempotencyoutbox"."fingerprint", 'completed', NULL, NULL, "django_idempotency_idempotencyoutbox"."expires_at", "django_idempotency_idempotencyoutbox"."response_status", "django_idempotency_idempotencyoutbox"."response_headers", "django_idempotency_idempotencyoutbox"."response_body", statement_timestamp()
 FROM "django_idempotency_idempotencyoutbox"
 WHERE "django_idempotency_idempotencyoutbox"."scope" = %s
 AND "django_idempotency_idempotencyoutbox"."key" = %s

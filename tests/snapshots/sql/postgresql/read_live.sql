@@ -1,11 +1,11 @@
 -- read_live (postgresql)
 -- parameters: scope, key, scope, key
-SELECT 0, "django_idempotency_idempotencyoutbox"."id", "django_idempotency_idempotencyoutbox"."fingerprint", 'completed', NULL, NULL, "django_idempotency_idempotencyoutbox"."expires_at", "django_idempotency_idempotencyoutbox"."response_status", "django_idempotency_idempotencyoutbox"."response_headers", "django_idempotency_idempotencyoutbox"."response_body"
+SELECT 0, "django_idempotency_idempotencyoutbox"."id", "django_idempotency_idempotencyoutbox"."fingerprint", 'completed', NULL, NULL, "django_idempotency_idempotencyoutbox"."expires_at", "django_idempotency_idempotencyoutbox"."response_status", "django_idempotency_idempotencyoutbox"."response_headers", "django_idempotency_idempotencyoutbox"."response_body", statement_timestamp()
 FROM "django_idempotency_idempotencyoutbox"
 WHERE "django_idempotency_idempotencyoutbox"."scope" = %s
 AND "django_idempotency_idempotencyoutbox"."key" = %s
 AND "django_idempotency_idempotencyoutbox"."expires_at" > statement_timestamp()
-UNION ALL SELECT 1, "id", "fingerprint", "status", "claim_token", "locked_at", "expires_at", "response_status", "response_headers", "response_body"
+UNION ALL SELECT 1, "id", "fingerprint", "status", "claim_token", "locked_at", "expires_at", "response_status", "response_headers", "response_body", statement_timestamp()
 FROM "django_idempotency_idempotencykey"
 WHERE "scope" = %s
 AND "key" = %s

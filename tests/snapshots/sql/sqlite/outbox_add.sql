@@ -1,5 +1,5 @@
 -- outbox_add (sqlite)
--- parameters: scope, key, fingerprint, request_method, request_path, response_status, response_headers, response_body, created_at, expires_at
+-- parameters: scope, key, fingerprint, request_method, request_path, response_status, response_headers, response_body, app_now, app_now+ttl
 INSERT INTO "django_idempotency_idempotencyoutbox" ("scope", "key", "fingerprint", "request_method", "request_path", "response_status", "response_headers", "response_body", "created_at", "expires_at")
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT ("scope", "key") DO UPDATE

@@ -1,6 +1,6 @@
 -- outbox_lookup (sqlite)
--- parameters: scope, key, app_now
-SELECT 0, "django_idempotency_idempotencyoutbox"."id", "django_idempotency_idempotencyoutbox"."fingerprint", 'completed', NULL, NULL, "django_idempotency_idempotencyoutbox"."expires_at", "django_idempotency_idempotencyoutbox"."response_status", "django_idempotency_idempotencyoutbox"."response_headers", "django_idempotency_idempotencyoutbox"."response_body"
+-- parameters: app_now, scope, key, app_now
+SELECT 0, "django_idempotency_idempotencyoutbox"."id", "django_idempotency_idempotencyoutbox"."fingerprint", 'completed', NULL, NULL, "django_idempotency_idempotencyoutbox"."expires_at", "django_idempotency_idempotencyoutbox"."response_status", "django_idempotency_idempotencyoutbox"."response_headers", "django_idempotency_idempotencyoutbox"."response_body", %s
 FROM "django_idempotency_idempotencyoutbox"
 WHERE "django_idempotency_idempotencyoutbox"."scope" = %s
 AND "django_idempotency_idempotencyoutbox"."key" = %s
