@@ -106,13 +106,6 @@ def test_racing_requests_run_the_view_once(strategy: str) -> None:
 FAR = {"TTL": 3600}
 
 
-def _advisory_finds_it_at_completion(strategy: str, request: pytest.FixtureRequest) -> None:
-    if strategy == "advisory_lock":
-        request.applymarker(
-            pytest.mark.xfail(strict=True, reason="advisory_lock finds it after the view ran")
-        )
-
-
 @pytest.fixture
 def bodies(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every run of the test view's body, counted outside every transaction (a row of
@@ -129,15 +122,11 @@ def bodies(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def test_a_claim_past_the_last_partition_is_503_with_retry_after_before_the_view(
-    strategy: str,
-    bodies: list[str],
-    caplog: pytest.LogCaptureFixture,
-    request: pytest.FixtureRequest,
+    strategy: str, bodies: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     """docs/operations.md: such a claim is a 503 with Retry-After, and the log names the fix.
     The view does not run (with advisory_lock it used to run, and fail at its completion),
     nothing is stored, and once the partitions reach far enough the retry runs."""
-    _advisory_finds_it_at_completion(strategy, request)
     with override_settings(IDEMPOTENCY={**SMALL, "STRATEGY": strategy, **FAR}):
         response = post({"a": 1})
     assert_problem(response, 503, "store-unavailable")
@@ -150,11 +139,10 @@ def test_a_claim_past_the_last_partition_is_503_with_retry_after_before_the_view
 
 
 def test_queued_duplicates_past_the_last_partition_never_run_the_view(
-    strategy: str, bodies: list[str], request: pytest.FixtureRequest
+    strategy: str, bodies: list[str]
 ) -> None:
     """Duplicates that queue on the key (advisory_lock's wait for the lock) each find the
     missing partition before the view: none runs it."""
-    _advisory_finds_it_at_completion(strategy, request)
     with override_settings(IDEMPOTENCY={**SMALL, "STRATEGY": strategy, **FAR}):
 
         def send(_i: int) -> tuple[int, str | None]:
