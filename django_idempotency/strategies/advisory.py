@@ -59,9 +59,12 @@ class AdvisoryClaim(Claim):
         # The view's transaction rolled back, and the lock with it: another request may
         # have run and completed the key since. Take the lock again and store only
         # over an absent or expired record, never over the other execution's.
-        with transaction.atomic(using=self.attempt.database):
-            lock(dataclasses.replace(self.attempt, wait=0))  # the owner: no waiter slot
-            return self._upsert(response)
+        try:
+            with transaction.atomic(using=self.attempt.database):
+                lock(dataclasses.replace(self.attempt, wait=0))  # the owner: no waiter slot
+                return self._upsert(response)
+        except DatabaseError as exc:
+            raise store_failed(exc, committing=False)  # noqa: B904 - chained there
 
     def _upsert(self, response: StoredResponse, *, commit: bool = False) -> bool:
         attempt = self.attempt

@@ -17,7 +17,8 @@ from django.utils import timezone
 from django_idempotency.errors import StoreUnavailable
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.protocol.replay import REPLAYED_HEADER, StoredResponse
-from django_idempotency.strategies.base import store_failed
+from django_idempotency.strategies.advisory import AdvisoryClaim
+from django_idempotency.strategies.base import Attempt, store_failed
 
 from ..support.assertions import assert_problem
 from ..support.partitions import SMALL, partitioned_table
@@ -166,3 +167,16 @@ def test_a_completion_past_the_last_partition_is_503_with_retry_after(strategy: 
     for committing in (False, True):
         error = store_failed(info.value, committing=committing)
         assert isinstance(error, StoreUnavailable) and error.retry_after == 1
+
+
+def test_a_response_stored_after_a_rollback_past_the_last_partition_is_503() -> None:
+    """advisory_lock stores the response of a view whose transaction rolled back in a
+    transaction of its own: should no partition hold its expiry by then, that too is a 503
+    with Retry-After, not the database's error."""
+    far = Attempt("user:1", "pending", "a" * 64, ttl=3600, lock_timeout=5)
+    with (
+        partitioned_table({**SMALL, "STRATEGY": "advisory_lock"}),
+        pytest.raises(StoreUnavailable) as info,
+    ):
+        AdvisoryClaim(far).store_pending(StoredResponse(201, {}, b""))
+    assert info.value.retry_after == 1
