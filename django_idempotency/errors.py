@@ -93,6 +93,43 @@ class InvalidBody(IdempotencyError):
     )
 
 
+class IncompleteBody(IdempotencyError):
+    """The request carries a key, but its body ended before the length its
+    ``Content-Length`` header announced: the client closed the connection while sending it
+    (a WSGI server such as gunicorn hands the part it received over without an error). A
+    part of a request is not the request: the key is not claimed and the view did not run.
+    Send the whole request again with the same key: it runs then, once."""
+
+    status = 400
+    slug = "incomplete-body"
+    title = _("Incomplete request body")
+    default_detail = _(
+        "The request body is shorter than its Content-Length header announced, so the "
+        "request was not processed. Send the whole request again with the same "
+        "Idempotency-Key."
+    )
+
+    def __init__(
+        self,
+        detail: StrOrPromise | None = None,
+        *,
+        retry_after: int | None = None,
+        received: int | None = None,
+        announced: int | None = None,
+    ) -> None:
+        if detail is None and received is not None and announced is not None:
+            detail = format_lazy(
+                _(
+                    "The request body ended after {received} of the {announced} bytes its "
+                    "Content-Length header announced, so the request was not processed. Send "
+                    "the whole request again with the same Idempotency-Key."
+                ),
+                received=received,
+                announced=announced,
+            )
+        super().__init__(detail, retry_after=retry_after)
+
+
 class CredentialsNotAuthenticated(IdempotencyError):
     """The request carries credentials (an ``Authorization`` header, or another of
     ``CREDENTIAL_HEADERS``) but its user was still anonymous when the key was claimed:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from contextlib import suppress
 from io import BytesIO
 from json.encoder import encode_basestring_ascii
 from operator import itemgetter
@@ -22,6 +23,7 @@ from django.utils.datastructures import MultiValueDict
 
 from ..conf import conf
 from ..errors import InvalidBody, RequestTooLarge
+from .body import parse_form, read_body
 from .negotiation import format_parameter
 
 #: JSON nested deeper than this is fingerprinted by its bytes, not canonicalised.
@@ -172,27 +174,12 @@ def _parsed_by_django(request: HttpRequest) -> bool:
 def preload_body(request: HttpRequest) -> None:
     """Read the body into memory before a framework parses the stream, so the
     fingerprint can still see it. Multipart POST bodies are left to Django's form
-    parser. Raises RequestTooLarge (413) past ``DATA_UPLOAD_MAX_MEMORY_SIZE``."""
+    parser. Raises RequestTooLarge (413) past ``DATA_UPLOAD_MAX_MEMORY_SIZE``, IncompleteBody
+    (400) when it is shorter than its ``Content-Length``."""
     if _parsed_by_django(request):
         return
-    try:
-        request.body  # noqa: B018 - caches the body on the request
-    except RequestDataTooBig as exc:
-        raise RequestTooLarge() from exc
-    except RawPostDataException:
-        pass
-
-
-def _parsed_form(request: HttpRequest) -> None:
-    """Parse the form body, turning Django's parser errors into problem errors
-    (otherwise a malformed multipart body would be a 500)."""
-    try:
-        request.POST  # noqa: B018 - parses POST and FILES
-    except RequestDataTooBig as exc:
-        raise RequestTooLarge() from exc
-    except (MultiPartParserError, SuspiciousOperation) as exc:
-        # malformed multipart, too many fields (TooManyFieldsSent) or files (TooManyFilesSent)
-        raise InvalidBody() from exc
+    with suppress(RawPostDataException):
+        read_body(request)
 
 
 if TYPE_CHECKING:
@@ -268,14 +255,12 @@ def _body_digest(django_request: HttpRequest) -> bytes:
     if multipart and django_request.method == "POST":
         # Boundaries differ between retries (Django parses multipart POST bodies, see
         # _parsed_by_django): fingerprint the parsed form and files.
-        _parsed_form(django_request)
+        parse_form(django_request)
         return _form_digest(django_request.POST, django_request.FILES)
     try:
-        body = django_request.body
-    except RequestDataTooBig as exc:
-        raise RequestTooLarge() from exc
+        body = read_body(django_request)
     except RawPostDataException:
-        _parsed_form(django_request)
+        parse_form(django_request)
         return _form_digest(django_request.POST, django_request.FILES)
     if multipart:
         return _multipart_digest(django_request, body)

@@ -10,14 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest
 from django.http.request import RawPostDataException
 from django.utils.text import format_lazy
 from django.utils.translation import gettext_lazy as _
 
 from ..conf import conf
-from ..errors import InvalidBody, InvalidKey, RequestTooLarge
+from ..errors import InvalidBody, InvalidKey
+from .body import read_body
 from .fingerprint import is_json, is_object, parse_json
 from .header import MAX_KEY_LENGTH, header_value, parse_key
 
@@ -96,14 +96,13 @@ def body_key(request: HttpRequest, field: str, *, readable: bool = True) -> str 
 
 def _body(request: HttpRequest) -> bytes:
     """The request's body (read into memory, and kept there for the fingerprint and the
-    view); ``RequestTooLarge`` past ``DATA_UPLOAD_MAX_MEMORY_SIZE``. A body that something
-    read as a stream before the key could be is an ``InvalidBody``: nothing can be told
-    about its key, nor can it be fingerprinted."""
+    view); ``RequestTooLarge`` past ``DATA_UPLOAD_MAX_MEMORY_SIZE``, ``IncompleteBody`` when
+    shorter than its ``Content-Length``. A body that something read as a stream before the
+    key could be is an ``InvalidBody``: nothing can be told about its key, nor can it be
+    fingerprinted."""
     django_request: HttpRequest = getattr(request, "_request", request)
     try:
-        return django_request.body
-    except RequestDataTooBig as exc:
-        raise RequestTooLarge() from exc
+        return read_body(django_request)
     except RawPostDataException as exc:
         raise InvalidBody(
             _(

@@ -7,10 +7,12 @@ from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, InterfaceError, OperationalError
 
-from ..errors import DatabaseUnavailable, IdempotencyError, TransientConflict
+from ..conf import conf
+from ..errors import DatabaseUnavailable, IdempotencyError, StoreUnavailable, TransientConflict
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
+    from django_stubs_ext import StrOrPromise
 
 #: PostgreSQL SQLSTATEs a retry gets past: serialization failure, deadlock, lock timeout.
 TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03"})
@@ -81,6 +83,22 @@ def no_partition(exc: BaseException) -> bool:
     """Whether a database error is PostgreSQL's refusal of a row whose ``expires_at`` no
     partition of the key table holds (``PARTITION_INTERVAL``: the partitions ahead ran out)."""
     return _sqlstate(exc) == "23514" and "no partition" in str(exc)
+
+
+def retry_after() -> int:
+    """``RETRY_AFTER``, or 1 second when it is not set: the ``Retry-After`` of a 503."""
+    value = conf.RETRY_AFTER
+    return 1 if value is None else value
+
+
+def store_unavailable(exc: BaseException, detail: StrOrPromise | None = None) -> StoreUnavailable:
+    """The ``StoreUnavailable`` for a statement of the key store that failed with ``exc``
+    (chained to it). With ``Retry-After`` when no partition holds the row's expiry (as
+    docs/operations.md, "Time partitions", promises): the next run of the purge, which
+    creates partitions ahead, gets the retry past it."""
+    error = StoreUnavailable(detail, retry_after=retry_after() if no_partition(exc) else None)
+    error.__cause__ = exc
+    return error
 
 
 #: What ``classify_database_error`` looks at: Django's ``InterfaceError`` (psycopg2's

@@ -16,6 +16,7 @@ from django.db import IntegrityError, NotSupportedError, OperationalError, conne
 
 from ..conf import conf
 from .errors import is_transient, no_partition
+from .partitions import log_no_partition
 from .purge import PurgeQuerySet
 from .records import ClaimResult, ClaimState, KeyRow, kept_ttl
 from .sql import Statement, Statements, database, statements
@@ -112,11 +113,7 @@ class KeyStatements:
                 result = self._claim_once(connection, sql, claim, values)
             except IntegrityError as exc:
                 if no_partition(exc):
-                    logger.error(
-                        "no partition of the idempotency keys holds an expiry %s s ahead: "
-                        "run manage.py purge_idempotency_keys (it creates partitions ahead)",
-                        values["ttl"],
-                    )
+                    log_no_partition(values["ttl"])
                 raise
             except OperationalError as exc:
                 # A deadlock or a lock timeout of the claim's own transaction (InnoDB under

@@ -24,6 +24,7 @@ from django.db import DatabaseError, connections, transaction
 from ..conf import conf
 from .purge import check_older_than
 from .sql import partitions as ddl
+from .sql import statements
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -95,6 +96,27 @@ def partitions(connection: BaseDatabaseWrapper) -> list[Partition]:
         for name, lower, upper, detaching in rows
         if lower is not None and upper is not None  # not a DEFAULT partition someone added
     ]
+
+
+def holds_expiry(connection: BaseDatabaseWrapper, seconds: float) -> bool:
+    """Whether a partition of the key table on ``connection`` holds an expiry ``seconds``
+    from now on the database's clock: whether a row with it can be written. One statement,
+    on the catalog; none, and True, when the table is not partitioned (``PARTITION_INTERVAL``
+    unset, or not PostgreSQL)."""
+    if not statements(connection).partitioned:
+        return True
+    with connection.cursor() as cursor:
+        cursor.execute(ddl.HOLDS_EXPIRY, [float(seconds), connection.ops.quote_name(table())])
+        return bool(cursor.fetchone()[0])
+
+
+def log_no_partition(seconds: float) -> None:
+    """The error that says no partition holds an expiry ``seconds`` ahead, and the fix."""
+    logger.error(
+        "no partition of the idempotency keys holds an expiry %s s ahead: "
+        "run manage.py purge_idempotency_keys (it creates partitions ahead)",
+        seconds,
+    )
 
 
 def ranges(start: datetime, until: datetime, interval: int) -> list[tuple[datetime, datetime]]:

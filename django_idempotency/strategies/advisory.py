@@ -21,6 +21,8 @@ from ..errors import LeaseLost, StoreUnavailable
 from ..models import IdempotencyKey
 from ..protocol import waiting
 from ..protocol.replay import StoredResponse
+from ..store.errors import retry_after
+from ..store.partitions import holds_expiry, log_no_partition
 from ..store.sql.partitioned import LOCK_SQL, lock_name
 from ..store.status import COMPLETED
 from .base import (
@@ -57,9 +59,12 @@ class AdvisoryClaim(Claim):
         # The view's transaction rolled back, and the lock with it: another request may
         # have run and completed the key since. Take the lock again and store only
         # over an absent or expired record, never over the other execution's.
-        with transaction.atomic(using=self.attempt.database):
-            lock(dataclasses.replace(self.attempt, wait=0))  # the owner: no waiter slot
-            return self._upsert(response)
+        try:
+            with transaction.atomic(using=self.attempt.database):
+                lock(dataclasses.replace(self.attempt, wait=0))  # the owner: no waiter slot
+                return self._upsert(response)
+        except DatabaseError as exc:
+            raise store_failed(exc, committing=False)  # noqa: B904 - chained there
 
     def _upsert(self, response: StoredResponse, *, commit: bool = False) -> bool:
         attempt = self.attempt
@@ -111,6 +116,21 @@ def lock(attempt: Attempt) -> None:
         cursor.execute("SET LOCAL lock_timeout TO DEFAULT")
 
 
+def _check_partition(attempt: Attempt) -> None:
+    """On a key table partitioned by expiry, ``StoreUnavailable`` (with ``Retry-After``)
+    unless a partition holds the expiry the completed record will get (the TTL from now, on
+    the database's clock). The record is written only once the view has run: without this,
+    a missing partition would be found only then, and every duplicate queued on the lock
+    would run the view in turn to find it again."""
+    try:
+        holds = holds_expiry(connections[attempt.database], attempt.ttl)
+    except DatabaseError as exc:
+        raise StoreUnavailable() from exc
+    if not holds:
+        log_no_partition(attempt.ttl)
+        raise StoreUnavailable(retry_after=retry_after())
+
+
 class AdvisoryLockStrategy(Strategy):
     name = "advisory_lock"
     claims_in_transaction = True
@@ -134,6 +154,7 @@ class AdvisoryLockStrategy(Strategy):
         except DatabaseError as exc:
             raise StoreUnavailable() from exc
         if row is None:
+            _check_partition(attempt)
             return AdvisoryClaim(attempt)
         if row.fingerprint != attempt.fingerprint:
             return Mismatch()

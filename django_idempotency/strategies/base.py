@@ -25,9 +25,8 @@ from typing import TYPE_CHECKING
 from django.db import DatabaseError, transaction
 from django.utils.translation import gettext_lazy as _
 
-from ..errors import StoreUnavailable
 from ..protocol.replay import StoredResponse
-from ..store.errors import is_connection_lost, is_transient
+from ..store.errors import is_connection_lost, is_transient, store_unavailable
 
 if TYPE_CHECKING:
     from ..protocol.waiting import Listener
@@ -77,9 +76,7 @@ def store_failed(exc: DatabaseError, *, committing: bool) -> BaseException:
     (``database-unavailable``, ``transient-conflict``)."""
     if committing and (is_connection_lost(exc) or is_transient(exc)):
         return exc
-    error = StoreUnavailable(NOT_STORED_DETAIL)
-    error.__cause__ = exc
-    return error
+    return store_unavailable(exc, NOT_STORED_DETAIL)
 
 
 class Outcome:

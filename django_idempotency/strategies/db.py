@@ -20,13 +20,12 @@ import uuid
 
 from django.db import DatabaseError, connections
 
-from ..conf import conf
-from ..errors import LeaseLost, StoreUnavailable, TransientConflict
+from ..errors import LeaseLost, TransientConflict
 from ..models import IdempotencyKey
 from ..protocol import waiting
 from ..protocol.keys import key_digest
 from ..protocol.replay import StoredResponse
-from ..store.errors import is_transient
+from ..store.errors import is_transient, retry_after, store_unavailable
 from ..store.records import ClaimState
 from ..store.sql import features_of
 from .base import (
@@ -141,11 +140,8 @@ class DatabaseStrategy(Strategy):
             )
         except DatabaseError as exc:
             if is_transient(exc):  # a deadlock the claim kept hitting: nothing was claimed
-                retry_after = conf.RETRY_AFTER
-                raise TransientConflict(
-                    retry_after=1 if retry_after is None else retry_after
-                ) from exc
-            raise StoreUnavailable() from exc
+                raise TransientConflict(retry_after=retry_after()) from exc
+            raise store_unavailable(exc) from exc
         if result.state is ClaimState.CLAIMED:
             assert result.pk is not None and result.token is not None
             return self.claim_class(self, attempt, result.pk, result.token, result.taken_over)

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from django.db import IntegrityError, connections
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
@@ -267,6 +268,26 @@ def test_a_claim_whose_expiry_has_no_partition_fails_and_says_so(
         claim("far", ttl=10 * 24 * 3600)
     assert "no partition" in caplog.text
     assert rows("far") == 0
+
+
+def test_holds_expiry_says_whether_a_claim_past_it_would_fail(partitioned: None) -> None:
+    """What the advisory_lock strategy asks before the view runs: the partitions reach
+    ``AHEAD`` past the TTL, not an hour."""
+    connection = connections["default"]
+    assert partitions.holds_expiry(connection, 0)
+    assert partitions.holds_expiry(connection, 10)
+    assert not partitions.holds_expiry(connection, 3600)
+    with pytest.raises(IntegrityError):
+        claim("far", ttl=3600)
+
+
+def test_holds_expiry_is_true_without_partitions() -> None:
+    """A plain table holds every expiry, and is not asked (no statement)."""
+    connection = connections["default"]
+    assert not statements(connection).partitioned
+    with CaptureQueriesContext(connection) as queries:
+        assert partitions.holds_expiry(connection, 10 * 365 * 24 * 3600)
+    assert len(queries) == 0
 
 
 # -- dropping whole partitions -------------------------------------------------------------------

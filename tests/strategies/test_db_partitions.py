@@ -11,15 +11,19 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.test import Client
+from django.test import Client, override_settings
 from django.utils import timezone
 
+from django_idempotency.errors import StoreUnavailable
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.protocol.replay import REPLAYED_HEADER
+from django_idempotency.protocol.replay import REPLAYED_HEADER, StoredResponse
+from django_idempotency.strategies.advisory import AdvisoryClaim
+from django_idempotency.strategies.base import Attempt, store_failed
 
 from ..support.assertions import assert_problem
 from ..support.partitions import SMALL, partitioned_table
 from ..support.threads import run_at_once
+from ..testapp import views
 from ..testapp.models import SideEffect
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(databases=["default"], transaction=True)]
@@ -95,3 +99,84 @@ def test_racing_requests_run_the_view_once(strategy: str) -> None:
         assert set(statuses) <= {201, 409}, statuses
         assert IdempotencyKey.objects.filter(key=key).count() == 1
     assert runs() == 5
+
+
+# -- an expiry that no partition holds -----------------------------------------------------------
+
+#: A TTL past the partitions ahead (``AHEAD``, 40 s): no partition holds the key's expiry.
+FAR = {"TTL": 3600}
+
+
+@pytest.fixture
+def bodies(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every run of the test view's body, counted outside every transaction (a row of
+    SideEffect rolls back with the view's writes)."""
+    ran: list[str] = []
+    behave = views._behave
+
+    def counted(label: str, payload: dict[str, Any]) -> Any:
+        ran.append(label)
+        return behave(label, payload)
+
+    monkeypatch.setattr(views, "_behave", counted)
+    return ran
+
+
+def test_a_claim_past_the_last_partition_is_503_with_retry_after_before_the_view(
+    strategy: str, bodies: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """docs/operations.md: such a claim is a 503 with Retry-After, and the log names the fix.
+    The view does not run (with advisory_lock it used to run, and fail at its completion),
+    nothing is stored, and once the partitions reach far enough the retry runs."""
+    with override_settings(IDEMPOTENCY={**SMALL, "STRATEGY": strategy, **FAR}):
+        response = post({"a": 1})
+    assert_problem(response, 503, "store-unavailable")
+    assert response["Retry-After"] == "1"
+    assert "no partition" in caplog.text and "purge_idempotency_keys" in caplog.text
+    assert bodies == []
+    assert not IdempotencyKey.objects.filter(key="k1").exists()
+    assert post({"a": 1}).status_code == 201  # the TTL the partitions hold
+    assert bodies == ["fn"]
+
+
+def test_queued_duplicates_past_the_last_partition_never_run_the_view(
+    strategy: str, bodies: list[str]
+) -> None:
+    """Duplicates that queue on the key (advisory_lock's wait for the lock) each find the
+    missing partition before the view: none runs it."""
+    with override_settings(IDEMPOTENCY={**SMALL, "STRATEGY": strategy, **FAR}):
+
+        def send(_i: int) -> tuple[int, str | None]:
+            response = post({"sleep": 0.2}, key="queued")
+            return int(response.status_code), response.get("Retry-After")
+
+        answers = run_at_once(4, send)
+    assert answers == [(503, "1")] * 4
+    assert bodies == []
+
+
+def test_a_completion_past_the_last_partition_is_503_with_retry_after(strategy: str) -> None:
+    """The completion's expiry is its own now plus the TTL: should no partition hold it,
+    the 503 carries Retry-After too, whether the completion also commits or not."""
+    from django.db import IntegrityError
+
+    with pytest.raises(IntegrityError) as info:
+        IdempotencyKey.objects.store_completed(
+            "user:1", "far", "a" * 64, StoredResponse(201, {}, b""), ttl=3600
+        )
+    for committing in (False, True):
+        error = store_failed(info.value, committing=committing)
+        assert isinstance(error, StoreUnavailable) and error.retry_after == 1
+
+
+def test_a_response_stored_after_a_rollback_past_the_last_partition_is_503() -> None:
+    """advisory_lock stores the response of a view whose transaction rolled back in a
+    transaction of its own: should no partition hold its expiry by then, that too is a 503
+    with Retry-After, not the database's error."""
+    far = Attempt("user:1", "pending", "a" * 64, ttl=3600, lock_timeout=5)
+    with (
+        partitioned_table({**SMALL, "STRATEGY": "advisory_lock"}),
+        pytest.raises(StoreUnavailable) as info,
+    ):
+        AdvisoryClaim(far).store_pending(StoredResponse(201, {}, b""))
+    assert info.value.retry_after == 1

@@ -24,6 +24,17 @@ LIST_PARTITIONS = (
     "CROSS JOIN LATERAL pg_get_expr(c.relpartbound, c.oid) AS b "
     "WHERE i.inhparent = to_regclass(%s) ORDER BY 1"
 )
+#: Whether a partition of the key table (or a ``DEFAULT`` one) holds an expiry of now, on the
+#: database's clock as the statements read it, plus the first parameter's seconds: a row with
+#: it can be inserted. A partition being detached takes no rows.
+HOLDS_EXPIRY = (
+    "SELECT EXISTS (SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+    "CROSS JOIN LATERAL pg_get_expr(c.relpartbound, c.oid) AS b "
+    "CROSS JOIN (SELECT statement_timestamp() + make_interval(secs => %s) AS e) AS t "
+    "WHERE i.inhparent = to_regclass(%s) AND NOT i.inhdetachpending AND (b = 'DEFAULT' OR "
+    "((regexp_match(b, 'FROM \\(''([^'']+)''\\)'))[1]::timestamptz <= t.e "
+    "AND t.e < (regexp_match(b, 'TO \\(''([^'']+)''\\)'))[1]::timestamptz)))"
+)
 #: The kind of a table: ``p`` partitioned, ``r`` plain, None when it does not exist.
 RELKIND = "SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)"
 #: The database's clock, as the statements read it.
