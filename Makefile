@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test stress-test matrix lint typecheck docs bench clean services browser pgbouncer faketime gettext messages mariadb-dev
+.PHONY: run test stress-test matrix lint typecheck docs bench clean services browser pgbouncer faketime gettext messages mariadb-dev model
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,15 @@ PYENV_BINS := $(shell r=$$(pyenv root 2>/dev/null) && for v in 3.11 3.12 3.13; d
 	ls -d $$r/versions/$$v.*/bin 2>/dev/null | sort -V | tail -n 1; done | tr '\n' ':')
 matrix: $(VENV)/.test
 	PATH="$(PYENV_BINS)$$PATH" $(BIN)/nox -r $(NOX_ARGS)
+
+## The Promela model of the claim protocol (model/protocol.pml), checked by Debian's Spin in
+## every configuration of model/configurations: an exhaustive search each, built in a temporary
+## directory; fails on any counterexample or a search cut short (docs/how-it-works.md, "What the
+## model proves"). One configuration: make model MODEL_ARGS=hybrid
+model:
+	@command -v spin >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
+		{ (apt-get update -qq && apt-get install -y -qq spin) >/dev/null 2>&1 || echo "could not install spin"; }
+	model/check.sh $(MODEL_ARGS)
 
 ## Debian's Chromium for the Playwright tests (the Playwright browser download is not used)
 browser:
