@@ -36,6 +36,14 @@ class IdempotencyConfig(AppConfig):
 
             metrics.install()
 
+        # Under `manage.py test` each TestCase's Redis records get a prefix of their own
+        # (without redis-py installed there are none).
+        if importlib.util.find_spec("redis") is not None:
+            from .testing import testcases
+
+            if testcases.running_tests():
+                testcases.install()
+
         # OpenAPI documentation of the protocol, when drf-spectacular is in use.
         if self.apps is not None and self.apps.is_installed("drf_spectacular"):
             from .contrib import spectacular  # noqa: F401  (registers the view extension)

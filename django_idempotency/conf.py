@@ -136,6 +136,9 @@ DEFAULTS: Mapping[str, Any] = {
     # IdempotencyMiddleware: protect the views marked @idempotency_opt_in ("opt_in"), or
     # every view that is not marked @idempotency_exempt ("all"); never DRF views.
     "MIDDLEWARE_DEFAULT": "opt_in",
+    # Under a test runner (the pytest plugin, ``manage.py test``), each test's Redis
+    # records under a prefix of its own (django_idempotency.testing); False: shared.
+    "TEST_ISOLATION": True,
 }
 
 
@@ -359,6 +362,10 @@ class IdempotencySettings:
     @cached_property
     def MIDDLEWARE_DEFAULT(self) -> str:
         return str(self._get("MIDDLEWARE_DEFAULT"))
+
+    @cached_property
+    def TEST_ISOLATION(self) -> bool:
+        return bool(self._get("TEST_ISOLATION"))
 
 
 def _lower_set(values: Sequence[str]) -> frozenset[str]:

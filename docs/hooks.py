@@ -14,6 +14,8 @@
   docstring of its own (an inherited one does not count) is a warning. The headings of
   ``errors.md``'s sections read ``<the class's title>: <status>``.
 * Every check id (``E001``, ``W101``, ...) a page names exists in the code.
+* A code block shows code a project can paste: no import of ``example_project`` or
+  ``tests``, no view class subscripted for a type checker, no ``# type: ignore``.
 * The site needs no network: no page loads a script or a stylesheet from another host,
   no page holds a Mermaid block left for a script to render (diagrams are SVGs made by
   ``docs/diagrams/render.py`` from the ``.mmd`` source beside them, each carrying the
@@ -252,6 +254,38 @@ def on_pre_build(config: Any) -> None:
         log.warning("settings.md does not document IDEMPOTENCY[%r] (conf.DEFAULTS)", name)
     for name in sorted(documented - set(DEFAULTS)):
         log.warning("settings.md documents IDEMPOTENCY[%r], which conf.DEFAULTS lacks", name)
+
+
+# -- code a reader can paste ---------------------------------------------------------------
+
+#: A code block of a page, as pymdownx.highlight renders it.
+CODE_BLOCK = re.compile(r"<pre\b[^>]*>(.*?)</pre>", re.S)
+#: What a project's own code never says: the example project's or the tests' modules, a
+#: view class subscripted for a type checker, a type checker's silencing.
+NOT_PASTEABLE = re.compile(
+    r"^\s*(?:from|import) (?:example_project|tests)\b"
+    r"|\b\w*(?:View|ViewSet)\[\w+\]"
+    r"|#\s*type:\s*ignore",
+    re.M,
+)
+
+
+def code_blocks(html: str) -> list[str]:
+    """The text of each code block of ``html``, as the reader sees it."""
+    import html as entities
+
+    return [entities.unescape(re.sub(r"<[^>]+>", "", body)) for body in CODE_BLOCK.findall(html)]
+
+
+def check_code(html: str, where: str) -> None:
+    for text in code_blocks(html):
+        for found in NOT_PASTEABLE.finditer(text):
+            log.warning("%s shows code a project cannot paste: %r", where, found.group(0).strip())
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Files) -> str:
+    check_code(html, page.file.src_uri)
+    return html
 
 
 # -- a site that needs no network ---------------------------------------------------------

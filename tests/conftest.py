@@ -68,6 +68,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip(reason + " (with CI set this fails)")
 
 
+@pytest.fixture
+def idempotency_isolation() -> bool:
+    """The plugin's automatic isolation is off here: the tests choose their own prefixes
+    (and tests/test_testing.py and tests/system/test_user_test_suites.py test it)."""
+    return False
+
+
 @pytest.fixture(params=["default", "sqlite"])
 def alias(request: pytest.FixtureRequest) -> str:
     """Each database alias in turn: PostgreSQL (or SQLite without it) and SQLite."""

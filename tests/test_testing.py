@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import redis
 from django.contrib.auth import get_user_model
+from django.db import transaction
 from django.test import TestCase, override_settings
 from rest_framework.test import APIClient, APITestCase
 
@@ -27,6 +28,7 @@ from django_idempotency.testing import (
     IdempotencyTestMixin,
     clear_store,
     isolated_store,
+    testcases,
     use_strategy,
 )
 from example_project.payments.models import Charge
@@ -295,3 +297,63 @@ def test_isolated_store_on_a_cluster_deletes_its_keys_on_every_node(
         assert client.get(f"{conf.REDIS_KEY_PREFIX}:{{kept}}:rec") == b"x"
     finally:
         client.close()
+
+
+# -- django_idempotency.testing.testcases: under manage.py test, the TestCase's transaction ---
+
+
+@pytest.fixture
+def per_transaction(redis_strategy: str) -> Iterator[str]:
+    """The store's prefix follows the test's transaction, as under ``manage.py test``."""
+    from django_idempotency.strategies.redis import store
+
+    store.isolate_by(testcases.current_suffix)
+    yield redis_strategy
+    store.isolate_by(None)
+
+
+@pytest.mark.django_db
+def test_a_testcase_transaction_has_a_suffix_of_its_own(
+    per_transaction: str, raw_redis: redis.Redis
+) -> None:
+    """pytest-django's ``db`` runs the test in a TestCase's transaction, as manage.py test."""
+    suffix = testcases.current_suffix()
+    assert suffix.startswith("-test-") and suffix.endswith(f"-{testcases.RUN}")
+    assert get_store().prefix == per_transaction + suffix
+    with transaction.atomic():  # a block of the view's or the test's own: the same
+        assert testcases.current_suffix() == suffix
+    with isolated_store() as explicit:  # the mixin, the fixture: they win
+        assert get_store().prefix == per_transaction + explicit
+    assert charge(None).status_code == 201
+    assert raw_redis.keys(f"{per_transaction}{suffix}:*") != []
+    testcases.delete_records()  # at the end of the run
+    assert raw_redis.keys(f"*-{testcases.RUN}:*") == []
+
+
+@pytest.mark.django_db
+def test_test_isolation_off_follows_no_transaction(per_transaction: str) -> None:
+    with override_settings(IDEMPOTENCY={**conf.user_settings, "TEST_ISOLATION": False}):
+        assert testcases.current_suffix() == ""
+        assert get_store().prefix == per_transaction
+
+
+@pytest.mark.django_db(transaction=True)
+def test_outside_a_testcase_transaction_there_is_no_suffix(per_transaction: str) -> None:
+    assert testcases.current_suffix() == ""
+    assert get_store().prefix == per_transaction
+
+
+def test_pytest_is_not_the_test_command() -> None:
+    """Here the plugin isolates; manage.py test's is tested in a project's own run
+    (tests/system/test_user_test_suites.py)."""
+    assert testcases.running_tests() is False
+
+
+def test_records_of_the_run_that_cannot_be_deleted_are_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    value = {"STRATEGY": "redis", "REDIS_URL": "redis://127.0.0.1:1/0", "REDIS_SOCKET_TIMEOUT": 0.2}
+    with override_settings(IDEMPOTENCY=value):
+        testcases.delete_records()
+    reset_clients()
+    assert "could not delete the Redis keys of the test run" in caplog.text

@@ -26,7 +26,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from django.conf import settings
-from django.test import override_settings
 
 from ..conf import conf
 
@@ -45,6 +44,8 @@ __all__ = [
 def idempotency_settings(**overrides: Any) -> Iterator[dict[str, Any]]:
     """``settings.IDEMPOTENCY`` with ``overrides`` for the block (``override_settings``,
     so that the library's cached settings, strategies and Redis store follow)."""
+    from django.test import override_settings  # not on import: the pytest plugin's
+
     value = {**(getattr(settings, "IDEMPOTENCY", None) or {}), **overrides}
     with override_settings(IDEMPOTENCY=value):
         yield value

@@ -8,7 +8,8 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from django_idempotency.decorators import idempotent
-from example_project.payments.models import Charge
+
+from .models import Charge
 
 
 @csrf_exempt

@@ -1,18 +1,18 @@
 from rest_framework import status
 from rest_framework.decorators import permission_classes
 from rest_framework.permissions import IsAuthenticated
-from rest_framework.request import Request
 from rest_framework.response import Response
 
 from django_idempotency.drf import idempotent_api_view
-from example_project.payments import psp
-from example_project.payments.serializers import ChargeSerializer
+
+from . import psp
+from .serializers import ChargeSerializer
 
 
 # In place of @api_view(["POST"]); DRF's policy decorators go below it.
 @idempotent_api_view(["POST"], required=True)
 @permission_classes([IsAuthenticated])
-def create_charge(request: Request) -> Response:
+def create_charge(request):
     """Charge the caller through the payment provider."""
     serializer = ChargeSerializer(data=request.data)
     serializer.is_valid(raise_exception=True)
@@ -21,7 +21,7 @@ def create_charge(request: Request) -> Response:
         data["amount"],
         data["currency"],
         # The same for every retry of this request: the provider deduplicates too.
-        idempotency_key=request.idempotency.downstream_key("psp"),  # type: ignore[attr-defined]
+        idempotency_key=request.idempotency.downstream_key("psp"),
     )
     serializer.save(user=request.user, psp_reference=reference)
     return Response(serializer.data, status=status.HTTP_201_CREATED)

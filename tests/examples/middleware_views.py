@@ -7,7 +7,8 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from django_idempotency.decorators import idempotency_exempt, idempotency_opt_in
-from example_project.payments.models import Charge
+
+from .models import Charge
 
 
 @csrf_exempt

@@ -1,41 +1,35 @@
+# --8<-- [start:views]
 import json
-from typing import Any
 
 from django.db import transaction
-from django.http import HttpRequest, JsonResponse
+from django.http import JsonResponse
 from django.views.decorators.http import require_POST
 from rest_framework import generics
 from rest_framework.permissions import IsAuthenticated
 
 from django_idempotency.decorators import idempotent
 from django_idempotency.mixins import IdempotencyMixin
-from example_project.payments.models import Charge
-from example_project.payments.serializers import ChargeSerializer
 
-#: The receipts sent, in order (a stand-in for an e-mail or a queued task).
-sent_receipts: list[int] = []
-
-
-def send_receipt(charge_id: int) -> None:
-    sent_receipts.append(charge_id)
+from .models import Charge
+from .receipts import send_receipt
+from .serializers import ChargeSerializer
 
 
-# --8<-- [start:views]
-class ReceiptChargeView(IdempotencyMixin, generics.CreateAPIView[Charge]):
+class ReceiptChargeView(IdempotencyMixin, generics.CreateAPIView):
     """Charge the caller; the receipt goes out once the charge has committed."""
 
     serializer_class = ChargeSerializer
     permission_classes = [IsAuthenticated]
     idempotency_required = True
 
-    def perform_create(self, serializer: Any) -> None:
+    def perform_create(self, serializer):
         charge = serializer.save(user=self.request.user, psp_reference="psp-test")
         transaction.on_commit(lambda: send_receipt(charge.pk))  # the view's one callback
 
 
 @require_POST
 @idempotent(required=True)
-def receipt_charge(request: HttpRequest) -> JsonResponse:
+def receipt_charge(request):
     """The same with ``@idempotent`` on a plain view."""
     if not request.user.is_authenticated:
         return JsonResponse({"detail": "Sign in first."}, status=401)

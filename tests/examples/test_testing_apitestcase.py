@@ -2,29 +2,25 @@
 redis and hybrid strategies too."""
 
 # --8<-- [start:example]
-from typing import Any
-
 from django.contrib.auth.models import User
 from rest_framework.test import APITestCase
 
 from django_idempotency.testing import IdempotencyTestMixin
-from example_project.payments.models import Charge
+
+from .models import Charge
 
 
-class ChargeTests(IdempotencyTestMixin, APITestCase):
-    """Each test's Redis records live under a prefix of its own, deleted after it."""
-
-    def setUp(self) -> None:
-        super().setUp()  # the mixin's setUp
+class ChargeTests(APITestCase):
+    def setUp(self):
         self.client.force_authenticate(User.objects.create_user("payer"))
 
-    def charge(self, key: str) -> Any:
+    def charge(self, key):
         body = {"amount": 500, "currency": "eur"}
         return self.client.post(
-            "/ex/receipt/drf/", body, format="json", headers={"idempotency-key": key}
+            "/ex/receipt/drf/", body, format="json", headers={"Idempotency-Key": key}
         )
 
-    def test_a_retry_replays_and_charges_once(self) -> None:
+    def test_a_retry_replays_and_charges_once(self):
         with self.captureOnCommitCallbacks(execute=True) as callbacks:
             first = self.charge("order-1")
         assert first.status_code == 201
@@ -35,7 +31,7 @@ class ChargeTests(IdempotencyTestMixin, APITestCase):
         assert retry.json() == first.json()
         assert Charge.objects.count() == 1
 
-    def test_the_same_key_in_the_next_test_charges_again(self) -> None:
+    def test_the_same_key_in_the_next_test_charges_again(self):
         response = self.charge("order-1")
         assert response.status_code == 201
         assert "Idempotent-Replayed" not in response.headers
@@ -46,11 +42,11 @@ class ChargeTestsWithoutRedis(IdempotencyTestMixin, APITestCase):
 
     idempotency_strategy = "db"
 
-    def test_a_charge(self) -> None:
+    def test_a_charge(self):
         self.client.force_authenticate(User.objects.create_user("payer"))
         body = {"amount": 500, "currency": "eur"}
         response = self.client.post(
-            "/ex/receipt/drf/", body, format="json", headers={"idempotency-key": "order-1"}
+            "/ex/receipt/drf/", body, format="json", headers={"Idempotency-Key": "order-1"}
         )
         assert response.status_code == 201
 

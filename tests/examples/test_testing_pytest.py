@@ -1,35 +1,29 @@
-"""docs/testing.md's pytest-django example, run under each strategy (``strategy`` below)."""
+"""docs/testing.md's pytest-django example, run under each strategy (``strategy`` below),
+with the plugin's automatic isolation (tests/examples/conftest.py)."""
 
-# --8<-- [start:example]
 from typing import Any
 
+# --8<-- [start:example]
 import pytest
 from django.contrib.auth.models import User
 from rest_framework.test import APIClient
 
-from example_project.payments.models import Charge
-
-
-@pytest.fixture(autouse=True)
-def _idempotency(idempotency_store: str) -> None:
-    """Every test keeps its Redis records under a prefix of its own (deleted after it)."""
+from .models import Charge
 
 
 @pytest.fixture
-def client(db: None) -> APIClient:
+def client(db):
     client = APIClient()
     client.force_authenticate(User.objects.create_user("payer"))
     return client
 
 
-def charge(client: APIClient, key: str) -> Any:
+def charge(client, key):
     body = {"amount": 500, "currency": "eur"}
-    return client.post("/ex/receipt/drf/", body, format="json", HTTP_IDEMPOTENCY_KEY=key)
+    return client.post("/ex/receipt/drf/", body, format="json", headers={"Idempotency-Key": key})
 
 
-def test_a_retry_replays_and_charges_once(
-    client: APIClient, django_capture_on_commit_callbacks: Any
-) -> None:
+def test_a_retry_replays_and_charges_once(client, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
         first = charge(client, "order-1")
     assert first.status_code == 201
@@ -42,7 +36,7 @@ def test_a_retry_replays_and_charges_once(
     assert Charge.objects.count() == 1
 
 
-def test_the_same_key_in_the_next_test_charges_again(client: APIClient) -> None:
+def test_the_same_key_in_the_next_test_charges_again(client):
     # The key of the test above (on SQLite the same user id too): a record of its own.
     response = charge(client, "order-1")
     assert response.status_code == 201
@@ -72,10 +66,10 @@ def strategy(request: pytest.FixtureRequest) -> Any:
 def test_the_receipts_went_out_once(
     client: APIClient, django_capture_on_commit_callbacks: Any
 ) -> None:
-    from . import receipt_views
+    from . import receipts
 
-    receipt_views.sent_receipts.clear()
+    receipts.sent_receipts.clear()
     with django_capture_on_commit_callbacks(execute=True):
         first = charge(client, "order-2")
     assert charge(client, "order-2").json() == first.json()
-    assert receipt_views.sent_receipts == [first.json()["id"]]
+    assert receipts.sent_receipts == [first.json()["id"]]

@@ -6,7 +6,7 @@ from django.test import override_settings
 
 from tests.support import services
 
-from . import receipt_views
+from . import receipts
 from . import test_testing_apitestcase as example
 
 
@@ -16,11 +16,11 @@ def redis_settings(strategy: str) -> dict[str, str]:
 
 class ReceiptsTests(example.ChargeTests):
     def test_the_receipt_went_out_once(self) -> None:
-        receipt_views.sent_receipts.clear()
+        receipts.sent_receipts.clear()
         with self.captureOnCommitCallbacks(execute=True):
             first = self.charge("order-2")
         assert self.charge("order-2").json() == first.json()
-        assert receipt_views.sent_receipts == [first.json()["id"]]
+        assert receipts.sent_receipts == [first.json()["id"]]
 
 
 @pytest.mark.redis

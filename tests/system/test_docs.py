@@ -235,3 +235,36 @@ def test_the_repository_is_linked_and_is_the_packages_source(site: Path) -> None
     config = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
     assert f"\nrepo_url: {repo}\n" in config
     assert f'href="{repo}"' in (site / "index.html").read_text(encoding="utf-8")
+
+
+# -- code a reader can paste, in the column of the page ----------------------------------------
+
+
+def test_the_examples_shown_are_code_a_project_can_paste(site: Path) -> None:
+    """The strict build has failed otherwise; here what the check looks at is there: the
+    included examples, with their app's own imports."""
+    quickstart = "\n".join(hooks.code_blocks((site / "quickstart" / "index.html").read_text()))
+    assert "class ChargeViewSet(IdempotencyMixin, viewsets.ModelViewSet):" in quickstart
+    assert "from .models import Charge" in quickstart
+    testing = "\n".join(hooks.code_blocks((site / "testing" / "index.html").read_text()))
+    assert "class ChargeTests(APITestCase):" in testing and "from .models import" in testing
+
+
+@pytest.mark.parametrize(
+    ("line", "found"),
+    [
+        ("from example_project.payments.models import Charge", "from example_project"),
+        ("import tests.support", "import tests"),
+        ("class V(IdempotencyMixin, viewsets.ModelViewSet[Charge]):", "ModelViewSet[Charge]"),
+        ("key = request.idempotency.key  # type: ignore[attr-defined]", "# type: ignore"),
+    ],
+)
+def test_code_a_project_cannot_paste_is_a_warning(
+    caplog: pytest.LogCaptureFixture, line: str, found: str
+) -> None:
+    html = '<div class="highlight"><pre><span></span><code>{}</code></pre></div>'
+    with caplog.at_level(logging.WARNING, logger=hooks.log.name):
+        hooks.check_code(html.format("from .models import Charge"), "fine.md")
+        assert caplog.records == []
+        hooks.check_code(html.format(line.replace("[", "<span>[</span>")), "page.md")
+    assert f"page.md shows code a project cannot paste: {found!r}" in caplog.text

@@ -10,10 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import subprocess
+import sys
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+import redis
 from django.db import connections, transaction
 from django.test import Client, TestCase, override_settings
 from rest_framework.test import APIClient
@@ -24,6 +30,7 @@ from tests.testapp.models import SideEffect
 
 from ..support import services
 from ..support.api import replayed
+from ..support.commands import ROOT
 from ..support.factories import UserFactory
 from ..support.redis_servers import delete_prefix
 
@@ -305,3 +312,231 @@ def test_inside_a_projects_transaction_redis_waits_for_its_commit(
 
 def _nothing() -> Any:
     return contextlib.nullcontext()
+
+
+# -- a project's own suite that never heard of django_idempotency.testing ---------------------
+#
+# A shop with the redis strategy and a DRF view, whose two tests send one fixed key for a
+# user who gets the same primary key in each (the test's rollback resets SQLite's
+# sequence): without isolation the second test's POST is a replay of the first test's
+# answer, and creates nothing. Each suite runs as its own process, as the project runs it
+# (pytest with pytest-django, `manage.py test`), on the shared Redis under a prefix of its
+# own.
+
+SHOP = {
+    "manage.py": """
+import os, sys
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "shop.settings")
+from django.core.management import execute_from_command_line
+execute_from_command_line(sys.argv)
+""",
+    "pytest.ini": "[pytest]\nDJANGO_SETTINGS_MODULE = shop.settings\n",
+    "shop/__init__.py": "",
+    "shop/settings.py": """
+import os
+SECRET_KEY = "shop"
+USE_TZ = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+INSTALLED_APPS = [
+    "django.contrib.auth", "django.contrib.contenttypes", "rest_framework",
+    "django_idempotency", "payments",
+]
+DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": "shop.sqlite3"}}
+ROOT_URLCONF = "shop.urls"
+IDEMPOTENCY = {
+    "STRATEGY": "redis",
+    "REDIS_URL": os.environ["SHOP_REDIS_URL"],
+    "REDIS_KEY_PREFIX": os.environ["SHOP_PREFIX"],
+    "TEST_ISOLATION": os.environ.get("SHOP_TEST_ISOLATION", "1") == "1",
+}
+""",
+    "shop/urls.py": """
+from django.urls import path
+from payments.views import ChargeCreate
+urlpatterns = [path("charges/", ChargeCreate.as_view())]
+""",
+    "payments/__init__.py": "",
+    "payments/models.py": """
+from django.conf import settings
+from django.db import models
+
+class Charge(models.Model):
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
+    amount = models.IntegerField()
+""",
+    "payments/views.py": """
+from rest_framework import generics, serializers
+from rest_framework.permissions import IsAuthenticated
+from django_idempotency.mixins import IdempotencyMixin
+from .models import Charge
+
+class ChargeSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Charge
+        fields = ["id", "amount"]
+
+class ChargeCreate(IdempotencyMixin, generics.CreateAPIView):
+    serializer_class = ChargeSerializer
+    permission_classes = [IsAuthenticated]
+
+    def perform_create(self, serializer):
+        serializer.save(user=self.request.user)
+""",
+    # pytest-django, plain functions
+    "test_charges.py": """
+import os
+import pytest
+from django.contrib.auth.models import User
+from rest_framework.test import APIClient
+from payments.models import Charge
+
+if os.environ.get("SHOP_SHARED_MARK") == "1":
+    pytestmark = pytest.mark.idempotency_shared_store
+
+def charge_once():
+    client = APIClient()
+    client.force_authenticate(User.objects.create_user("payer"))
+    response = client.post("/charges/", {"amount": 5}, format="json",
+                           HTTP_IDEMPOTENCY_KEY="order-1")
+    assert response.status_code == 201
+    assert Charge.objects.count() == 1, "a replay of the earlier test's charge"
+
+@pytest.mark.django_db
+def test_first():
+    charge_once()
+
+@pytest.mark.django_db
+def test_second():
+    charge_once()
+""",
+    # Django's test runner, DRF's APITestCase
+    "payments/tests.py": """
+from django.contrib.auth.models import User
+from rest_framework.test import APITestCase
+from .models import Charge
+
+class ChargeTests(APITestCase):
+    def charge_once(self):
+        self.client.force_authenticate(User.objects.create_user("payer"))
+        response = self.client.post("/charges/", {"amount": 5}, format="json",
+                                    headers={"idempotency-key": "order-1"})
+        self.assertEqual(response.status_code, 201)
+        self.assertEqual(Charge.objects.count(), 1, "a replay of the earlier test's charge")
+
+    def test_first(self):
+        self.charge_once()
+
+    def test_second(self):
+        self.charge_once()
+""",
+}
+
+#: The plugin as pytest loads it from the entry point (named so, it loads once either way).
+PLUGIN = "django_idempotency.testing.plugin"
+
+
+@pytest.fixture
+def shop(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
+    """The shop's files, and the environment its suites run in (this checkout's package)."""
+    for name, text in SHOP.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text.lstrip(), encoding="utf-8")
+    prefix = f"shop-{uuid.uuid4().hex[:12]}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "PYTEST_"))}
+    env |= {
+        "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}",
+        "SHOP_REDIS_URL": services.REDIS_URL,
+        "SHOP_PREFIX": prefix,
+    }
+    yield tmp_path, env
+    client = redis.Redis.from_url(services.REDIS_URL)
+    leftover = list(client.scan_iter(match=f"{prefix}*"))
+    if leftover:
+        client.delete(*leftover)
+    client.close()
+
+
+def run_suite(shop: tuple[Path, dict[str, str]], *args: str, **env: str) -> Any:
+    folder, base = shop
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=folder,
+        env=base | env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def keys_left(shop: tuple[Path, dict[str, str]]) -> list[bytes]:
+    client = redis.Redis.from_url(services.REDIS_URL)
+    try:
+        return list(client.scan_iter(match=f"{shop[1]['SHOP_PREFIX']}*"))
+    finally:
+        client.close()
+
+
+PYTEST = ("-m", "pytest", "-p", "no:cacheprovider", "-q", "test_charges.py")
+
+
+@pytest.mark.redis
+def test_a_pytest_django_suite_is_isolated_by_the_plugin(shop: Any) -> None:
+    """Loaded as the entry point loads it, and listed in the conftest.py as well (as
+    before the entry point): once."""
+    (shop[0] / "conftest.py").write_text(f"pytest_plugins = [{PLUGIN!r}]\n", encoding="utf-8")
+    result = run_suite(shop, *PYTEST, "-p", PLUGIN)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 passed" in result.stdout
+    assert keys_left(shop) == []  # each test's records deleted after it
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize(
+    ("how", "args", "env"),
+    [
+        ("without the plugin", ("-p", f"no:{PLUGIN}"), {}),
+        ("marked shared", ("-p", PLUGIN), {"SHOP_SHARED_MARK": "1"}),
+        ("TEST_ISOLATION off", ("-p", PLUGIN), {"SHOP_TEST_ISOLATION": "0"}),
+    ],
+    ids=lambda value: value if isinstance(value, str) else "",
+)
+def test_a_pytest_django_suite_that_opts_out_replays(
+    shop: Any, how: str, args: tuple[str, ...], env: dict[str, str]
+) -> None:
+    """What the plugin prevents: the second test's POST replays the first's charge."""
+    result = run_suite(shop, *PYTEST, *args, **env)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "1 failed, 1 passed" in result.stdout, result.stdout
+    assert "a replay of the earlier test's charge" in result.stdout
+
+
+@pytest.mark.redis
+def test_a_django_test_runner_suite_is_isolated(shop: Any) -> None:
+    result = run_suite(shop, "manage.py", "test", "payments", "-v", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Ran 2 tests" in result.stderr and "OK" in result.stderr
+    assert keys_left(shop) == []  # the run's records deleted when it ended
+
+
+@pytest.mark.redis
+def test_a_django_test_runner_suite_with_test_isolation_off_replays(shop: Any) -> None:
+    result = run_suite(shop, "manage.py", "test", "payments", SHOP_TEST_ISOLATION="0")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAILED (failures=1)" in result.stderr
+    assert "a replay of the earlier test's charge" in result.stderr
+
+
+def test_the_entry_point_names_the_plugin_module() -> None:
+    """pytest loads the ``pytest11`` entry point by the name pyproject.toml gives it; that
+    name is the module's, so a conftest.py that lists it in ``pytest_plugins`` too loads
+    it once, and ``-p no:<name>`` unloads it."""
+    import importlib
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    entry_points = project["project"]["entry-points"]["pytest11"]
+    assert entry_points == {PLUGIN: PLUGIN}
+    module = importlib.import_module(PLUGIN)
+    assert callable(module.pytest_configure)
+    assert callable(module.idempotency_isolation)

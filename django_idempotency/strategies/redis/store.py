@@ -16,6 +16,7 @@ import json
 import os
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -720,6 +721,9 @@ _current: list[RedisStore] = []
 #: What every key prefix is followed by while a test keeps its records apart
 #: (``django_idempotency.testing.isolated_store``); "" otherwise.
 _isolation = [""]
+#: Under a test runner, what names the suffix of the running test's records when no
+#: :func:`isolate` is in force ("" outside a test): ``django_idempotency.testing.testcases``.
+_isolation_source: list[Callable[[], str]] = []
 
 
 def isolate(suffix: str) -> str:
@@ -732,17 +736,26 @@ def isolate(suffix: str) -> str:
     return previous
 
 
+def isolate_by(source: Callable[[], str] | None) -> None:
+    """From now on, when no :func:`isolate` is in force, the prefix is followed by what
+    ``source()`` returns at each :func:`get_store` (None: nothing). For a test runner."""
+    with _clients_lock:
+        _isolation_source[:] = [] if source is None else [source]
+        _current.clear()
+
+
 def get_store() -> RedisStore:
     """The store for the configured client and ``REDIS_KEY_PREFIX`` (one per process;
-    followed by a test's suffix during :func:`isolate`).
+    followed by a test's suffix during :func:`isolate` or under :func:`isolate_by`).
 
     Remembered until ``IDEMPOTENCY`` or ``CACHES`` change (``setting_changed``, as sent
     by ``override_settings``) or :func:`reset_clients` is called.
     """
-    if _current:
+    if _current and not _isolation_source:
         return _current[0]
     client = get_client()
-    prefix = conf.REDIS_KEY_PREFIX + _isolation[0]
+    suffix = _isolation[0] or (_isolation_source[0]() if _isolation_source else "")
+    prefix = conf.REDIS_KEY_PREFIX + suffix
     ident = (id(client), prefix)
     with _clients_lock:
         store = _stores.get(ident)
