@@ -407,7 +407,8 @@ class IdempotencyKeyAdmin(KeyDatabaseAdmin):
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         # Each row comes with the database's now, on which its columns judge expiry and
         # leases as the store does (not the app server's clock).
-        return super().get_queryset(request).annotate(database_now=DatabaseNow())
+        rows: QuerySet[Any] = super().get_queryset(request).annotate(database_now=DatabaseNow())
+        return rows
 
     @admin.display(boolean=True, description=_("expired"), ordering="expires_at")
     def expired(self, obj: IdempotencyKey) -> bool:

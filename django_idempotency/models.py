@@ -53,6 +53,9 @@ class IdempotencyKey(models.Model):
 
     @property
     def is_expired(self) -> bool:
+        """Whether ``expires_at`` has passed by this process's clock: for display. The store,
+        the purge and the admin judge expiry on the database's clock
+        (``IdempotencyKey.objects.expired()``)."""
         return self.expires_at <= timezone.now()
 
 

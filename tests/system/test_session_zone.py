@@ -305,3 +305,14 @@ def test_partition_maintenance_drops_only_what_ended(alias: str, zone: str) -> N
         assert max(p.upper for p in found) >= db_now(alias) + timedelta(seconds=10 + AHEAD - 2)
         for partition in found:  # named by its lower bound in UTC, whatever the session's zone
             assert partition.name == partitions.partition_name(partitions.table(), partition.lower)
+
+
+@pytest.mark.parametrize("alias", [POSTGRES])
+def test_the_hybrid_outbox_row_lives_its_ttl_from_the_servers_clock(alias: str, zone: str) -> None:
+    """The outbox row of ``hybrid`` (PostgreSQL) is found live with its whole TTL left by
+    the database's clock, which a Redis refill is given."""
+    outbox = IdempotencyOutbox.objects
+    assert outbox.add("user:1", "k1", PRINT, RESPONSE, ttl=3600, using=alias)
+    found = outbox.lookup("user:1", "k1", using=alias)
+    assert found is not None and found.completed and found.read_at is not None
+    assert 3590 < found.ttl_seconds() <= 3600
