@@ -286,7 +286,7 @@ def test_an_outbox_row_is_stamped_with_the_db_clock(skew: int, fenced: bool) -> 
     are: a server 45 s behind with ``TTL`` 60 would otherwise write a row with 15 s left."""
     from django_idempotency.models import IdempotencyOutbox
 
-    fence = {"fence_lock_timeout": 30} if fenced else {}
+    fence: dict[str, Any] = {"fence_lock_timeout": 30} if fenced else {}
     with app_clock(skew):
         assert IdempotencyOutbox.objects.add("user:1", "k1", PRINT, RESPONSE, ttl=60, **fence)
     row = IdempotencyOutbox.objects.get(scope="user:1", key="k1")
