@@ -31,6 +31,21 @@ class Discards:
         self._lock = threading.Lock()
         #: (redis scope, key, token) -> until when (``time.monotonic()``) the record may live.
         self._items: dict[tuple[str, str, str], float] = {}
+        #: No attempt before this (``time.monotonic()``) after one that failed, but for the
+        #: key being claimed: a Redis that hangs costs a timeout per second, not per request.
+        self._next_try = 0.0
+
+    #: Seconds between two attempts while Redis does not answer them.
+    retry_interval = 1.0
+
+    def due(self, scope: str, key: str) -> bool:
+        """Whether to send the pending deletions before a claim of (scope, key): any are
+        pending, and the last attempt is old enough or one of them is that key's."""
+        if not self._items:
+            return False
+        if time.monotonic() >= self._next_try:
+            return True
+        return any(item[:2] == (scope, key) for item in list(self._items))
 
     @property
     def pending(self) -> bool:
@@ -56,6 +71,7 @@ class Discards:
                 deleted = store.discard(scope, key, token)
             except RedisUnavailable as exc:
                 logger.debug("could not discard a record of key %s yet: %s", key, exc)
+                self._next_try = time.monotonic() + self.retry_interval
                 return False
             with self._lock:
                 self._items.pop((scope, key, token), None)

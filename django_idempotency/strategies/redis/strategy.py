@@ -174,7 +174,7 @@ class RedisStrategy(Strategy):
     def claim(self, attempt: Attempt) -> Outcome:
         try:
             store = get_store()
-            if discards.pending:
+            if discards.due(attempt.redis_scope, attempt.key):
                 discards.flush(store)
             outcome, _record = redis_claim(
                 store, attempt, lambda token: RedisClaim(store, attempt, token)

@@ -30,12 +30,16 @@ def test_a_deletion_waits_for_redis_and_spares_another_claim(
     assert store.complete("s", "mine", ours, StoredResponse(201, {}, b"uncommitted"), 60_000)
     store.claim("s", "other", "fp", theirs, 60_000)
     discards = Discards()
+    discards.retry_interval = 3600.0  # "not yet" holds for the whole test
     discards.add("s", "mine", ours, 60)
     discards.add("s", "other", ours, 60)  # another claim holds it now: left alone
     discards.add("s", "old", ours, -1)  # its record expired anyway
     assert discards.pending
+    assert discards.due("s", "anything")
     assert not discards.flush(_store(closed_port_url(), redis_prefix))
     assert discards.pending, "kept until Redis answers"
+    # Not tried again before ``retry_interval``, but at once before a claim of their keys.
+    assert not discards.due("s", "anything") and discards.due("s", "mine")
     assert discards.flush(store)
     assert not discards.pending
     assert store.get("s", "mine") is None
