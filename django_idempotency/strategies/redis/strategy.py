@@ -29,6 +29,7 @@ from ..base import (
     Strategy,
 )
 from ..db import DatabaseStrategy
+from .discards import discards
 from .health import monitor
 from .outcome import RedisOutcomeUnknown, resend_once
 from .store import RedisRecord, RedisStore, RedisUnavailable, get_store, new_token, to_ms
@@ -84,16 +85,24 @@ class RedisClaim(Claim):
         return self._redis_delete(self.redis.release)
 
     def discard(self) -> None:
-        """The transaction did not commit: delete our record, completed or not."""
-        self._redis_delete(self.redis.discard)
+        """The transaction did not commit: delete our record, completed or not; when Redis
+        does not answer, before this process's next claim (``discards``)."""
+        self._redis_delete(self.redis.discard, remember=True)
 
-    def _redis_delete(self, operation: Callable[[str, str, str], bool]) -> bool:
+    def _redis_delete(
+        self, operation: Callable[[str, str, str], bool], *, remember: bool = False
+    ) -> bool:
         a = self.attempt
         try:
             deleted = operation(a.redis_scope, a.key, self.token)
         except RedisUnavailable:
+            later = "it will expire after the lock timeout"
+            if remember:  # a completion may be there (applied late, by a hung server)
+                discards.add(a.redis_scope, a.key, self.token, a.ttl)
+                later = "it is deleted before this process's next claim"
             logger.warning(
-                "could not release idempotency key in Redis; it will expire after the lock timeout",
+                "could not release idempotency key in Redis; %s",
+                later,
                 exc_info=True,
                 extra={"idempotency_scope": a.scope, "idempotency_key": a.key},
             )
@@ -165,6 +174,8 @@ class RedisStrategy(Strategy):
     def claim(self, attempt: Attempt) -> Outcome:
         try:
             store = get_store()
+            if discards.due(attempt.redis_scope, attempt.key):
+                discards.flush(store)
             outcome, _record = redis_claim(
                 store, attempt, lambda token: RedisClaim(store, attempt, token)
             )

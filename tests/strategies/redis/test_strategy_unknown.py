@@ -106,3 +106,38 @@ def test_a_claim_applied_after_its_timeout_holds_the_key_until_its_lease_lapses(
     again = post_json(api, key, {"amount": 1})
     assert again.status_code == 201
     assert SideEffect.objects.count() == 1
+
+
+@pytest.mark.urls("tests.support.gates")
+def test_a_completion_applied_after_the_rollback_is_deleted_before_the_next_claim(
+    on_private_redis: Any, running_private_redis: RedisServer, gate: Gate
+) -> None:
+    """Redis stops while the view stores its response: the completion goes unanswered twice,
+    the view's writes roll back (503), and the deletion of the record cannot be sent either.
+    Redis applies the completion once it runs again; the process deletes it before its next
+    claim, so the retry runs the view (once) instead of replaying a response whose writes
+    were rolled back (or, when the completion never left the client, waiting for the lease of
+    a claim nobody runs any more)."""
+    on_private_redis()
+    gate.opened.set()
+    assert _post(uuid.uuid4().hex).status_code == 201  # the scripts are loaded
+    gate.reset()
+    key = uuid.uuid4().hex
+    holder = Background("/gated/", key)
+    assert gate.entered.wait(timeout=30)
+    with running_private_redis.paused():
+        gate.opened.set()
+        first = holder.result()
+    assert_problem(first, 503, "store-unavailable")
+    assert SideEffect.objects.count() == 1, "rolled back"
+    store = get_store()
+    wait_until(lambda: _completed(store.get("anonymous", key)))  # the completion, applied late
+    retry = _post(key)
+    assert retry.status_code == 201 and "Idempotent-Replayed" not in retry, retry.content
+    assert SideEffect.objects.count() == 2
+    assert _post(key)["Idempotent-Replayed"] == "true"
+    assert SideEffect.objects.count() == 2
+
+
+def _completed(record: Any) -> bool:
+    return record is not None and record.completed
