@@ -15,7 +15,8 @@
   ``errors.md``'s sections read ``<the class's title>: <status>``.
 * Every check id (``E001``, ``W101``, ...) a page names exists in the code.
 * A code block shows code a project can paste: no import of ``example_project`` or
-  ``tests``, no view class subscripted for a type checker, no ``# type: ignore``.
+  ``tests``, no view class subscripted for a type checker, no ``# type: ignore``; and no
+  line wider than the page's column (``CODE_COLUMNS``), which would scroll.
 * The site needs no network: no page loads a script or a stylesheet from another host,
   no page holds a Mermaid block left for a script to render (diagrams are SVGs made by
   ``docs/diagrams/render.py`` from the ``.mmd`` source beside them, each carrying the
@@ -105,8 +106,8 @@ def problem_page(cls: type[Any]) -> str:
         f"Raised as `django_idempotency.errors.{cls.__name__}` and answered as an RFC 9457",
         "`application/problem+json` document:",
         "",
-        "```json",
-        json.dumps(body, indent=2),
+        "```{.json .wrap}",
+        json.dumps(body, indent=2, ensure_ascii=False),
         "```",
         "",
         f"More on when it happens and what to do: [errors](../errors.md#{cls.slug}).",
@@ -258,8 +259,11 @@ def on_pre_build(config: Any) -> None:
 
 # -- code a reader can paste ---------------------------------------------------------------
 
-#: A code block of a page, as pymdownx.highlight renders it.
-CODE_BLOCK = re.compile(r"<pre\b[^>]*>(.*?)</pre>", re.S)
+#: A code block of a page, as pymdownx.highlight renders it: its classes and its HTML.
+CODE_BLOCK = re.compile(
+    r'<div class="([^"]*)highlight">(?:<span class="filename">.*?</span>)?<pre\b[^>]*>(.*?)</pre>',
+    re.S,
+)
 #: What a project's own code never says: the example project's or the tests' modules, a
 #: view class subscripted for a type checker, a type checker's silencing.
 NOT_PASTEABLE = re.compile(
@@ -270,17 +274,39 @@ NOT_PASTEABLE = re.compile(
 )
 
 
-def code_blocks(html: str) -> list[str]:
-    """The text of each code block of ``html``, as the reader sees it."""
+def code_blocks(html: str, *, wrapped: bool = True) -> list[str]:
+    """The text of each code block of ``html``, as the reader sees it (without the blocks
+    marked ``.wrap`` unless ``wrapped``)."""
     import html as entities
 
-    return [entities.unescape(re.sub(r"<[^>]+>", "", body)) for body in CODE_BLOCK.findall(html)]
+    return [
+        entities.unescape(re.sub(r"<[^>]+>", "", body))
+        for classes, body in CODE_BLOCK.findall(html)
+        if wrapped or "wrap" not in classes.split()
+    ]
+
+
+#: The widest line a code block shows without a scroll bar: the column of the theme's
+#: content at a 1400 px wide window, both sidebars shown, is 656 px of code at 13.6 px,
+#: 80 characters of DejaVu Sans Mono (Menlo and SF Mono: 80 too, Consolas 87), as
+#: Chromium measures it on the built site.
+CODE_COLUMNS = 80
 
 
 def check_code(html: str, where: str) -> None:
     for text in code_blocks(html):
         for found in NOT_PASTEABLE.finditer(text):
             log.warning("%s shows code a project cannot paste: %r", where, found.group(0).strip())
+    for text in code_blocks(html, wrapped=False):
+        for line in text.expandtabs().splitlines():
+            if len(line) > CODE_COLUMNS:
+                log.warning(
+                    "%s has a code line of %d columns (at most %d fit): %r",
+                    where,
+                    len(line),
+                    CODE_COLUMNS,
+                    line,
+                )
 
 
 def on_page_content(html: str, page: Any, config: Any, files: Files) -> str:

@@ -205,6 +205,22 @@ def test_isolated_store_without_a_reachable_redis_still_runs_the_block() -> None
     reset_clients()
 
 
+def test_a_block_that_never_reached_the_store_deletes_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """No SCAN for a test that sent no keyed request (most of a project's tests): here
+    the Redis cannot be reached, and only the block that made a store tries to delete."""
+    value = {"STRATEGY": "redis", "REDIS_URL": "redis://127.0.0.1:1/0", "REDIS_SOCKET_TIMEOUT": 0.2}
+    with override_settings(IDEMPOTENCY=value):
+        with isolated_store():
+            pass
+        assert "could not delete" not in caplog.text
+        with isolated_store():
+            get_store()
+    reset_clients()
+    assert "could not delete the Redis keys of -test-" in caplog.text
+
+
 def test_use_strategy_keeps_the_other_settings(redis_strategy: str) -> None:
     with use_strategy("db", TTL=60):
         assert (get_strategy().name, conf.TTL, conf.REDIS_KEY_PREFIX) == ("db", 60, redis_strategy)

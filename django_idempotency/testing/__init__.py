@@ -74,9 +74,10 @@ def isolated_store(suffix: str | None = None) -> Iterator[str]:
     ``suffix`` (default: ``-test-`` and 16 random hex digits), whatever the settings
     become inside it (``override_settings`` on a test method, pytest-django's
     ``settings`` fixture): ``redis_store.isolate()``. On exit the keys with that suffix
-    are deleted (:func:`clear_store`); a Redis that cannot be reached then is logged, not
-    raised: the suffix is never used again, so its records cannot reach another test
-    (they expire after their ``TTL``). Keys of other tests and other processes are never
+    are deleted (:func:`clear_store`), if the block reached the Redis store at all (no
+    ``SCAN`` otherwise); a Redis that cannot be reached then is logged, not raised: the
+    suffix is never used again, so its records cannot reach another test (they expire
+    after their ``TTL``). Keys of other tests and other processes are never
     touched. Without a Redis configured (the ``db`` strategy) the block just runs."""
     from ..strategies.redis import store as redis_store
 
@@ -86,7 +87,7 @@ def isolated_store(suffix: str | None = None) -> Iterator[str]:
         yield chosen
     finally:
         redis_store.isolate(previous)
-        if _uses_redis():
+        if redis_store.used(chosen) and _uses_redis():
             try:
                 clear_store(chosen, anywhere=True)  # under whichever prefix it was used
             except Exception:  # the test's own failure, if any, is the one to report

@@ -20,8 +20,8 @@ async def create_charge(request: HttpRequest) -> JsonResponse:
     if not user.is_authenticated:
         return JsonResponse({"detail": "Log in first."}, status=401)
     payload = json.loads(request.body)
-    # The async ORM runs in the thread that holds the claim's transaction: this row
-    # commits together with the stored response, or not at all.
+    # The async ORM runs in the thread that holds the claim's transaction:
+    # this row commits together with the stored response, or not at all.
     charge = await Charge.objects.acreate(
         user=user,
         amount=int(payload["amount"]),

@@ -1,5 +1,6 @@
-"""The docs' examples run as in a project's own suite: with the pytest plugin's automatic
-isolation (tests/conftest.py turns it off for the rest of the suite)."""
+"""The docs' examples run as in a project's own suite: with the pytest
+plugin's automatic isolation (tests/conftest.py turns it off for the rest of
+the suite)."""
 
 import pytest
 

@@ -20,7 +20,8 @@ class ChargeCreateView(IdempotencyMixin, generics.CreateAPIView):
         reference = psp.charge(
             data["amount"],
             data["currency"],
-            # The same for every retry of this request: the provider deduplicates too.
+            # The same for every retry of this request: the provider
+            # deduplicates too.
             idempotency_key=self.request.idempotency.downstream_key("psp"),
         )
         serializer.save(user=self.request.user, psp_reference=reference)

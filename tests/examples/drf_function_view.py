@@ -20,7 +20,8 @@ def create_charge(request):
     reference = psp.charge(
         data["amount"],
         data["currency"],
-        # The same for every retry of this request: the provider deduplicates too.
+        # The same for every retry of this request: the provider
+        # deduplicates too.
         idempotency_key=request.idempotency.downstream_key("psp"),
     )
     serializer.save(user=request.user, psp_reference=reference)

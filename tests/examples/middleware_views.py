@@ -15,7 +15,9 @@ from .models import Charge
 @idempotency_opt_in(required=True)
 def create_charge(request: HttpRequest) -> JsonResponse:
     """Protected by the middleware: the header is required on POST and PATCH."""
-    user = request.user  # set by AuthenticationMiddleware, before IdempotencyMiddleware
+    user = (
+        request.user
+    )  # set by AuthenticationMiddleware, before IdempotencyMiddleware
     if not user.is_authenticated:
         return JsonResponse({"detail": "Log in first."}, status=401)
     payload = json.loads(request.body)
@@ -47,7 +49,9 @@ async def acreate_charge(request: HttpRequest) -> JsonResponse:
 @idempotency_exempt
 def provider_webhook(request: HttpRequest) -> JsonResponse:
     """Never handled, even with MIDDLEWARE_DEFAULT = "all"."""
-    Charge.objects.filter(pk=json.loads(request.body)["id"]).update(psp_reference="settled")
+    Charge.objects.filter(pk=json.loads(request.body)["id"]).update(
+        psp_reference="settled"
+    )
     return JsonResponse({}, status=200)
 
 

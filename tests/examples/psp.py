@@ -1,6 +1,7 @@
-"""``from . import psp`` in the docs' examples: the payment provider's client of "their own
-app", the example project's, looked up at each call (a test that replaces
-``example_project.payments.psp.charge``, or this module's, is followed)."""
+"""``from . import psp`` in the docs' examples: the payment provider's client
+of "their own app", the example project's, looked up at each call (a test that
+replaces ``example_project.payments.psp.charge``, or this module's, is
+followed)."""
 
 from typing import Any
 

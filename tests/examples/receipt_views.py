@@ -23,8 +23,12 @@ class ReceiptChargeView(IdempotencyMixin, generics.CreateAPIView):
     idempotency_required = True
 
     def perform_create(self, serializer):
-        charge = serializer.save(user=self.request.user, psp_reference="psp-test")
-        transaction.on_commit(lambda: send_receipt(charge.pk))  # the view's one callback
+        charge = serializer.save(
+            user=self.request.user, psp_reference="psp-test"
+        )
+        transaction.on_commit(
+            lambda: send_receipt(charge.pk)
+        )  # the view's one callback
 
 
 @require_POST

@@ -1,6 +1,6 @@
-"""``from .receipts import send_receipt`` in docs/testing.md's views: "their own app's"
-receipts, here a list of the charges whose receipt went out (in order), in place of an
-e-mail or a queued task."""
+"""``from .receipts import send_receipt`` in docs/testing.md's views: "their
+own app's" receipts, here a list of the charges whose receipt went out (in
+order), in place of an e-mail or a queued task."""
 
 sent_receipts: list[int] = []
 

@@ -1,5 +1,5 @@
-"""``from .serializers import ChargeSerializer`` in the docs' examples: the example
-project's (see models.py here)."""
+"""``from .serializers import ChargeSerializer`` in the docs' examples: the
+example project's (see models.py here)."""
 
 from example_project.payments.serializers import ChargeSerializer
 

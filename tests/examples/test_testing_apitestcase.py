@@ -1,5 +1,5 @@
-"""docs/testing.md's APITestCase example; test_testing_strategies.py runs it under the
-redis and hybrid strategies too."""
+"""docs/testing.md's APITestCase example; test_testing_strategies.py runs it
+under the redis and hybrid strategies too."""
 
 # --8<-- [start:example]
 from django.contrib.auth.models import User
@@ -17,7 +17,10 @@ class ChargeTests(APITestCase):
     def charge(self, key):
         body = {"amount": 500, "currency": "eur"}
         return self.client.post(
-            "/ex/receipt/drf/", body, format="json", headers={"Idempotency-Key": key}
+            "/ex/receipt/drf/",
+            body,
+            format="json",
+            headers={"Idempotency-Key": key},
         )
 
     def test_a_retry_replays_and_charges_once(self):
@@ -38,7 +41,8 @@ class ChargeTests(APITestCase):
 
 
 class ChargeTestsWithoutRedis(IdempotencyTestMixin, APITestCase):
-    """Unit tests that need no Redis: the db strategy, rolled back with the test."""
+    """Unit tests that need no Redis: the db strategy, rolled back with the
+    test."""
 
     idempotency_strategy = "db"
 
@@ -46,7 +50,10 @@ class ChargeTestsWithoutRedis(IdempotencyTestMixin, APITestCase):
         self.client.force_authenticate(User.objects.create_user("payer"))
         body = {"amount": 500, "currency": "eur"}
         response = self.client.post(
-            "/ex/receipt/drf/", body, format="json", headers={"Idempotency-Key": "order-1"}
+            "/ex/receipt/drf/",
+            body,
+            format="json",
+            headers={"Idempotency-Key": "order-1"},
         )
         assert response.status_code == 201
 

@@ -1,5 +1,6 @@
-"""docs/testing.md's pytest-django example, run under each strategy (``strategy`` below),
-with the plugin's automatic isolation (tests/examples/conftest.py)."""
+"""docs/testing.md's pytest-django example, run under each strategy
+(``strategy`` below), with the plugin's automatic isolation
+(tests/examples/conftest.py)."""
 
 from typing import Any
 
@@ -20,10 +21,17 @@ def client(db):
 
 def charge(client, key):
     body = {"amount": 500, "currency": "eur"}
-    return client.post("/ex/receipt/drf/", body, format="json", headers={"Idempotency-Key": key})
+    return client.post(
+        "/ex/receipt/drf/",
+        body,
+        format="json",
+        headers={"Idempotency-Key": key},
+    )
 
 
-def test_a_retry_replays_and_charges_once(client, django_capture_on_commit_callbacks):
+def test_a_retry_replays_and_charges_once(
+    client, django_capture_on_commit_callbacks
+):
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
         first = charge(client, "order-1")
     assert first.status_code == 201
@@ -37,7 +45,8 @@ def test_a_retry_replays_and_charges_once(client, django_capture_on_commit_callb
 
 
 def test_the_same_key_in_the_next_test_charges_again(client):
-    # The key of the test above (on SQLite the same user id too): a record of its own.
+    # The key of the test above (on SQLite the same user id too): a record
+    # of its own.
     response = charge(client, "order-1")
     assert response.status_code == 201
     assert "Idempotent-Replayed" not in response.headers
@@ -49,7 +58,8 @@ def test_the_same_key_in_the_next_test_charges_again(client):
 
 @pytest.fixture(autouse=True, params=["db", "redis", "hybrid"])
 def strategy(request: pytest.FixtureRequest) -> Any:
-    """In the docs the project's settings name the strategy; here each one in turn."""
+    """In the docs the project's settings name the strategy; here each one in
+    turn."""
     from django.test import override_settings
 
     from tests.support import services
@@ -58,7 +68,11 @@ def strategy(request: pytest.FixtureRequest) -> Any:
         yield "db"
         return
     request.applymarker(pytest.mark.redis)
-    value = {"STRATEGY": request.param, "REDIS_URL": services.REDIS_URL, "REDIS_KEY_PREFIX": "docs"}
+    value = {
+        "STRATEGY": request.param,
+        "REDIS_URL": services.REDIS_URL,
+        "REDIS_KEY_PREFIX": "docs",
+    }
     with override_settings(IDEMPOTENCY=value):
         yield request.param
 

@@ -1,5 +1,6 @@
-"""docs/testing.md's race: duplicates of one request on real threads, run under each
-strategy (``strategy`` below), against the quick start's viewset (tests/examples/drf_viewset.py)."""
+"""docs/testing.md's race: duplicates of one request on real threads, run under
+each strategy (``strategy`` below), against the quick start's viewset
+(tests/examples/drf_viewset.py)."""
 
 # --8<-- [start:example]
 import threading
@@ -15,7 +16,9 @@ from .models import Charge
 DUPLICATES = 8
 
 
-@pytest.mark.django_db(transaction=True)  # the threads see what the test commits
+@pytest.mark.django_db(
+    transaction=True
+)  # the threads see what the test commits
 def test_duplicates_sent_at_once_charge_once(monkeypatch):
     user = User.objects.create_user("payer")
     answers = []
@@ -23,9 +26,12 @@ def test_duplicates_sent_at_once_charge_once(monkeypatch):
     real_charge = psp.charge
 
     def held_charge(*args, **kwargs):
-        # The request that runs holds its side effect until every duplicate has had its
-        # answer: they arrive while it runs, however fast or loaded the machine.
-        assert duplicates_answered.wait(timeout=60), "the duplicates were not answered"
+        # The request that runs holds its side effect until every duplicate
+        # has had its answer: they arrive while it runs, however fast or
+        # loaded the machine.
+        assert duplicates_answered.wait(timeout=60), (
+            "the duplicates were not answered"
+        )
         return real_charge(*args, **kwargs)
 
     monkeypatch.setattr(psp, "charge", held_charge)
@@ -63,16 +69,23 @@ def test_duplicates_sent_at_once_charge_once(monkeypatch):
 
 @pytest.fixture(autouse=True, params=["db", "redis", "hybrid"])
 def strategy(request: pytest.FixtureRequest):
-    """In the docs the project's settings name the strategy; here each one in turn."""
+    """In the docs the project's settings name the strategy; here each one in
+    turn."""
     from django.test import override_settings
 
     from tests.support import services
 
-    request.applymarker(pytest.mark.postgres)  # the threads need a database server
+    request.applymarker(
+        pytest.mark.postgres
+    )  # the threads need a database server
     if request.param == "db":
         yield "db"
         return
     request.applymarker(pytest.mark.redis)
-    value = {"STRATEGY": request.param, "REDIS_URL": services.REDIS_URL, "REDIS_KEY_PREFIX": "docs"}
+    value = {
+        "STRATEGY": request.param,
+        "REDIS_URL": services.REDIS_URL,
+        "REDIS_KEY_PREFIX": "docs",
+    }
     with override_settings(IDEMPOTENCY=value):
         yield request.param

@@ -1,5 +1,6 @@
-"""docs/testing.md's APITestCase example under the redis and hybrid strategies, and the
-receipts its view sends (once per charge, retries or not)."""
+"""docs/testing.md's APITestCase example under the redis and hybrid
+strategies, and the receipts its view sends (once per charge, retries or
+not)."""
 
 import pytest
 from django.test import override_settings
@@ -11,7 +12,11 @@ from . import test_testing_apitestcase as example
 
 
 def redis_settings(strategy: str) -> dict[str, str]:
-    return {"STRATEGY": strategy, "REDIS_URL": services.REDIS_URL, "REDIS_KEY_PREFIX": "docs"}
+    return {
+        "STRATEGY": strategy,
+        "REDIS_URL": services.REDIS_URL,
+        "REDIS_KEY_PREFIX": "docs",
+    }
 
 
 class ReceiptsTests(example.ChargeTests):
@@ -39,7 +44,8 @@ class TestOnHybrid(ReceiptsTests):
 @pytest.mark.redis
 @override_settings(IDEMPOTENCY=redis_settings("redis"))
 class TestWithoutRedisUnderARedisProject(example.ChargeTestsWithoutRedis):
-    """``idempotency_strategy = "db"`` wins over the project's redis strategy."""
+    """``idempotency_strategy = "db"`` wins over the project's redis
+    strategy."""
 
     def test_no_record_reaches_redis(self) -> None:
         from django_idempotency.strategies import get_strategy

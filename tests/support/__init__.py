@@ -17,10 +17,9 @@
 * ``browser``: headless Chromium through Playwright, for the browser tests;
 * ``factories``: factory-boy factories of users, keys in each state and outbox rows;
 * ``faults``: the fault matrix's views (``@pytest.mark.urls("tests.support.faults")``);
-* ``custom_strategy``: the third-party strategy of docs/api.md, run by the fault matrix.
 
 Nothing here imports Django at import time except ``api``, ``assertions``, ``gates``,
-``factories``, ``faults`` and ``custom_strategy``,
+``factories`` and ``faults``,
 so that the rest works before the settings are configured. (The benchmarks have a harness
 of their own, ``benchmarks/harness/``, and do not import this.)
 """

@@ -9,6 +9,7 @@ brings ``build`` and the backend), the wheel from the sdist, as ``pip`` would.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -175,3 +176,67 @@ def test_readme_links_are_absolute() -> None:
     assert links
     relative = [link for link in links if not link.startswith("https://")]
     assert relative == []
+
+
+@pytest.mark.redis
+def test_the_installed_wheel_isolates_a_projects_suite_by_itself(
+    dist: Path, tmp_path: Path
+) -> None:
+    """pytest finds the plugin through the wheel's ``pytest11`` entry point: a project's
+    suite run with nothing but ``pytest`` (no ``-p``, no ``pytest_plugins``) has each test's
+    Redis records apart. The wheel goes into a throwaway virtualenv of the test's own,
+    which sees this environment's other packages (Django, DRF, pytest-django, redis-py)."""
+    import sysconfig
+    import uuid
+    import zipfile
+
+    import redis
+
+    from ..support import services
+    from ..support.shop import write_shop
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    (site,) = (venv / "lib").glob("python*/site-packages")
+    # this environment's packages, after the venv's own (and without their .pth files: no
+    # editable checkout of the package comes along)
+    (site / "outer.pth").write_text(sysconfig.get_paths()["purelib"] + "\n", encoding="utf-8")
+    (wheel,) = dist.glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(site)
+    entry_points = next(site.glob("django_idempotency-*.dist-info")) / "entry_points.txt"
+    assert "[pytest11]" in entry_points.read_text(encoding="utf-8")
+
+    shop = write_shop(tmp_path / "shop")
+    prefix = f"shop-{uuid.uuid4().hex[:12]}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "PYTEST_"))}
+    env |= {"PYTHONPATH": str(shop), "SHOP_REDIS_URL": services.REDIS_URL, "SHOP_PREFIX": prefix}
+    python = str(venv / "bin" / "python")
+    try:
+        result = subprocess.run(
+            [python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_charges.py"],
+            cwd=shop,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        imported = subprocess.run(
+            [python, "-c", "import django_idempotency as d; print(d.__file__)"],
+            cwd=shop,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    finally:
+        client = redis.Redis.from_url(services.REDIS_URL)
+        leftover = list(client.scan_iter(match=f"{prefix}*"))
+        if leftover:
+            client.delete(*leftover)
+        client.close()
+    assert imported.stdout.startswith(str(site)), imported.stdout  # the wheel's package
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 passed" in result.stdout
+    assert leftover == []

@@ -268,3 +268,55 @@ def test_code_a_project_cannot_paste_is_a_warning(
         assert caplog.records == []
         hooks.check_code(html.format(line.replace("[", "<span>[</span>")), "page.md")
     assert f"page.md shows code a project cannot paste: {found!r}" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("line", "wrapped"), [("x" * 81, False), ("x" * 80, False), ("x" * 200, True)]
+)
+def test_a_code_line_wider_than_the_column_is_a_warning(
+    caplog: pytest.LogCaptureFixture, line: str, wrapped: bool
+) -> None:
+    """Unless its block is marked ``.wrap`` (a real answer whose lines cannot break)."""
+    classes = "wrap highlight" if wrapped else "highlight"
+    html = f'<div class="{classes}"><pre><span></span><code>{line}</code></pre></div>'
+    with caplog.at_level(logging.WARNING, logger=hooks.log.name):
+        hooks.check_code(html, "page.md")
+    too_wide = len(line) > hooks.CODE_COLUMNS and not wrapped
+    assert ("a code line of" in caplog.text) is too_wide
+
+
+@pytest.mark.browser
+def test_no_code_block_scrolls_in_a_1400_pixel_window(site: Path) -> None:
+    """What CODE_COLUMNS stands for, in Chromium: on every page of the built site, at a
+    window 1400 px wide, no code block is wider than its column (those marked ``.wrap``
+    wrap their lines instead)."""
+    import functools
+    import http.server
+    import threading
+
+    from tests.support.browser import browser_page
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(site))
+    )
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    pages = sorted(path.parent.relative_to(site) for path in site.rglob("*/index.html"))
+    assert len(pages) > 20
+    scrolling: list[str] = []
+    try:
+        with browser_page(1400) as page:
+            for path in pages:
+                page.goto(f"http://127.0.0.1:{server.server_address[1]}/{path}/")
+                widths = page.evaluate(
+                    "() => [...document.querySelectorAll('pre > code')]"
+                    ".map(code => [code.scrollWidth, code.clientWidth])"
+                )
+                scrolling += [f"{path}: {w}" for w in widths if w[0] > w[1]]
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert scrolling == []

@@ -111,7 +111,7 @@ ALL = [
     _param("hybrid", pytest.mark.redis, pytest.mark.postgres),
     _param("hybrid-after-loss", pytest.mark.redis, pytest.mark.postgres),
     _param("hybrid-cluster", pytest.mark.redis_cluster, pytest.mark.postgres),
-    _param("custom", pytest.mark.postgres),  # tests/support/custom_strategy.py, from docs/api.md
+    _param("custom", pytest.mark.postgres),  # tests/examples/custom_strategy.py, in docs/api.md
 ]
 #: The strategies on the private Redis node (which a test may flush or kill).
 NODE = [p for p in ALL if p.values[0] in ("redis", "hybrid", "hybrid-after-loss")]
@@ -136,7 +136,7 @@ def configure(request: pytest.FixtureRequest, settings: Any, prefix: str, name: 
     elif name == "advisory_lock":
         value["STRATEGY"] = "advisory_lock"
     elif name == "custom":
-        value["STRATEGY"] = "tests.support.custom_strategy.MemoryStrategy"
+        value["STRATEGY"] = "tests.examples.custom_strategy.MemoryStrategy"
     else:
         if name.endswith("-cluster"):
             server = request.getfixturevalue("redis_cluster")

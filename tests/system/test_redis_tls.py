@@ -40,7 +40,7 @@ pytestmark = [
 #: The recipes of docs/redis.md "TLS", in their order there.
 RECIPES = {"url": 0, "django-redis": 1, "django": 2}
 CLIENT_CERT_IN_URL = (
-    '"&ssl_certfile=/etc/redis/tls/client.pem&ssl_keyfile=/etc/redis/tls/client.key"'
+    '"&ssl_certfile=/etc/redis/tls/client.pem"\n        "&ssl_keyfile=/etc/redis/tls/client.key"'
 )
 
 

@@ -33,6 +33,7 @@ from ..support.api import replayed
 from ..support.commands import ROOT
 from ..support.factories import UserFactory
 from ..support.redis_servers import delete_prefix
+from ..support.shop import write_shop
 
 pytestmark = pytest.mark.usefixtures("forget_queued_drains")
 
@@ -316,120 +317,9 @@ def _nothing() -> Any:
 
 # -- a project's own suite that never heard of django_idempotency.testing ---------------------
 #
-# A shop with the redis strategy and a DRF view, whose two tests send one fixed key for a
-# user who gets the same primary key in each (the test's rollback resets SQLite's
-# sequence): without isolation the second test's POST is a replay of the first test's
-# answer, and creates nothing. Each suite runs as its own process, as the project runs it
-# (pytest with pytest-django, `manage.py test`), on the shared Redis under a prefix of its
-# own.
-
-SHOP = {
-    "manage.py": """
-import os, sys
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "shop.settings")
-from django.core.management import execute_from_command_line
-execute_from_command_line(sys.argv)
-""",
-    "pytest.ini": "[pytest]\nDJANGO_SETTINGS_MODULE = shop.settings\n",
-    "shop/__init__.py": "",
-    "shop/settings.py": """
-import os
-SECRET_KEY = "shop"
-USE_TZ = True
-DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-INSTALLED_APPS = [
-    "django.contrib.auth", "django.contrib.contenttypes", "rest_framework",
-    "django_idempotency", "payments",
-]
-DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": "shop.sqlite3"}}
-ROOT_URLCONF = "shop.urls"
-IDEMPOTENCY = {
-    "STRATEGY": "redis",
-    "REDIS_URL": os.environ["SHOP_REDIS_URL"],
-    "REDIS_KEY_PREFIX": os.environ["SHOP_PREFIX"],
-    "TEST_ISOLATION": os.environ.get("SHOP_TEST_ISOLATION", "1") == "1",
-}
-""",
-    "shop/urls.py": """
-from django.urls import path
-from payments.views import ChargeCreate
-urlpatterns = [path("charges/", ChargeCreate.as_view())]
-""",
-    "payments/__init__.py": "",
-    "payments/models.py": """
-from django.conf import settings
-from django.db import models
-
-class Charge(models.Model):
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
-    amount = models.IntegerField()
-""",
-    "payments/views.py": """
-from rest_framework import generics, serializers
-from rest_framework.permissions import IsAuthenticated
-from django_idempotency.mixins import IdempotencyMixin
-from .models import Charge
-
-class ChargeSerializer(serializers.ModelSerializer):
-    class Meta:
-        model = Charge
-        fields = ["id", "amount"]
-
-class ChargeCreate(IdempotencyMixin, generics.CreateAPIView):
-    serializer_class = ChargeSerializer
-    permission_classes = [IsAuthenticated]
-
-    def perform_create(self, serializer):
-        serializer.save(user=self.request.user)
-""",
-    # pytest-django, plain functions
-    "test_charges.py": """
-import os
-import pytest
-from django.contrib.auth.models import User
-from rest_framework.test import APIClient
-from payments.models import Charge
-
-if os.environ.get("SHOP_SHARED_MARK") == "1":
-    pytestmark = pytest.mark.idempotency_shared_store
-
-def charge_once():
-    client = APIClient()
-    client.force_authenticate(User.objects.create_user("payer"))
-    response = client.post("/charges/", {"amount": 5}, format="json",
-                           HTTP_IDEMPOTENCY_KEY="order-1")
-    assert response.status_code == 201
-    assert Charge.objects.count() == 1, "a replay of the earlier test's charge"
-
-@pytest.mark.django_db
-def test_first():
-    charge_once()
-
-@pytest.mark.django_db
-def test_second():
-    charge_once()
-""",
-    # Django's test runner, DRF's APITestCase
-    "payments/tests.py": """
-from django.contrib.auth.models import User
-from rest_framework.test import APITestCase
-from .models import Charge
-
-class ChargeTests(APITestCase):
-    def charge_once(self):
-        self.client.force_authenticate(User.objects.create_user("payer"))
-        response = self.client.post("/charges/", {"amount": 5}, format="json",
-                                    headers={"idempotency-key": "order-1"})
-        self.assertEqual(response.status_code, 201)
-        self.assertEqual(Charge.objects.count(), 1, "a replay of the earlier test's charge")
-
-    def test_first(self):
-        self.charge_once()
-
-    def test_second(self):
-        self.charge_once()
-""",
-}
+# The shop of tests/support/shop.py: two tests with one fixed key and the same user pk.
+# Each suite runs as its own process, as the project runs it (pytest with pytest-django,
+# `manage.py test`), on the shared Redis under a prefix of its own.
 
 #: The plugin as pytest loads it from the entry point (named so, it loads once either way).
 PLUGIN = "django_idempotency.testing.plugin"
@@ -438,9 +328,7 @@ PLUGIN = "django_idempotency.testing.plugin"
 @pytest.fixture
 def shop(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
     """The shop's files, and the environment its suites run in (this checkout's package)."""
-    for name, text in SHOP.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text.lstrip(), encoding="utf-8")
+    write_shop(tmp_path)
     prefix = f"shop-{uuid.uuid4().hex[:12]}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "PYTEST_"))}
     env |= {

@@ -724,6 +724,9 @@ _isolation = [""]
 #: Under a test runner, what names the suffix of the running test's records when no
 #: :func:`isolate` is in force ("" outside a test): ``django_idempotency.testing.testcases``.
 _isolation_source: list[Callable[[], str]] = []
+#: The suffixes a store was made for since :func:`used` last asked (what a test's
+#: clean-up needs to delete; a test that never reached Redis needs no SCAN).
+_suffixes_used: set[str] = set()
 
 
 def isolate(suffix: str) -> str:
@@ -744,6 +747,14 @@ def isolate_by(source: Callable[[], str] | None) -> None:
         _current.clear()
 
 
+def used(suffix: str) -> bool:
+    """Whether a store was made for ``suffix`` since the last call for it (which forgets)."""
+    with _clients_lock:
+        found = suffix in _suffixes_used
+        _suffixes_used.discard(suffix)
+    return found
+
+
 def get_store() -> RedisStore:
     """The store for the configured client and ``REDIS_KEY_PREFIX`` (one per process;
     followed by a test's suffix during :func:`isolate` or under :func:`isolate_by`).
@@ -758,6 +769,8 @@ def get_store() -> RedisStore:
     prefix = conf.REDIS_KEY_PREFIX + suffix
     ident = (id(client), prefix)
     with _clients_lock:
+        if suffix:
+            _suffixes_used.add(suffix)
         store = _stores.get(ident)
         if store is None or store.client is not client:
             store = _stores[ident] = RedisStore(client, prefix)

@@ -1,10 +1,10 @@
 """A third-party strategy, written from docs/api.md ("Writing a strategy").
 
-Its records live in the memory of one process, behind one lock: enough for a test
-settings file or a single-process deployment, and short enough to show the whole
-interface. The lifecycle (transaction, pending stores, giving the key back, hooks after
-COMMIT) is the protocol's (``protocol.lifecycle``); the fault matrix runs it like the
-built-ins.
+Its records live in the memory of one process, behind one lock: enough for a
+test settings file or a single-process deployment, and short enough to show the
+whole interface. The lifecycle (transaction, pending stores, giving the key
+back, hooks after COMMIT) is the protocol's (``protocol.lifecycle``); the fault
+matrix runs it like the built-ins.
 """
 
 from __future__ import annotations
@@ -35,7 +35,9 @@ class Record:
 
 
 class MemoryClaim(Claim):
-    def __init__(self, strategy: MemoryStrategy, attempt: Attempt, token: str) -> None:
+    def __init__(
+        self, strategy: MemoryStrategy, attempt: Attempt, token: str
+    ) -> None:
         super().__init__(attempt)
         self.strategy = strategy
         self.token = token
@@ -67,11 +69,16 @@ class MemoryClaim(Claim):
             return True
 
     def discard(self) -> None:
-        # The completion lives outside the database: undo it when COMMIT did not happen.
+        # The completion lives outside the database: undo it when COMMIT did not
+        # happen.
         with self.strategy.lock:
-            record = self.strategy.records.get((self.attempt.scope, self.attempt.key))
+            record = self.strategy.records.get(
+                (self.attempt.scope, self.attempt.key)
+            )
             if record is not None and record.token == self.token:
-                del self.strategy.records[(self.attempt.scope, self.attempt.key)]
+                del self.strategy.records[
+                    (self.attempt.scope, self.attempt.key)
+                ]
 
 
 class MemoryStrategy(Strategy):
@@ -98,8 +105,13 @@ class MemoryStrategy(Strategy):
             return Replay(record.response)
 
     def mine(self, attempt: Attempt, token: str) -> Record | None:
-        """The in-progress record of ``attempt`` while ``token`` holds it (under the lock)."""
+        """The in-progress record of ``attempt`` while ``token`` holds it (under
+        the lock)."""
         record = self.records.get((attempt.scope, attempt.key))
-        if record is None or record.token != token or record.response is not None:
+        if (
+            record is None
+            or record.token != token
+            or record.response is not None
+        ):
             return None
         return record
