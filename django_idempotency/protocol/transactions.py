@@ -45,6 +45,15 @@ def from_testcase(block: Any) -> bool:
     return bool(getattr(block, "_from_testcase", False))
 
 
+def innermost_testcase_block(connection: Any) -> Any | None:
+    """The innermost of the blocks a ``TestCase`` opened that the current point is in (the
+    test's own, inside its class's), or None outside a ``TestCase``."""
+    for block in reversed(connection.atomic_blocks):
+        if from_testcase(block):
+            return block
+    return None
+
+
 def only_testcase_outside(connection: Any) -> bool:
     """Whether every block around the innermost one is a ``TestCase``'s (and there is at
     least one): the innermost block's end is where production would COMMIT."""

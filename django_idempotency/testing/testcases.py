@@ -26,6 +26,7 @@ from typing import Any
 from django.db import connections
 
 from ..conf import conf
+from ..protocol import transactions
 
 logger = logging.getLogger("django_idempotency")
 
@@ -39,15 +40,14 @@ def current_suffix() -> str:
     this thread; "" outside one, or with ``TEST_ISOLATION`` off."""
     if not conf.TEST_ISOLATION:
         return ""
-    blocks = connections[conf.DATABASE].atomic_blocks
-    for block in reversed(blocks):
-        if getattr(block, "_from_testcase", False):
-            suffix: str | None = getattr(block, "_idempotency_suffix", None)
-            if suffix is None:
-                suffix = f"-test-{uuid.uuid4().hex[:8]}-{RUN}"
-                setattr(block, "_idempotency_suffix", suffix)  # noqa: B010 - not Atomic's own
-            return suffix
-    return ""
+    block = transactions.innermost_testcase_block(connections[conf.DATABASE])
+    if block is None:
+        return ""
+    suffix: str | None = getattr(block, "_idempotency_suffix", None)
+    if suffix is None:
+        suffix = f"-test-{uuid.uuid4().hex[:8]}-{RUN}"
+        setattr(block, "_idempotency_suffix", suffix)  # noqa: B010 - not Atomic's own
+    return suffix
 
 
 def delete_records() -> None:

@@ -67,6 +67,7 @@ def test_savepoints_line_up_with_the_blocks_inside_the_outermost() -> None:
             assert len(blocks) == 3
             assert connection.savepoint_ids == [sid, None]
     assert transactions.testcase_commit_point(connection) is None  # no TestCase here
+    assert transactions.innermost_testcase_block(connection) is None
 
 
 class TestInsideATestCase(TestCase):
@@ -77,6 +78,7 @@ class TestInsideATestCase(TestCase):
         blocks: list[Any] = connection.atomic_blocks
         assert blocks and all(transactions.from_testcase(block) for block in blocks)
         assert transactions.testcase_commit_point(connection) is None
+        assert transactions.innermost_testcase_block(connection) is blocks[-1]
         with transaction.atomic():
             point = transactions.testcase_commit_point(connection)
             assert point is not None and point in transactions.open_savepoints(connection)
