@@ -3,13 +3,16 @@ back, partitions created ahead and dropped whole, and the one guarantee that mus
 one claim per key, raced by real threads across partition boundaries.
 
 Partitions here are two seconds wide, so that a key's claims straddle boundaries within a
-test; the fixture converts the test database's table and makes it plain again after.
+test; the fixture converts the test database's table and makes it plain again after. No
+test waits for a boundary to pass: a partition that has ended is attached in the past
+(``past_partition``), a row is moved there (or its times moved back) by an ``UPDATE``, and
+the partitions are made to reach well past the longest expiry a test writes. A test that
+waits for another backend to block waits for PostgreSQL to say so (``_waiting``).
 """
 
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -17,6 +20,7 @@ from typing import Any
 
 import pytest
 from django.db import IntegrityError, connections
+from django.db.models import F
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -59,6 +63,56 @@ def racer(key: str) -> Callable[[int], ClaimResult]:
         return claim(key, ttl=10 + INTERVAL * i)
 
     return work
+
+
+#: Seconds the partitions reach past the longest expiry a test writes, at its start or at
+#: each round: however slow the machine, no row falls past the last partition.
+MARGIN = 120
+
+
+def reach(longest_ttl: float) -> None:
+    """Partitions created until ``MARGIN`` seconds past an expiry ``longest_ttl`` from now
+    (the database's clock; ``maintain`` reaches ``max(TTL, LOCK_TIMEOUT)`` plus ``ahead``)."""
+    partitions.maintain("default", ahead=max(longest_ttl - 10, 0) + MARGIN)
+
+
+def race(n: int, key: str) -> list[ClaimResult]:
+    """``n`` racers of ``key`` at once (:func:`racer`), the partitions reaching past the
+    longest racer's expiry first."""
+    reach(10 + INTERVAL * (n - 1))
+    return run_at_once(n, racer(key))
+
+
+def db_now() -> Any:
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT statement_timestamp()")
+        return cursor.fetchone()[0]
+
+
+def earlier(seconds: float, *pks: int | None) -> None:
+    """The rows ``pks`` as they would be ``seconds`` later: their claim, lease and expiry
+    moved back (an expiry into an earlier partition), instead of a wait."""
+    back = timedelta(seconds=seconds)
+    IdempotencyKey.objects.filter(pk__in=pks).update(
+        created_at=F("created_at") - back,
+        locked_at=F("locked_at") - back,
+        expires_at=F("expires_at") - back,
+    )
+
+
+def _waiting(pattern: str) -> int:
+    """Backends of the test database, other than this one, that wait for a lock while
+    running a query like ``pattern`` (``ILIKE``). Read afresh inside a transaction too
+    (where PostgreSQL would show the snapshot of the statistics it first read)."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+            "AND datname = current_database() AND wait_event_type = 'Lock' "
+            "AND query ILIKE %s",
+            [pattern],
+        )
+        return int(cursor.fetchone()[0])
 
 
 def rows(key: str) -> int:
@@ -191,7 +245,7 @@ def test_racers_whose_expiries_fall_in_different_partitions_claim_once(partition
     rounds; each has exactly one winner and one row."""
     for round_ in range(20):
         key = f"race-{round_}"
-        results = run_at_once(16, racer(key))
+        results = race(16, key)
         states = [r.state for r in results]
         assert states.count(ClaimState.CLAIMED) == 1, (round_, states)
         assert states.count(ClaimState.IN_PROGRESS) == 15, (round_, states)
@@ -206,7 +260,7 @@ def test_racers_taking_over_a_stale_claim_across_partitions_win_once(partitioned
         IdempotencyKey.objects.filter(pk=old.pk).update(
             locked_at=timezone.now() - timedelta(seconds=6)
         )
-        results = run_at_once(8, racer(key))
+        results = race(8, key)
         winners = [r for r in results if r.state is ClaimState.CLAIMED]
         assert len(winners) == 1, (round_, [r.state for r in results])
         assert winners[0].taken_over and winners[0].pk != old.pk  # a new row
@@ -219,15 +273,19 @@ def test_racers_taking_over_a_stale_claim_across_partitions_win_once(partitioned
 def test_a_key_claimed_in_one_partition_is_settled_when_now_is_in_the_next(
     partitioned: None,
 ) -> None:
-    done = claim("settled", ttl=INTERVAL)
-    running = claim("running", ttl=INTERVAL)
+    """Two keys claimed with a two-second TTL and a 30 s lease, then two partitions later
+    (their times moved back, not waited for): the running one is still in progress, the
+    other is completed into a later partition and replayed."""
+    lease = {"lock_timeout": 30}
+    done = claim("settled", ttl=INTERVAL, **lease)
+    running = claim("running", ttl=INTERVAL, **lease)
     assert done.pk is not None and done.token is not None
+    earlier(2 * INTERVAL, done.pk, running.pk)  # now is past their TTL (2 s)
     first_partition = partition_of(done.pk)
-    time.sleep(INTERVAL + 0.1)  # now is past the claim's partition... and its TTL (2 s)
     assert partition_of(running.pk) == first_partition
-    # In progress under a live lease (5 s): a 409 however old its TTL.
-    assert claim("running", ttl=INTERVAL).state is ClaimState.IN_PROGRESS
-    assert claim("running", OTHER_PRINT).state is ClaimState.MISMATCH
+    # In progress under a live lease: a 409 however old its TTL.
+    assert claim("running", ttl=INTERVAL, **lease).state is ClaimState.IN_PROGRESS
+    assert claim("running", OTHER_PRINT, **lease).state is ClaimState.MISMATCH
     # Completed now: its TTL counts from the completion, into a later partition.
     assert IdempotencyKey.objects.complete(done.pk, done.token, RESPONSE, ttl=10)
     assert partition_of(done.pk) != first_partition
@@ -243,7 +301,8 @@ def test_a_renewal_keeps_a_running_key_a_lease_ahead_of_its_ttl(partitioned: Non
     row = IdempotencyKey.objects.get(pk=running.pk)
     assert row.locked_at is not None
     assert row.expires_at >= row.locked_at + timedelta(seconds=5)
-    time.sleep(1)
+    earlier(1, running.pk)  # a second later
+    row = IdempotencyKey.objects.get(pk=running.pk)
     assert IdempotencyKey.objects.renew(running.pk, running.token, lock_timeout=5)
     renewed = IdempotencyKey.objects.get(pk=running.pk)
     assert renewed.locked_at is not None
@@ -294,51 +353,65 @@ def test_holds_expiry_is_true_without_partitions() -> None:
 
 
 def test_maintain_drops_the_partitions_that_ended_and_creates_ahead(partitioned: None) -> None:
+    """An expired record in a partition that ended (attached in the past, not waited for):
+    the maintenance drops it with every other partition that had ended on the database's
+    clock, and creates partitions further ahead than the conversion did."""
     connection = connections["default"]
+    lower, _upper = past_partition()
     old = claim("old", ttl=INTERVAL)
     assert old.pk is not None and old.token is not None
     assert IdempotencyKey.objects.complete(old.pk, old.token, RESPONSE, ttl=INTERVAL)
+    IdempotencyKey.objects.filter(pk=old.pk).update(expires_at=lower)
     expired_in = partition_of(old.pk)
     before = {p.name for p in partitions.partitions(connection)}
-    time.sleep(2 * INTERVAL + 0.1)
-    done = partitions.maintain("default", ahead=AHEAD)
-    after = {p.name for p in partitions.partitions(connection)}
+    started = db_now()
+    further = AHEAD + 10 * INTERVAL  # past the conversion's reach: partitions to create
+    done = partitions.maintain("default", ahead=further)
+    found = partitions.partitions(connection)
+    after = {p.name for p in found}
     assert expired_in in done.dropped and expired_in not in after
+    assert all(p.upper > started for p in found)  # nothing that had ended is left
     assert done.created and set(done.created) <= after
     assert not done.deferred
     assert rows("old") == 0
-    assert partitions.maintain("default", ahead=AHEAD).dropped == []  # nothing more yet
-    ends = max(p.upper for p in partitions.partitions(connection))
-    assert ends >= timezone.now() + timedelta(seconds=10 + AHEAD - INTERVAL)
+    assert max(p.upper for p in found) >= started + timedelta(seconds=10 + further)
     assert before - after == set(done.dropped)
 
 
 def test_partitions_are_dropped_while_claims_run(partitioned: None) -> None:
     """Four threads claim and complete new keys without pause while the partitions whose
-    range ended are detached and dropped: no claim fails, and every key is claimed once."""
-    stop = time.monotonic() + 3 * INTERVAL
+    range ended are detached and dropped: no claim fails, and every key is claimed once.
+    The run lasts until two partitions were dropped with claims going on (a partition ends
+    every two seconds of the database's clock), however long that takes."""
+    stop = threading.Event()
+    claimed = [0] * 4
 
     def client(i: int) -> int:
-        done = 0
-        while time.monotonic() < stop:
-            result = claim(f"busy-{i}-{done}", ttl=INTERVAL)
+        while not stop.is_set():
+            result = claim(f"busy-{i}-{claimed[i]}", ttl=INTERVAL)
             assert result.state is ClaimState.CLAIMED
             assert result.pk is not None and result.token is not None
             assert IdempotencyKey.objects.complete(result.pk, result.token, RESPONSE, ttl=INTERVAL)
-            done += 1
-        return done
+            claimed[i] += 1
+        return claimed[i]
 
     def purger() -> int:
         dropped = 0
-        while time.monotonic() < stop:
-            dropped += len(partitions.maintain("default", ahead=AHEAD).dropped)
-            time.sleep(0.2)
+        try:
+            wait_until(lambda: all(claimed), timeout=120)
+            while dropped < 2:
+                dropped += len(partitions.maintain("default", ahead=AHEAD).dropped)
+                stop.wait(0.2)  # polling interval
+            counted = sum(claimed)
+            wait_until(lambda: sum(claimed) > counted + 4, timeout=120)  # claims after it
+        finally:
+            stop.set()
         return dropped
 
     background = in_background(purger)
     counts = run_at_once(4, client)
-    assert background.result() >= 1
-    assert sum(counts) > 0
+    assert background.result(timeout=300) >= 2
+    assert all(counts)
 
 
 def test_a_takeover_that_loses_to_a_renewal_moving_the_row_claims_again(
@@ -358,7 +431,8 @@ def test_a_takeover_that_loses_to_a_renewal_moving_the_row_claims_again(
     with transaction.atomic():
         assert IdempotencyKey.objects.renew(old.pk, old.token, lock_timeout=30)
         claimant = in_background(lambda: claim("moved"))
-        time.sleep(0.5)  # the claimant's takeover now waits on the renewed row
+        # The claimant's takeover now waits on the renewed row.
+        wait_until(lambda: _waiting("%") > 0, timeout=60)
     result = claimant.result()
     assert result.state is ClaimState.IN_PROGRESS
     assert partition_of(old.pk) != before
@@ -383,7 +457,7 @@ def test_without_client_side_binding_the_lock_and_the_claim_are_two_statements_o
     assert sent.index(locks[0]) + 1 == next(i for i, s in enumerate(sent) if "INSERT" in s)
     for round_ in range(5):
         key = f"race-two-{round_}"
-        results = run_at_once(8, racer(key))
+        results = race(8, key)
         assert [r.state for r in results].count(ClaimState.CLAIMED) == 1
         assert rows(key) == 1
 
@@ -440,9 +514,11 @@ def test_the_outbox_drains_into_the_partitioned_table_over_any_row_of_its_keys(
     old = claim("expired", ttl=1)
     assert old.pk is not None and old.token is not None
     assert IdempotencyKey.objects.complete(old.pk, old.token, RESPONSE, ttl=1)
-    time.sleep(1.1)
+    lower, _upper = past_partition()
+    IdempotencyKey.objects.filter(pk=old.pk).update(expires_at=lower)  # expired
+    reach(60)
     for key in ("stale", "expired", "new"):
-        outbox_row(key, expires_in=INTERVAL * 7)
+        outbox_row(key, expires_in=60)
     outbox_row("gone", expires_in=-1)
     held = IdempotencyOutbox.objects.drain(using="default", hold_partial=timedelta(hours=1))
     assert (held.held, held.rows, IdempotencyOutbox.objects.count()) == (4, 0, 4)
@@ -461,8 +537,9 @@ def test_a_drain_racing_claims_of_its_keys_leaves_one_row_a_key(partitioned: Non
     that put their rows in other partitions: no claim wins a key whose response is in the
     outbox or drained, and every key ends with one completed row."""
     keys = [f"drained-{i}" for i in range(200)]
+    reach(60)
     for key in keys:
-        outbox_row(key, expires_in=INTERVAL * 7)
+        outbox_row(key, expires_in=60)
 
     def work(i: int) -> list[ClaimResult]:
         if i == 0:
@@ -483,26 +560,27 @@ def test_a_drain_racing_claims_of_its_keys_leaves_one_row_a_key(partitioned: Non
 def test_a_claim_waits_for_a_drain_that_moves_its_key_as_the_response_expires(
     partitioned: None,
 ) -> None:
-    """The drain moves a response in its last half second (a backlog) and commits after it
+    """The drain moves a response in its last seconds (a backlog) and commits after it
     expired. A claim of the key meanwhile finds the outbox row expired and no key row it can
     see: without the key's lock it would insert a second row beside the drained one. It
     waits for the drain's lock instead, then takes the drained, expired row over: one row."""
     from django.db import transaction
 
-    outbox_row("last-moment", expires_in=0.5)
+    expires = outbox_row("last-moment", expires_in=3).expires_at  # drained at once
     drained, done = threading.Event(), threading.Event()
 
     def drain() -> None:
         with transaction.atomic(using="default"):
             assert IdempotencyOutbox.objects.drain(using="default").drained == 1
             drained.set()
-            done.wait(10)  # commit only once the claim is waiting (or has inserted)
+            done.wait(60)  # commit only once the claim is waiting (or has inserted)
 
     drainer = in_background(drain)
-    assert drained.wait(10)
-    time.sleep(0.7)  # the response has expired; the drain has not committed
+    assert drained.wait(60)
+    wait_until(lambda: db_now() > expires, timeout=60)  # expired; the drain not committed
     claimant = in_background(lambda: claim("last-moment"))
-    time.sleep(0.3)  # the claim waits for the key's lock (or, without it, has inserted)
+    # The claim waits for the key's lock (without it, it would insert and never wait).
+    wait_until(lambda: _waiting("%pg_advisory_xact_lock%") > 0, timeout=60)
     done.set()
     drainer.result()
     result = claimant.result()
@@ -540,7 +618,7 @@ def test_a_purge_batch_that_a_renewal_moved_a_row_from_under_is_taken_again(
     owner = in_background(renew)
     assert renewed.wait(10)
     purger = in_background(lambda: IdempotencyKey.objects.delete_expired(batch_size=10))
-    time.sleep(0.3)  # the purge's DELETE waits for the renewal's row lock
+    wait_until(lambda: _waiting("%DELETE%") > 0, timeout=60)  # waits for the renewal's lock
     commit.set()
     assert owner.result() is True
     assert purger.result() == 0

@@ -260,7 +260,7 @@ def test_a_real_deadlock_is_transient() -> None:
     first, second = claim("a"), claim("b")
     connection = connections[ALIAS]
     with server_connection() as other:
-        cursor = other.cursor()
+        cursor, other_id = other.cursor(), other.thread_id()
         cursor.execute("BEGIN")
         cursor.execute(f"UPDATE {KEYS} SET locked_at = locked_at WHERE id = %s", [second.pk])
         errors: list[BaseException] = []
@@ -276,7 +276,7 @@ def test_a_real_deadlock_is_transient() -> None:
 
             waiting = threading.Thread(target=cross)
             waiting.start()
-            _wait_for_lock_wait()
+            _wait_for_lock_wait(other_id)
             try:
                 with connection.cursor() as mine:
                     mine.execute(f"UPDATE {KEYS} SET fingerprint = 'y' WHERE id = %s", [second.pk])
@@ -292,15 +292,21 @@ def test_a_real_deadlock_is_transient() -> None:
         assert error.args[0] == 1213
 
 
-def _wait_for_lock_wait(timeout: float = 10.0) -> None:
-    """Until a transaction of the server waits for a row lock."""
+def _wait_for_lock_wait(waiter: int, timeout: float = 120.0) -> None:
+    """Until the transaction of the connection whose thread id is ``waiter`` waits for a
+    row lock (that one: the server is shared, another's lock wait says nothing).
+    ``timeout`` only tells a hang."""
     from ..support.waiting import wait_until
 
     with server_connection() as watcher:
         cursor = watcher.cursor()
 
         def waiting() -> bool:
-            cursor.execute("SELECT COUNT(*) FROM information_schema.INNODB_LOCK_WAITS")
+            cursor.execute(
+                "SELECT COUNT(*) FROM information_schema.INNODB_TRX "
+                "WHERE trx_mysql_thread_id = %s AND trx_state = 'LOCK WAIT'",
+                [waiter],
+            )
             return bool(cursor.fetchone()[0])
 
         wait_until(waiting, timeout=timeout)
