@@ -172,6 +172,7 @@ inline reply(r) {
 /* The request's process dies here (a worker killed): its transaction rolls back, its
  * connection closes (and with it an advisory lock), its heartbeat stops. */
 #define CRASH_POINT if :: crashes > 0 -> crashes--; goto crashed :: true fi
+/* (A crash between the claim and the view is a crash after a view that renewed nothing.) */
 
 inline kt_clear(k) {
     kt[k].st = NONE; kt[k].tok = 0; kt[k].locked = 0; kt[k].created = 0; kt[k].exp = 0;
@@ -227,12 +228,21 @@ inline db_claim(k, id, res, ex) {
 
 /* The heartbeat: code: protocol.lease.LeaseKeeper._renew, strategies.db.DatabaseClaim.renew,
  * store.managers.KeyStatements.renew, store.sql.owner.renew (fenced by the token) */
+/* Under hybrid, which of the two a request renews (one guard: an option of the heartbeat
+ * loop is taken only when it can run). */
+#if STRATEGY == HYBRID
+#define FB_GUARD fallback &&
+#define RD_GUARD !fallback &&
+#else
+#define FB_GUARD
+#define RD_GUARD
+#endif
 #if STRATEGY == HYBRID && !defined(BUG_EPISODES)
 #define RENEW_EPISODE EPISODE(now + LOCK + TTL)  /* the fallback episode lasts with the claim */
 #else
 #define RENEW_EPISODE skip
 #endif
-#define DB_RENEW(k, id) atomic { kt[k].st == INPROG && kt[k].tok == id && kt[k].locked < now -> \
+#define DB_RENEW(k, id) atomic { FB_GUARD kt[k].st == INPROG && kt[k].tok == id && kt[k].locked < now -> \
                                  kt[k].locked = now; own[id] = now + 1; \
                                  RENEW_EPISODE }
 
@@ -304,6 +314,13 @@ inline redis_claim(k, id, res, ex) {
         fi;
         DECIDED(k)
     }
+#ifdef UNKNOWN_FALLS_BACK
+    /* as coded before issue 24: a lost reply taken for "Redis is down" */
+    if
+    :: res == O_UNKNOWN -> res = O_REFUSED
+    :: else
+    fi;
+#endif
     if
     :: res == O_UNKNOWN ->
         /* A lost reply is its own outcome, never "Redis is down": the claim is sent
@@ -321,7 +338,7 @@ inline redis_claim(k, id, res, ex) {
 
 /* code: protocol.lease.LeaseKeeper._renew, strategies.redis.strategy.RedisClaim.renew,
  * strategies.redis.store.RedisStore.renew, strategies.redis.store.RENEW_LUA */
-#define REDIS_RENEW(k, id) atomic { redis_up && rd[k].st == INPROG && rd[k].tok == id && \
+#define REDIS_RENEW(k, id) atomic { RD_GUARD redis_up && rd[k].st == INPROG && rd[k].tok == id && \
                                     rd[k].exp < now + LOCK -> rd[k].exp = now + LOCK; \
                                     own[id] = now + 1 }
 
@@ -407,6 +424,7 @@ inline refill(k, id, fex, fexp, ok) {
  * created at or after the row's expiry (a newer record); every row leaves the outbox. */
 proctype Drain() {
     byte k;
+end:
     do
     :: atomic {
         if
@@ -440,6 +458,7 @@ proctype Drain() {
 
 proctype Clock() {
     byte k;
+end:
     do
     :: atomic {
         now < MAXT && finished < NREQ && frozen == 0 && OWNERS_LIVE -> now++;
@@ -458,6 +477,7 @@ proctype Clock() {
 
 proctype Redis() {
     byte k;
+end:
     do
     :: atomic { outages > 0 && redis_up -> outages--; redis_up = false }
     :: atomic { !redis_up -> redis_up = true }
@@ -472,6 +492,10 @@ proctype Redis() {
 }
 
 /* ---- one request ------------------------------------------------------------------------ */
+
+/* A finished request forgets its locals (fewer states to tell apart). */
+#define FORGET r = 0; res = 0; ex = 0; fst = 0; fex = 0; fexp = 0; x = 0; ok = 0; \
+               check_db = 0; fallback = 0
 
 proctype Request(byte id; byte k) {
     byte r, res, ex, fst, fex, fexp, x;
@@ -491,7 +515,6 @@ proctype Request(byte id; byte k) {
     fi;
     if
     :: res == O_CLAIM ->
-        CRASH_POINT;
         if
         :: check_db ->
             /* code: strategies.hybrid.HybridClaim.settled, protocol.lifecycle.Lifecycle._settle_and_begin */
@@ -503,7 +526,7 @@ proctype Request(byte id; byte k) {
                  * refilled, replayed, and the Redis claim released (SETTLED) */
                 refill(k, id, fex, fexp, ok);
                 redis_delete(k, id, false);
-                res = O_REPLAY; ex = fex
+                res = O_REPLAY; ex = fex; ok = false
             :: fst == INPROG ->
                 /* a db claim holds the key: the db strategy answers (code:
                  * strategies.hybrid.HybridStrategy.settle, protocol.lifecycle.Lifecycle._delegate) */
@@ -528,14 +551,13 @@ proctype Request(byte id; byte k) {
     :: res != O_CLAIM -> goto answered
     :: else
     fi;
-    CRASH_POINT;
 
     /* The view's body runs in its transaction, with the heartbeat.
      * code: protocol.lifecycle.Lifecycle._enter, protocol.lease.Keeping */
     do
 #if STRATEGY == HYBRID
-    :: !fallback -> REDIS_RENEW(k, id)
-    :: fallback -> DB_RENEW(k, id)
+    :: REDIS_RENEW(k, id)
+    :: DB_RENEW(k, id)
 #else
     :: DB_RENEW(k, id)
 #endif
@@ -741,7 +763,6 @@ proctype Request(byte id; byte k) {
     :: res != O_CLAIM -> goto answered
     :: else
     fi;
-    CRASH_POINT;
     do
     :: REDIS_RENEW(k, id)
     :: break
@@ -789,29 +810,35 @@ proctype Request(byte id; byte k) {
 #endif
 
     /* The response reaches the client. */
-    atomic { DELIVER(k, ex) };
-    goto done;
+    atomic { DELIVER(k, ex); own[id] = 0; finished++; FORGET };
+    goto end;
 
 answered:
-    own[id] = 0;
-    if
-    :: res == O_REPLAY -> atomic { DELIVER(k, ex) }
-    :: else
-    fi;
-    goto done;
+    atomic {
+        if
+        :: res == O_REPLAY -> DELIVER(k, ex)
+        :: else
+        fi;
+        own[id] = 0; finished++; FORGET
+    };
+    goto end;
 
 crashed:
-    own[id] = 0;
+    atomic {
 #if STRATEGY == ADV
-    if
-    :: lk[k] == id -> lk[k] = 0
-    :: else
-    fi;
+        if
+        :: lk[k] == id -> lk[k] = 0
+        :: else
+        fi;
 #endif
-    skip;
+        own[id] = 0; finished++; FORGET
+    };
+    goto end;
 
 done:
-    atomic { own[id] = 0; finished++ }
+    atomic { own[id] = 0; finished++; FORGET };
+end:
+    skip
 }
 
 init {
