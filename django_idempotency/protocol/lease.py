@@ -1,8 +1,14 @@
 """Keeping leases alive while views run.
 
-One daemon thread per process renews every registered claim whose renewal is
-due, so that only a crashed owner's lease ever expires. The thread starts on
-first use (after a fork too) and holds its own database connection.
+One daemon thread per process (the scheduler) hands every registered claim whose
+renewal is due to a renewer thread, which renews it on its own database connection, so
+that only a crashed owner's lease ever expires. The threads start on first use (after
+a fork too). A renewal that has not answered within :func:`renewal_bound` (a hung
+server, a silent network: the query was sent and the socket stays open) is not waited
+for: its renewer is retired (it ends once its query returns, if ever) and a new renewer,
+on a new connection, renews that lease and every other one due. A renewal that is
+merely late still keeps the lease: the claim is the owner's until another execution
+takes it over, which it may only once the lease has lapsed by the database's clock.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from django.db import close_old_connections, connections
@@ -18,6 +25,17 @@ from django.db import close_old_connections, connections
 from ..strategies.base import Claim
 
 logger = logging.getLogger("django_idempotency")
+
+#: The least time (seconds) a renewal is waited for before a new connection renews again.
+MIN_RENEWAL_BOUND = 0.5
+
+
+def renewal_bound(interval: float) -> float:
+    """How long a renewal of a lease renewed every ``interval`` seconds is waited for: half
+    an interval (at least :data:`MIN_RENEWAL_BOUND`). With the default interval, a third of
+    ``LOCK_TIMEOUT``, the renewal on a new connection starts half an interval after the
+    stalled one, an interval and a half before the lease could lapse."""
+    return max(interval / 2, MIN_RENEWAL_BOUND)
 
 
 @dataclass(eq=False)
@@ -27,6 +45,38 @@ class Lease:
     due: float = field(default=0.0)
     lost: bool = False
     renewals: int = 0
+    #: Handed to a renewer and not renewed yet (under the keeper's lock).
+    pending: bool = False
+
+
+class _Renewer:
+    """A thread that renews leases one at a time on its own connection; ``retired`` once
+    a renewal of its stalled, after which it takes no more leases."""
+
+    def __init__(self, keeper: LeaseKeeper) -> None:
+        self.keeper = keeper
+        #: The lease being renewed and since when (monotonic), under the keeper's lock.
+        self.lease: Lease | None = None
+        self.since = 0.0
+        self.retired = False
+        self.thread = threading.Thread(
+            target=self._run, name="django-idempotency-lease-renewer", daemon=True
+        )
+
+    def _run(self) -> None:
+        keeper = self.keeper
+        try:
+            while True:
+                lease = keeper._next(self)
+                if lease is None:
+                    return
+                try:
+                    keeper._renew(lease)
+                finally:
+                    keeper._renewed(self, lease)
+        finally:
+            # This thread's connection: given back when idle, or left by a stalled renewal.
+            connections.close_all()
 
 
 class LeaseKeeper:
@@ -39,18 +89,21 @@ class LeaseKeeper:
         #: Whether the thread's loop runs (set before it starts, cleared when it ends): a
         #: flag read on every claim instead of asking the thread (Thread.is_alive()).
         self._running = False
-        # When the keeper thread will look at its leases next (monotonic), and whether it
-        # holds a database connection; both under _lock. A request wakes the thread only
-        # when its lease falls due before that, or to give an idle connection back.
+        # When the scheduler will look at its leases next (monotonic); under _lock. A
+        # request wakes the thread only when its lease falls due before that.
         self._deadline = float("inf")
-        self._connected = False
+        #: The leases due, waiting for a renewer, and the renewer that takes them.
+        self._queue: deque[Lease] = deque()
+        self._ready = threading.Condition(self._lock)
+        self._renewer: _Renewer | None = None
 
     def _ensure_thread(self) -> None:
         if self._running and self._pid == os.getpid():
             return
         self._pid = os.getpid()
         self._deadline = float("inf")
-        self._connected = False
+        self._queue.clear()
+        self._renewer = None  # a renewer of the parent process does not run here
         self._running = True
         self._thread = threading.Thread(
             target=self._run, name="django-idempotency-lease-keeper", daemon=True
@@ -77,9 +130,8 @@ class LeaseKeeper:
     def _discard(self, lease: Lease) -> None:
         with self._lock:
             self._leases.discard(lease)
-            idle = not self._leases and self._connected
-        if idle:
-            self._wake.set()  # so that the keeper gives its connection back now
+            if not self._leases:
+                self._ready.notify_all()  # so that an idle renewer gives its connection back
 
     def _run(self) -> None:
         try:
@@ -90,32 +142,73 @@ class LeaseKeeper:
     def _loop(self) -> None:
         while True:
             with self._lock:
-                leases = list(self._leases)
-            now = time.monotonic()
-            due = [lease for lease in leases if lease.due <= now]
-            for lease in due:
-                self._renew(lease)
-            with self._lock:
-                pending = [lease.due for lease in self._leases]
-                release = not pending and self._connected
-                timeout = max(min(pending) - time.monotonic(), 0.01) if pending else 60.0
+                timeout = self._schedule(time.monotonic())
                 self._deadline = time.monotonic() + timeout
-            if release:
-                # Idle: close this thread's connection rather than hold it until the next
-                # request (an idle connection also keeps a database from being dropped).
-                connections.close_all()
-                with self._lock:
-                    self._connected = False
             self._wake.wait(timeout)
             self._wake.clear()
+
+    def _schedule(self, now: float) -> float:
+        """Hand the leases due to the renewer (a new one when the renewer's renewal has
+        stalled or there is none); the seconds until the next look. Under ``_lock``."""
+        self._retire_stalled(now)
+        renewer = self._renewer
+        for lease in self._leases:
+            if lease.due <= now and not lease.pending:
+                lease.pending = True
+                self._queue.append(lease)
+        if self._queue:
+            if renewer is None:
+                renewer = self._renewer = _Renewer(self)
+                renewer.thread.start()
+            self._ready.notify_all()
+        waits = [lease.due - now for lease in self._leases if not lease.pending]
+        if renewer is not None and renewer.lease is not None:
+            waits.append(renewer.since + renewal_bound(renewer.lease.interval) - now)
+        return max(min(waits), 0.01) if waits else 60.0
+
+    def _retire_stalled(self, now: float) -> None:
+        """Retire the renewer whose renewal has not answered within its bound; its lease
+        is due again at once, for the next renewer. Under ``_lock``."""
+        renewer = self._renewer
+        lease = None if renewer is None else renewer.lease
+        if renewer is None or lease is None:
+            return
+        if now - renewer.since < renewal_bound(lease.interval):
+            return
+        logger.warning(
+            "idempotency lease renewal has not answered for %.1f s; renewing on a new connection",
+            now - renewer.since,
+        )
+        renewer.retired = True
+        lease.pending = False
+        lease.due = now
+        self._renewer = None
+
+    def _next(self, renewer: _Renewer) -> Lease | None:
+        """The next lease for ``renewer`` to renew; None when it is to end (retired, or no
+        lease is kept: an idle connection also keeps a database from being dropped)."""
+        with self._lock:
+            self._ready.wait_for(lambda: renewer.retired or self._queue or not self._leases)
+            if renewer.retired or not self._queue:
+                if self._renewer is renewer:
+                    self._renewer = None
+                return None
+            lease = self._queue.popleft()
+            renewer.lease, renewer.since = lease, time.monotonic()
+            return lease
+
+    def _renewed(self, renewer: _Renewer, lease: Lease) -> None:
+        with self._lock:
+            renewer.lease = None
+            if not renewer.retired:
+                lease.pending = False
+        self._wake.set()  # the scheduler's next look counts from this renewal
 
     def _renew(self, lease: Lease) -> None:
         lease.due = time.monotonic() + lease.interval
         with self._lock:
             if lease not in self._leases:
                 return
-        with self._lock:
-            self._connected = True
         try:
             close_old_connections()
             renewed = lease.claim.renew()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import ExitStack
 from datetime import timedelta
 
 import pytest
@@ -16,6 +17,7 @@ from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.strategies.base import Attempt, Claim
 from django_idempotency.strategies.db import DatabaseClaim, DatabaseStrategy
 
+from ..support.proxy import FaultProxy, Link, through_proxy
 from ..support.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(databases=["default", "sqlite"], transaction=True)
@@ -143,3 +145,63 @@ def test_a_keeper_thread_per_process(keeper: LeaseKeeper) -> None:
         with keeper.keep(_Flaky(), 10):
             assert keeper._thread is first
     assert isinstance(first, threading.Thread) and first.daemon
+
+
+def _keeper_link(proxy: FaultProxy) -> Link:
+    """The proxy's connection that the keeper renews on (the only one that UPDATEs)."""
+    found: list[int] = []
+
+    def renewing() -> bool:
+        with connections["default"].cursor() as cursor:
+            cursor.execute(
+                "SELECT client_port FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND query LIKE 'UPDATE %%'"
+            )
+            found[:] = [int(port) for (port,) in cursor.fetchall()]
+        return len(found) == 1
+
+    wait_until(renewing, timeout=30)
+    return proxy.link_from(found[0])
+
+
+def _lease_age(pk: int) -> float:
+    """Seconds since the row's lease was renewed, by the database's clock."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "SELECT EXTRACT(EPOCH FROM now() - locked_at) "
+            f"FROM {IdempotencyKey._meta.db_table} WHERE id = %s",
+            [pk],
+        )
+        row = cursor.fetchone()
+    return float(row[0])
+
+
+@pytest.mark.postgres
+def test_a_stalled_connection_does_not_stop_the_renewals(
+    keeper: LeaseKeeper, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The keeper's own persistent connection goes silent (a query sent, no answer, the
+    socket open): the renewal is given up after half an interval and the leases are
+    renewed on a new connection, long before they could lapse; the late answer changes
+    nothing."""
+    monkeypatch.setitem(connections["default"].settings_dict, "CONN_MAX_AGE", 600)
+    with through_proxy("default") as proxy:
+        claims = [real_claim("default", f"stalled-{n}") for n in range(3)]
+        with ExitStack() as stack:
+            leases = [stack.enter_context(keeper.keep(claim, 0.5)) for claim in claims]
+            wait_until(lambda: all(lease.renewals >= 1 for lease in leases), timeout=30)
+            stalled = _keeper_link(proxy)
+            stalled.silence()
+            before = [lease.renewals for lease in leases]
+            # Each lease renewed three times more while the old connection stays silent.
+            wait_until(
+                lambda: all(
+                    lease.renewals >= n + 3 for lease, n in zip(leases, before, strict=True)
+                ),
+                timeout=60,
+            )
+            assert not stalled.closed and stalled.silent
+            assert all(_lease_age(claim.pk) < 10 for claim in claims)
+            assert not any(lease.lost for lease in leases)
+            stalled.heal()
+        assert all(claim.renew() for claim in claims)  # still ours
