@@ -93,7 +93,7 @@ def earlier(seconds: float, *pks: int | None) -> None:
     """The rows ``pks`` as they would be ``seconds`` later: their claim, lease and expiry
     moved back (an expiry into an earlier partition), instead of a wait."""
     back = timedelta(seconds=seconds)
-    IdempotencyKey.objects.filter(pk__in=pks).update(
+    IdempotencyKey.objects.filter(pk__in=[pk for pk in pks if pk is not None]).update(
         created_at=F("created_at") - back,
         locked_at=F("locked_at") - back,
         expires_at=F("expires_at") - back,
@@ -276,7 +276,7 @@ def test_a_key_claimed_in_one_partition_is_settled_when_now_is_in_the_next(
     """Two keys claimed with a two-second TTL and a 30 s lease, then two partitions later
     (their times moved back, not waited for): the running one is still in progress, the
     other is completed into a later partition and replayed."""
-    lease = {"lock_timeout": 30}
+    lease: dict[str, Any] = {"lock_timeout": 30}
     done = claim("settled", ttl=INTERVAL, **lease)
     running = claim("running", ttl=INTERVAL, **lease)
     assert done.pk is not None and done.token is not None
