@@ -401,14 +401,7 @@ inline lookup(k, fst, fex, fexp, decides) {
         if
         :: r != R_OK -> fst = O_UNAVAIL
         :: OB_LIVE(k) -> fst = DONE; fex = ob[k].ex; fexp = ob[k].exp
-#ifdef LOOKUP_AS_CODED
         :: !OB_LIVE(k) && kt[k].st != NONE && kt[k].exp > now ->
-#else
-        /* an in-progress row counts whatever its expires_at and its lease (a fallback
-         * request that runs longer than its TTL; a stale one is the db strategy's to take
-         * over, which fences its owner out): see "What the model proves" */
-        :: !OB_LIVE(k) && ((kt[k].st == DONE && kt[k].exp > now) || kt[k].st == INPROG) ->
-#endif
             fst = kt[k].st; fex = kt[k].ex; fexp = kt[k].exp
         :: else -> fst = NONE
         fi;
