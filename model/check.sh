@@ -55,10 +55,12 @@ while read -r name flags; do
 done <"$here/configurations"
 wait
 
-if [ ${#names[@]} -eq 0 ]; then
-    echo "model: no configuration named $*" >&2
-    exit 2
-fi
+for asked in "$@"; do
+    if ! printf '%s\n' "${names[@]}" | grep -qx -- "$asked"; then
+        echo "model: no configuration named $asked in model/configurations" >&2
+        exit 2
+    fi
+done
 failed=0
 for name in "${names[@]}"; do
     verdict="$work/$name.verdict"

@@ -12,8 +12,8 @@
  *   (c) every delivered completion is what the key replays       DELIVER()
  *       until it expires
  *
- * Every step names the code it stands for in a comment of the form "code: module.attribute"
- * (relative to django_idempotency); tests/system/test_model.py checks that each one exists,
+ * Every step names the code it stands for in a comment: "code", a colon, then dotted names
+ * relative to django_idempotency; tests/system/test_model.py checks that each one exists,
  * so a change of the protocol shows up in review as a change of this model.
  *
  * Time is the database's clock (now), in ticks; Redis's clock runs at the same rate (its
@@ -128,7 +128,7 @@ byte own[NREQ + 1];
 #define LIVE_DONE(e) (e != 0 && now < g_exp[e])
 
 /* (a): a commit while another execution's completion of the key is live is a second one. */
-#define COMMITTED(k, e, x) assert(!LIVE_DONE(g_win[k])); g_win[k] = e; g_exp[e] = x; own[e] = 0
+#define COMMITTED(k, e, x) assert(!LIVE_DONE(g_win[k])); g_win[k] = e; g_exp[e] = x
 /* (b), checked where the request decides to run the view: in the step of its last check
  * (the claim; under hybrid the database check when it runs), atomically. Whatever happens
  * between that decision and the body's first instruction no protocol can see: a process
@@ -362,7 +362,8 @@ inline redis_delete(k, id, d) {
 
 /* code: strategies.redis.store.RedisStore.put_completed (one SET, no compare-and-set);
  * ok: whether Redis answered. */
-inline redis_put(pk, ptok, pe, px, pok) {
+/* episode: a failure of this put is a fallback episode (HybridClaim.publish) */
+inline redis_put(pk, ptok, pe, px, pok, episode) {
     atomic {
         pok = false;
         if
@@ -378,7 +379,15 @@ inline redis_put(pk, ptok, pe, px, pok) {
         if
         :: rd[pk].st != NONE && rd[pk].exp <= now -> rd_clear(pk)
         :: else
+        fi;
+#ifndef BUG_EPISODES
+        if
+        :: !pok && episode -> EPISODE(now + TTL)
+        :: else
         fi
+#else
+        skip
+#endif
     }
 }
 
@@ -392,14 +401,7 @@ inline lookup(k, fst, fex, fexp, decides) {
         if
         :: r != R_OK -> fst = O_UNAVAIL
         :: OB_LIVE(k) -> fst = DONE; fex = ob[k].ex; fexp = ob[k].exp
-#ifdef LOOKUP_AS_CODED
         :: !OB_LIVE(k) && kt[k].st != NONE && kt[k].exp > now ->
-#else
-        /* an in-progress row counts whatever its expires_at and its lease (a fallback
-         * request that runs longer than its TTL; a stale one is the db strategy's to take
-         * over, which fences its owner out): see "What the model proves" */
-        :: !OB_LIVE(k) && ((kt[k].st == DONE && kt[k].exp > now) || kt[k].st == INPROG) ->
-#endif
             fst = kt[k].st; fex = kt[k].ex; fexp = kt[k].exp
         :: else -> fst = NONE
         fi;
@@ -414,7 +416,7 @@ inline lookup(k, fst, fex, fexp, decides) {
  * record's remaining TTL on the app server's clock */
 inline refill(k, id, fex, fexp, ok) {
     if
-    :: fexp + 1 > now + skew -> redis_put(k, id, fex, fexp + 1 - skew, ok)
+    :: fexp + 1 > now + skew -> redis_put(k, id, fex, fexp + 1 - skew, ok, false)
     :: else  /* already expired by the app's clock: a TTL of 0 */
     fi
 }
@@ -602,7 +604,7 @@ proctype Request(byte id; byte k) {
 #else
                 ob[k].exp = now + TTL;
 #endif
-                COMMITTED(k, id, ob[k].exp);
+                COMMITTED(k, id, now + TTL);  /* the TTL the client was promised */
                 res = O_CLAIM
             :: else
             fi;
@@ -663,15 +665,10 @@ proctype Request(byte id; byte k) {
     CRASH_POINT;
     if
     :: !fallback ->
-        /* code: strategies.hybrid.HybridClaim.after_commit, strategies.hybrid.HybridClaim.publish */
-        redis_put(k, id, id, now + TTL, ok);
-#ifndef BUG_EPISODES
-        /* a publish that failed is a fallback episode too (issue 24, wanted 2) */
-        if
-        :: !ok -> EPISODE(now + TTL)
-        :: else
-        fi
-#endif
+        /* code: strategies.hybrid.HybridClaim.after_commit, strategies.hybrid.HybridClaim.publish
+         * A publish that failed is a fallback episode too, noted at once (issue 24, wanted 2;
+         * as coded, with BUG_EPISODES, only verify_due is set). */
+        redis_put(k, id, id, now + TTL, ok, true)
     :: else
     fi;
 #else
