@@ -466,12 +466,30 @@ class Blackhole:
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(512)
         self.port = int(self.sock.getsockname()[1])
+        self._taken: list[socket.socket] = []
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    def connections(self) -> int:
+        """How many connections clients made since the last call: each attempt of a
+        command that was not answered (a retry makes one more). Counted by accepting them,
+        kept open and unread, so that a client still on one sees no difference."""
+        self.sock.setblocking(False)
+        taken = 0
+        try:
+            while True:
+                self._taken.append(self.sock.accept()[0])
+                taken += 1
+        except BlockingIOError:
+            return taken
+        finally:
+            self.sock.setblocking(True)
+
     def close(self) -> None:
+        for connection in self._taken:
+            connection.close()
         self.sock.close()
 
 

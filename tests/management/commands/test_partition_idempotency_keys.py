@@ -5,7 +5,6 @@ table with keys (their replays kept), a second run that creates ahead, ``--undo`
 from __future__ import annotations
 
 import io
-import time
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -17,7 +16,7 @@ from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.store import partitions
 from django_idempotency.store.records import ClaimState
 
-from ...support.partitions import INTERVAL, SMALL, partitioned_table
+from ...support.partitions import AHEAD, INTERVAL, SMALL, partitioned_table, past_partition
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(databases=["default"], transaction=True)]
 
@@ -72,12 +71,25 @@ def test_needs_the_setting(postgres: None) -> None:
     assert not partitions.is_partitioned(connections["default"])
 
 
+def _expired_in_an_ended_partition(key: str) -> None:
+    """``key``'s record moved into a partition whose range has passed (attached in the
+    past), as a wait of two partitions would leave it, without the wait."""
+    lower, _upper = past_partition()
+    IdempotencyKey.objects.filter(key=key).update(expires_at=lower)
+
+
+#: ``PARTITION_AHEAD`` beyond the conversion's: the purge has partitions to create ahead
+#: however little time has passed since.
+FURTHER = {**SMALL, "PARTITION_AHEAD": AHEAD + 10 * INTERVAL}
+
+
 def test_the_purge_drops_expired_partitions_and_creates_ahead(postgres: None) -> None:
     with partitioned_table():
         completed("short", ttl=INTERVAL)
         completed("long", ttl=10)
-        time.sleep(2 * INTERVAL + 0.1)
-        output = command("purge_idempotency_keys")
+        _expired_in_an_ended_partition("short")
+        with override_settings(IDEMPOTENCY=FURTHER):
+            output = command("purge_idempotency_keys")
         assert "expired ones dropped" in output and "created ahead" in output
         assert not IdempotencyKey.objects.filter(key="short").exists()
         assert replayed("long")
@@ -88,9 +100,10 @@ def test_the_purge_task_drops_expired_partitions(postgres: None) -> None:
 
     with partitioned_table():
         completed("short", ttl=INTERVAL)
+        _expired_in_an_ended_partition("short")
         before = {p.name for p in partitions.partitions(connections["default"])}
-        time.sleep(2 * INTERVAL + 0.1)
-        purge_expired_keys()
+        with override_settings(IDEMPOTENCY=FURTHER):
+            purge_expired_keys()
         after = {p.name for p in partitions.partitions(connections["default"])}
         assert before - after and after - before  # dropped, and created ahead
         assert not IdempotencyKey.objects.filter(key="short").exists()

@@ -307,12 +307,12 @@ def test_a_hung_redis_is_given_up_after_the_socket_timeout(
         started = time.monotonic()
         response = post_json(api, uuid.uuid4().hex, {"amount": 1})
         elapsed = time.monotonic() - started
+        # One attempt, given up after the socket timeout: never retried (counted, not timed).
+        attempts = hole.connections()
     finally:
         hole.close()
     assert response.status_code == status, response.content
-    # Given up, not waited on: a hung server costs a few socket timeouts at most, never the
-    # minutes an unbounded read would (a wide bound: this machine may be busy).
-    assert elapsed < 15.0, f"took {elapsed:.2f}s with a 0.2s socket timeout"
+    assert elapsed >= 0.2 and attempts == 1, (elapsed, attempts)
 
 
 def test_redis_dying_during_the_view_rolls_back_and_answers_503(
