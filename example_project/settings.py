@@ -9,6 +9,7 @@ IDEMPOTENCY_WAIT_MAX_WAITERS  duplicates that may wait at once in one process (d
 PSP_DELAY_MS              how long the fake payment provider takes (default 0)
 PSP_FAIL_MARKER           a file path: while it exists, the next payment call fails once (tests)
 PSP_CALL_LOG              a file path: each payment call appends its process id (tests)
+PSP_HOLD_MARKER           a file path: while it exists, payment calls do not answer (tests)
 EXAMPLE_BASELINE_ROUTES   1 adds /baseline/ routes (benchmarks and the naive race control)
 EXAMPLE_MIDDLEWARE        1 installs IdempotencyMiddleware (after an API-token middleware)
 DATABASE_CONN_MAX_AGE     seconds a PostgreSQL connection is kept (default 600; 0 under ASGI,
@@ -195,6 +196,7 @@ else:
 PSP_DELAY_MS = int(os.environ.get("PSP_DELAY_MS", "0"))
 PSP_FAIL_MARKER = os.environ.get("PSP_FAIL_MARKER", "")
 PSP_CALL_LOG = os.environ.get("PSP_CALL_LOG", "")
+PSP_HOLD_MARKER = os.environ.get("PSP_HOLD_MARKER", "")
 EXAMPLE_BASELINE_ROUTES = env_flag("EXAMPLE_BASELINE_ROUTES")
 
 LOGGING = {

@@ -18,6 +18,18 @@ _seen: dict[str, str] = {}
 _lock = threading.Lock()
 
 
+#: How long a call waits at most for the hold marker to go (a test that never removes it).
+HOLD_LIMIT = 120.0
+
+
+def _held(marker: str) -> None:
+    """While the file ``marker`` exists, the call does not answer (a test decides when the
+    provider call ends)."""
+    deadline = time.monotonic() + HOLD_LIMIT
+    while marker and os.path.exists(marker) and time.monotonic() < deadline:
+        time.sleep(0.01)  # polling interval
+
+
 def charge(amount: int, currency: str, *, idempotency_key: str) -> str:
     calls = getattr(settings, "PSP_CALL_LOG", "")
     if calls:
@@ -26,6 +38,7 @@ def charge(amount: int, currency: str, *, idempotency_key: str) -> str:
     delay = settings.PSP_DELAY_MS / 1000
     if delay:
         time.sleep(delay)
+    _held(getattr(settings, "PSP_HOLD_MARKER", ""))
     marker = getattr(settings, "PSP_FAIL_MARKER", "")
     if marker:
         try:

@@ -8,12 +8,12 @@ which shows the harness can catch the bug the app prevents.
 from __future__ import annotations
 
 import threading
-import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ..support.databases import count_rows
+from ..support.databases import count_rows, query_scalar
 from ..support.example import (
     example_server,
     is_replay,
@@ -22,6 +22,7 @@ from ..support.example import (
     request,
     scratch_database,
 )
+from ..support.waiting import wait_until
 
 pytestmark = [pytest.mark.server, pytest.mark.django_db(transaction=False)]
 
@@ -80,12 +81,19 @@ def test_naive_select_then_insert_double_charges(backend: str) -> None:
 
 
 @pytest.mark.postgres
-def test_view_slower_than_lock_timeout_is_not_run_twice() -> None:
+def test_view_slower_than_lock_timeout_is_not_run_twice(tmp_path: Path) -> None:
     """The lease is renewed while the view runs, so a duplicate arriving after the lock
-    timeout gets 409 instead of taking the key over and charging again."""
+    timeout gets 409 instead of taking the key over and charging again. The provider call
+    lasts until the test ends it (``PSP_HOLD_MARKER``), and the duplicates are sent once
+    the claim is older than the lock timeout and its lease was renewed since (the
+    database's clock), however long a busy machine takes to get there."""
+    hold, calls = tmp_path / "hold", tmp_path / "calls"
+    hold.touch()
+    calls.write_text("")
+    env = {"PSP_HOLD_MARKER": str(hold), "PSP_CALL_LOG": str(calls)}
     with (
         scratch_database("postgres") as db,
-        example_server(db, psp_delay_ms=5000, lock_timeout=1) as server,
+        example_server(db, lock_timeout=1, env=env) as server,
     ):
         url = server.url + "/api/charges/"
         first: list[tuple[int, Any]] = []
@@ -93,17 +101,34 @@ def test_view_slower_than_lock_timeout_is_not_run_twice() -> None:
             target=lambda: first.append(request(url, key="slow", body=CHARGE))
         )
         runner.start()
-        time.sleep(1.8)  # well past the 1 s lock timeout, while the provider call still runs
-        during = [request(url, key="slow", body=CHARGE) for _ in range(3)]
-        runner.join(30)
+        try:
+            wait_until(lambda: bool(calls.read_text().strip()), timeout=60)  # in the view
+            wait_until(lambda: _renewed_past_the_lock_timeout(db, "slow", 1), timeout=60)
+            during = [request(url, key="slow", body=CHARGE) for _ in range(3)]
+        finally:
+            hold.unlink()
+        runner.join(60)
         after = request(url, key="slow", body=CHARGE)
-        # None took the key over. The first came while the provider call ran; on a loaded
-        # machine the later ones may come after it returned, and replay its answer.
-        assert during[0][0] == 409 and during[0][1]["_headers"].get("retry-after")
-        for status, body in during[1:]:
-            assert status == 409 or (status == 201 and is_replay((status, body)))
+        # None took the key over: each came while the provider call ran.
+        for status, body in during:
+            assert status == 409 and body["_headers"].get("retry-after"), (status, body)
         assert first[0][0] == 201 and not is_replay(first[0])
         assert after[0] == 201 and is_replay(after)
         assert after[1]["id"] == first[0][1]["id"]
         assert count_rows(db, "payments_charge") == 1
+        assert len(calls.read_text().split()) == 1  # one provider call
         assert "Traceback" not in server.log()
+
+
+def _renewed_past_the_lock_timeout(db: str, key: str, lock_timeout: float) -> bool:
+    """Whether ``key``'s claim is older than ``lock_timeout`` and its lease was renewed
+    after the first one would have lapsed: a takeover now would be the bug."""
+    return bool(
+        query_scalar(
+            db,
+            "SELECT count(*) FROM django_idempotency_idempotencykey WHERE key = %s "
+            "AND created_at < now() - make_interval(secs => %s) "
+            "AND locked_at > created_at + make_interval(secs => %s)",
+            (key, lock_timeout, lock_timeout),
+        )
+    )

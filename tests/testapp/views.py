@@ -21,6 +21,7 @@ from rest_framework.views import APIView
 from django_idempotency.decorators import idempotent
 from django_idempotency.mixins import IdempotencyMixin
 
+from . import holds
 from .models import SideEffect
 
 
@@ -28,6 +29,8 @@ def _behave(label: str, payload: dict[str, Any]) -> HttpResponse:
     SideEffect.objects.create(label=label)
     if payload.get("sleep"):
         time.sleep(float(payload["sleep"]))
+    if payload.get("hold"):
+        holds.wait(str(payload["hold"]))
     status = int(payload.get("status", 201))
     if payload.get("raise"):
         raise RuntimeError("the view failed")
@@ -79,6 +82,8 @@ class EchoView(IdempotencyMixin, APIView):
         SideEffect.objects.create(label="drf")
         if data.get("sleep"):
             time.sleep(float(data["sleep"]))
+        if data.get("hold"):
+            holds.wait(str(data["hold"]))
         if data.get("raise"):
             raise RuntimeError("the view failed")
         if data.get("invalid"):

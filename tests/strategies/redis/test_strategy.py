@@ -25,11 +25,13 @@ from django_idempotency.strategies import load_strategy
 from django_idempotency.strategies.base import Attempt, Claim, InProgress, Mismatch, Replay
 from django_idempotency.strategies.redis.store import get_store
 from django_idempotency.strategies.redis.strategy import RedisClaim, RedisStrategy
+from tests.testapp import holds
 from tests.testapp.models import SideEffect
 
 from ...support.api import post_json
 from ...support.redis_servers import Blackhole, RedisServer, closed_port_url
 from ...support.threads import in_background, run_at_once
+from ...support.waiting import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
@@ -115,17 +117,18 @@ def test_a_duplicate_during_the_view_gets_409(
     api: APIClient, on_shared_redis: dict[str, Any]
 ) -> None:
     key = uuid.uuid4().hex
-    # The view takes 3 s, so that the requests below surely arrive while it runs.
-    runner = in_background(lambda: post_json(api, key, {"sleep": 3.0}))
-    deadline = time.monotonic() + 5
+    # The view runs until the test releases it: the requests below arrive while it runs.
+    runner = in_background(lambda: post_json(api, key, {"hold": key}))
     prefix = on_shared_redis["REDIS_KEY_PREFIX"]
-    while not list(get_store().client.scan_iter(match=f"{prefix}:*")):  # claimed
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    other_scope = post_json(APIClient(), key, {}, "/t/fn/")  # anonymous: another scope, runs
-    assert other_scope.status_code == 201
-    busy = post_json(api, key, {"sleep": 3.0})
-    first = runner.result(10)
+    try:
+        claimed = lambda: bool(list(get_store().client.scan_iter(match=f"{prefix}:*")))  # noqa: E731
+        wait_until(claimed, timeout=60)
+        other_scope = post_json(APIClient(), key, {}, "/t/fn/")  # anonymous: another scope
+        assert other_scope.status_code == 201
+        busy = post_json(api, key, {"hold": key})
+    finally:
+        holds.release(key)
+    first = runner.result(60)
     assert busy.status_code == 409
     assert busy["Content-Type"] == PROBLEM_CONTENT_TYPE and busy.has_header("Retry-After")
     assert first.status_code == 201
@@ -159,16 +162,19 @@ def test_session_outcomes(on_shared_redis: dict[str, Any]) -> None:
 
 
 def test_lease_is_lock_timeout_and_the_heartbeat_keeps_it(on_shared_redis: dict[str, Any]) -> None:
+    """The key lives one lease (lock_timeout) and the heartbeat (twenty per lease) keeps
+    it past two and a half, however long a busy machine takes to get there."""
     strategy = RedisStrategy()
-    attempt = _attempt(uuid.uuid4().hex, lock_timeout=0.4, atomic=False)
+    attempt = _attempt(uuid.uuid4().hex, lock_timeout=1.0, atomic=False)
     store = get_store()
     with Lifecycle(strategy, attempt) as claim_life:
         claim = claim_life.outcome
         assert isinstance(claim, Claim)
-        assert 0 < store.pttl(attempt.scope, attempt.key) <= 400
-        with keeper.keep(claim, 0.1) as lease:
-            time.sleep(1.0)  # 2.5 leases
-            assert lease.renewals >= 5 and not lease.lost
+        claimed = time.monotonic()
+        assert 0 < store.pttl(attempt.scope, attempt.key) <= 1000
+        with keeper.keep(claim, 0.05) as lease:
+            wait_until(lambda: lease.renewals >= 5 and time.monotonic() - claimed > 2.5, timeout=60)
+            assert not lease.lost
             with Lifecycle(strategy, attempt) as duplicate_life:
                 duplicate = duplicate_life.outcome
                 assert isinstance(duplicate, InProgress)
@@ -187,7 +193,8 @@ def test_lost_lease_is_fenced_and_the_views_writes_roll_back(
             claim = claim_life.outcome
             assert isinstance(claim, RedisClaim)
             SideEffect.objects.create(label="stale owner")
-            time.sleep(0.3)  # no heartbeat: the lease expires
+            # No heartbeat: the lease expires (Redis's PX, 100 ms).
+            wait_until(lambda: get_store().get(attempt.scope, attempt.key) is None)
             with Lifecycle(strategy, _attempt(attempt.key, atomic=False)) as second_life:
                 second = second_life.outcome
                 assert isinstance(second, RedisClaim)
