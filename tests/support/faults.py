@@ -14,7 +14,7 @@ import json
 import threading
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -50,6 +50,9 @@ LIMIT = 4096
 _hooks_raised: set[str] = set()
 #: Set when an execution of the view begins (a test starts a duplicate only then).
 view_started = threading.Event()
+#: Every run of the view's body, by key: a ledger outside every transaction, which counts
+#: the runs whose writes rolled back too.
+runs: Counter[str] = Counter()
 
 
 class Refused(exceptions.APIException):
@@ -62,6 +65,7 @@ def reset() -> None:
     interference.clear()
     _hooks_raised.clear()
     view_started.clear()
+    runs.clear()
 
 
 def _next_step() -> str:
@@ -80,6 +84,8 @@ def _payload(effect: int) -> bytes:
 def execute(key: str) -> HttpResponseBase:
     """One execution of the view for ``key``: its step, its write and its answer."""
     step = _next_step()
+    with _plan_lock:
+        runs[key] += 1
     view_started.set()
     if step == "raise_before":
         raise RuntimeError("the view failed before writing")
@@ -87,6 +93,10 @@ def execute(key: str) -> HttpResponseBase:
         for interfere in interference:
             interfere(key)
     effect = _write(key)
+    if step == "interfere_late":  # after the view's write, before its completion
+        for interfere in interference:
+            interfere(key)
+        return HttpResponse(_payload(effect), status=201, content_type="application/json")
     if step == "ok":
         return HttpResponse(_payload(effect), status=201, content_type="application/json")
     if step == "stream":

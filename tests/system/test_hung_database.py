@@ -1,0 +1,185 @@
+"""PostgreSQL that hangs instead of failing: the requests' connections reach it through a
+proxy (tests/support/proxy.py) that falls silent, the sockets open, while a request
+claims its key or completes it.
+
+Each request ends in a bounded time (``DATABASE_TIMEOUT`` cuts the library's statement,
+libpq's ``connect_timeout`` a new connection) with a documented 503, never a 500 and never
+a hang; and the view body, counted in a ledger outside every transaction
+(``faults.runs``), runs once per key across the request, its duplicate and the retries.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connections
+from rest_framework.test import APIClient
+
+from django_idempotency import strategies
+from django_idempotency.store.sql.deadline import watchdog
+from tests.testapp.models import SideEffect
+
+from ..support import faults
+from ..support.api import replayed
+from ..support.assertions import problem_slug
+from ..support.proxy import FaultProxy, through_proxy
+
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.urls("tests.support.faults"),
+    pytest.mark.django_db(transaction=True),
+]
+
+#: The documented 503 problem types.
+DOCUMENTED_503 = {"store-unavailable", "transient-conflict", "database-unavailable"}
+#: Seconds the library's statements may wait (the setting under test).
+TIMEOUT = 1
+#: A request that has not ended after this long is taken to hang (a wide margin over the
+#: bounds: a loaded machine is slow, a hang is forever).
+HANG = 60
+
+
+class Requester:
+    """Requests sent from one thread of its own, whose connection (persistent:
+    ``CONN_MAX_AGE``) is opened through the proxy before any fault."""
+
+    def __init__(self, client: APIClient) -> None:
+        self.client = client
+        self._jobs: queue.Queue[str | None] = queue.Queue()
+        self._answers: queue.Queue[Any] = queue.Queue()
+        connected = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(connected,), daemon=True)
+        self._thread.start()
+        assert connected.wait(HANG), "the requester did not connect"
+
+    def _run(self, connected: threading.Event) -> None:
+        try:
+            connections["default"].ensure_connection()
+            connected.set()
+            while (key := self._jobs.get()) is not None:
+                try:
+                    self._answers.put(post(self.client, key))
+                except BaseException as exc:
+                    self._answers.put(exc)
+                finally:
+                    # As request_finished does in a server (the test client does not).
+                    connections["default"].close_if_unusable_or_obsolete()
+        finally:
+            connections.close_all()
+
+    def ask(self, key: str) -> Any:
+        """The response to one request for ``key``; fails when it hangs."""
+        self._jobs.put(key)
+        try:
+            answer = self._answers.get(timeout=HANG)
+        except queue.Empty:
+            raise AssertionError(f"the request hung for {HANG} s") from None
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+        self._thread.join(HANG)
+
+
+def post(client: APIClient, key: str) -> Any:
+    return client.post(
+        "/fault/drf/", b"{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY=key
+    )
+
+
+@pytest.fixture
+def proxied(
+    settings: Any, api: APIClient, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[FaultProxy, Requester]]:
+    """The db strategy with ``DATABASE_TIMEOUT`` = 1 s and a short lease; persistent
+    connections with libpq's ``connect_timeout`` (as docs/operations.md recommends),
+    through a proxy; and a requester connected through it."""
+    api.raise_request_exception = False
+    settings.IDEMPOTENCY = {"STRATEGY": "db", "DATABASE_TIMEOUT": TIMEOUT, "LOCK_TIMEOUT": 3}
+    strategies.reset()
+    faults.reset()
+    database = connections["default"].settings_dict
+    monkeypatch.setitem(database, "CONN_MAX_AGE", 600)
+    monkeypatch.setitem(database, "OPTIONS", {**database["OPTIONS"], "connect_timeout": 2})
+    with through_proxy("default") as proxy:
+        requester = Requester(api)
+        try:
+            yield proxy, requester
+        finally:
+            proxy.heal()
+            requester.stop()
+    faults.reset()
+    strategies.reset()
+
+
+def settle(requester: Requester, key: str) -> Any:
+    """Retry ``key`` until it is no longer in progress (a claim whose outcome was unknown
+    holds it until its lease lapses); the final answer."""
+    deadline = time.monotonic() + HANG
+    while True:
+        answer = requester.ask(key)
+        if answer.status_code not in (409, 503) or time.monotonic() > deadline:
+            return answer
+        time.sleep(0.2)
+
+
+def committed(key: str) -> int:
+    return SideEffect.objects.filter(label=key).count()
+
+
+def test_a_claim_that_meets_a_silent_database(
+    proxied: tuple[FaultProxy, Requester],
+) -> None:
+    """The claim is sent into the silence: cut after DATABASE_TIMEOUT, a 503; the
+    duplicate, on a new connection, stops at connect_timeout, a 503. The claim reaches
+    the server once the network heals (its outcome was unknown, not failed): the retries
+    wait for its lease, then one of them runs the view, once."""
+    proxy, requester = proxied
+    key = faults.new_key()
+    cut = watchdog.cut
+    proxy.silence()
+    first = requester.ask(key)
+    duplicate = requester.ask(key)
+    proxy.heal()
+    for answer in (first, duplicate):
+        assert answer.status_code == 503, answer.content
+        assert problem_slug(answer) in DOCUMENTED_503
+    assert watchdog.cut > cut
+    assert faults.runs[key] == 0
+    final = settle(requester, key)
+    assert final.status_code == 201 and not replayed(final)
+    again = requester.ask(key)
+    assert again.status_code == 201 and replayed(again)
+    assert faults.runs[key] == 1 and committed(key) == 1
+
+
+def test_a_completion_that_meets_a_silent_database(
+    proxied: tuple[FaultProxy, Requester],
+) -> None:
+    """The view has written; the network falls silent before its completion (which
+    carries the COMMIT) is answered: cut after DATABASE_TIMEOUT, a 503
+    database-unavailable, whose detail says a committed request is replayed, not that it
+    failed. The COMMIT reaches the server once the network heals: the retry replays the
+    response of the one run of the view."""
+    proxy, requester = proxied
+    key = faults.new_key()
+    faults.interference.append(lambda _key: proxy.silence())
+    faults.plan.append("interfere_late")
+    first = requester.ask(key)
+    duplicate = requester.ask(key)
+    proxy.heal()
+    assert first.status_code == 503 and problem_slug(first) == "database-unavailable"
+    assert "replayed" in first.json()["detail"]
+    assert duplicate.status_code in (409, 503), duplicate.content
+    assert problem_slug(duplicate) in {"request-in-progress", *DOCUMENTED_503}
+    final = settle(requester, key)
+    assert final.status_code == 201 and replayed(final), final.content
+    assert faults.runs[key] == 1 and committed(key) == 1
+    assert faults.body_of(final)["effect"] == SideEffect.objects.get(label=key).pk
