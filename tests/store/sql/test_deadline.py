@@ -20,6 +20,9 @@ def test_a_statement_that_outlives_the_bound_is_cut(settings: Any) -> None:
     would end."""
     settings.IDEMPOTENCY = {"DATABASE_TIMEOUT": 0.5}
     connection = connections["default"]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (pid,) = cursor.fetchone()
     cut = watchdog.cut
     started = time.monotonic()
     try:
@@ -31,6 +34,8 @@ def test_a_statement_that_outlives_the_bound_is_cut(settings: Any) -> None:
         assert watchdog.cut == cut + 1
     finally:
         connection.close()
+        with connection.cursor() as cursor:  # the server's backend still sleeps: end it
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
 
 
 def test_a_statement_answered_in_time_is_left_alone(settings: Any) -> None:
