@@ -10,9 +10,6 @@ a hang; and the view body, counted in a ledger outside every transaction
 
 from __future__ import annotations
 
-import queue
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,6 +24,7 @@ from tests.testapp.models import SideEffect
 from ..support import faults
 from ..support.api import replayed
 from ..support.assertions import problem_slug
+from ..support.faults import Requester, settle
 from ..support.proxy import FaultProxy, through_proxy
 
 pytestmark = [
@@ -39,59 +37,6 @@ pytestmark = [
 DOCUMENTED_503 = {"store-unavailable", "transient-conflict", "database-unavailable"}
 #: Seconds the library's statements may wait (the setting under test).
 TIMEOUT = 1
-#: A request that has not ended after this long is taken to hang (a wide margin over the
-#: bounds: a loaded machine is slow, a hang is forever).
-HANG = 60
-
-
-class Requester:
-    """Requests sent from one thread of its own, whose connection (persistent:
-    ``CONN_MAX_AGE``) is opened through the proxy before any fault."""
-
-    def __init__(self, client: APIClient) -> None:
-        self.client = client
-        self._jobs: queue.Queue[str | None] = queue.Queue()
-        self._answers: queue.Queue[Any] = queue.Queue()
-        connected = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(connected,), daemon=True)
-        self._thread.start()
-        assert connected.wait(HANG), "the requester did not connect"
-
-    def _run(self, connected: threading.Event) -> None:
-        try:
-            connections["default"].ensure_connection()
-            connected.set()
-            while (key := self._jobs.get()) is not None:
-                try:
-                    self._answers.put(post(self.client, key))
-                except BaseException as exc:
-                    self._answers.put(exc)
-                finally:
-                    # As request_finished does in a server (the test client does not).
-                    connections["default"].close_if_unusable_or_obsolete()
-        finally:
-            connections.close_all()
-
-    def ask(self, key: str) -> Any:
-        """The response to one request for ``key``; fails when it hangs."""
-        self._jobs.put(key)
-        try:
-            answer = self._answers.get(timeout=HANG)
-        except queue.Empty:
-            raise AssertionError(f"the request hung for {HANG} s") from None
-        if isinstance(answer, BaseException):
-            raise answer
-        return answer
-
-    def stop(self) -> None:
-        self._jobs.put(None)
-        self._thread.join(HANG)
-
-
-def post(client: APIClient, key: str) -> Any:
-    return client.post(
-        "/fault/drf/", b"{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY=key
-    )
 
 
 @pytest.fixture
@@ -117,17 +62,6 @@ def proxied(
             requester.stop()
     faults.reset()
     strategies.reset()
-
-
-def settle(requester: Requester, key: str) -> Any:
-    """Retry ``key`` until it is no longer in progress (a claim whose outcome was unknown
-    holds it until its lease lapses); the final answer."""
-    deadline = time.monotonic() + HANG
-    while True:
-        answer = requester.ask(key)
-        if answer.status_code not in (409, 503) or time.monotonic() > deadline:
-            return answer
-        time.sleep(0.2)
 
 
 def committed(key: str) -> int:

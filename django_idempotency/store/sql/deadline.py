@@ -113,19 +113,22 @@ watchdog = Watchdog()
 
 
 @contextmanager
-def bounded(connection: BaseDatabaseWrapper) -> Iterator[None]:
-    """The block's statements on ``connection`` cut after ``DATABASE_TIMEOUT`` seconds (on
-    PostgreSQL; elsewhere, or with the setting None, the block is not bounded)."""
+def bounded(connection: BaseDatabaseWrapper, extra: float = 0.0) -> Iterator[None]:
+    """The block's statements on ``connection`` cut after ``DATABASE_TIMEOUT`` seconds,
+    plus ``extra`` for a wait the block means to make (a lock's); on PostgreSQL only:
+    elsewhere, or with the setting None, the block is not bounded. A connection not opened
+    yet is opened first, outside a transaction (inside one, it is not opened here)."""
     seconds = conf.DATABASE_TIMEOUT
     if seconds is None or connection.vendor != "postgresql":
         yield
         return
-    connection.ensure_connection()
-    fd = _socket_of(connection)
+    if connection.connection is None and not connection.in_atomic_block:
+        connection.ensure_connection()
+    fd = None if connection.connection is None else _socket_of(connection)
     if fd is None:
         yield
         return
-    token = watchdog.arm(fd, seconds)
+    token = watchdog.arm(fd, seconds + extra)
     try:
         yield
     finally:

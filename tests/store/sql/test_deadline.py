@@ -26,9 +26,12 @@ def test_a_statement_that_outlives_the_bound_is_cut(settings: Any) -> None:
     cut = watchdog.cut
     started = time.monotonic()
     try:
-        with pytest.raises(OperationalError) as raised, bounded(connection):
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_sleep(120)")
+        with (
+            pytest.raises(OperationalError) as raised,
+            bounded(connection),
+            connection.cursor() as cursor,
+        ):
+            cursor.execute("SELECT pg_sleep(120)")
         assert time.monotonic() - started < 60
         assert is_connection_lost(raised.value)
         assert watchdog.cut == cut + 1
