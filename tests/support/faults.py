@@ -179,7 +179,15 @@ class Requester:
 
     def ask(self, key: str) -> Any:
         """The response to one request for ``key``; fails when it hangs."""
+        self.send(key)
+        return self.answer()
+
+    def send(self, key: str) -> None:
+        """Send a request for ``key`` without waiting for its answer (:meth:`answer`)."""
         self._jobs.put(key)
+
+    def answer(self) -> Any:
+        """The response to the oldest request sent and not answered yet."""
         try:
             answer = self._answers.get(timeout=HANG)
         except queue.Empty:

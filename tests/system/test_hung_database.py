@@ -10,6 +10,7 @@ a hang; and the view body, counted in a ledger outside every transaction
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +27,7 @@ from ..support.api import replayed
 from ..support.assertions import problem_slug
 from ..support.faults import Requester, settle
 from ..support.proxy import FaultProxy, through_proxy
+from ..support.waiting import wait_until
 
 pytestmark = [
     pytest.mark.postgres,
@@ -117,3 +119,75 @@ def test_a_completion_that_meets_a_silent_database(
     assert final.status_code == 201 and replayed(final), final.content
     assert faults.runs[key] == 1 and committed(key) == 1
     assert faults.body_of(final)["effect"] == SideEffect.objects.get(label=key).pk
+
+
+def _db_now() -> float:
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT EXTRACT(EPOCH FROM statement_timestamp())")
+        return float(cursor.fetchone()[0])
+
+
+def test_a_stalled_heartbeat_connection_costs_no_lease(
+    settings: Any, api: APIClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three requests run their views on persistent connections; only the heartbeat's
+    connection falls silent, for twice LOCK_TIMEOUT by the database's clock. Their leases
+    are renewed on a new connection all the same: a duplicate of each then gets a 409 (not
+    a takeover that would run the view again), and each request completes its one run."""
+    api.raise_request_exception = False
+    # No DATABASE_TIMEOUT: the heartbeat's own bound is what is tested.
+    settings.IDEMPOTENCY = {"STRATEGY": "db", "DATABASE_TIMEOUT": None, "LOCK_TIMEOUT": 3}
+    strategies.reset()
+    faults.reset()
+    database = connections["default"].settings_dict
+    monkeypatch.setitem(database, "CONN_MAX_AGE", 600)
+    release = threading.Event()
+    faults.interference.append(lambda _key: release.wait(faults.HANG))
+    faults.plan.extend(["interfere"] * 3)
+    keys = [faults.new_key() for _ in range(3)]
+    with through_proxy("default") as proxy:
+        requesters = [Requester(api) for _ in range(4)]
+        try:
+            for requester, key in zip(requesters, keys, strict=False):
+                requester.send(key)
+            wait_until(lambda: all(faults.runs[key] == 1 for key in keys), timeout=faults.HANG)
+            stalled = _renewing_link(proxy)
+            stalled.silence()
+            silent_since = _db_now()
+            wait_until(lambda: _db_now() > silent_since + 2 * 3, timeout=faults.HANG)
+            duplicates = [requesters[3].ask(key) for key in keys]
+            assert stalled.silent and not stalled.closed
+            release.set()
+            firsts = [requester.answer() for requester in requesters[:3]]
+            retries = [requesters[3].ask(key) for key in keys]
+        finally:
+            release.set()
+            proxy.heal()
+            for requester in requesters:
+                requester.stop()
+    for duplicate in duplicates:
+        assert duplicate.status_code == 409, duplicate.content
+        assert problem_slug(duplicate) == "request-in-progress"
+    for first, retry in zip(firsts, retries, strict=True):
+        assert first.status_code == 201 and not replayed(first), first.content
+        assert retry.status_code == 201 and replayed(retry)
+    assert all(faults.runs[key] == 1 and committed(key) == 1 for key in keys)
+    faults.reset()
+    strategies.reset()
+
+
+def _renewing_link(proxy: FaultProxy) -> Any:
+    """The proxy's connection the heartbeat renews on (the only one that UPDATEs)."""
+    found: list[int] = []
+
+    def renewing() -> bool:
+        with connections["default"].cursor() as cursor:
+            cursor.execute(
+                "SELECT client_port FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND query LIKE 'UPDATE %%'"
+            )
+            found[:] = [int(port) for (port,) in cursor.fetchall()]
+        return len(found) == 1
+
+    wait_until(renewing, timeout=faults.HANG)
+    return proxy.link_from(found[0])
