@@ -142,7 +142,11 @@ def test_a_stalled_heartbeat_connection_costs_no_lease(
     database = connections["default"].settings_dict
     monkeypatch.setitem(database, "CONN_MAX_AGE", 600)
     release = threading.Event()
-    faults.interference.append(lambda _key: release.wait(faults.HANG))
+
+    def hold(_key: str) -> None:
+        release.wait(faults.HANG)
+
+    faults.interference.append(hold)
     faults.plan.extend(["interfere"] * 3)
     keys = [faults.new_key() for _ in range(3)]
     with through_proxy("default") as proxy:
