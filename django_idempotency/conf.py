@@ -55,6 +55,9 @@ DEFAULTS: Mapping[str, Any] = {
     "LOCK_TIMEOUT": 60,
     # How often (seconds) a running view renews its lease; None means LOCK_TIMEOUT / 3.
     "HEARTBEAT_INTERVAL": None,
+    # PostgreSQL: seconds a statement of the library's may wait for the server before its
+    # connection is cut (its outcome is then unknown: a 503); None: no bound.
+    "DATABASE_TIMEOUT": 30,
     # Seconds a duplicate waits for the first request's answer instead of a 409; 0: no wait.
     "WAIT": 0,
     # Duplicates that may wait at the same time in one process; the next one gets the 409.
@@ -230,6 +233,11 @@ class IdempotencySettings:
         if value is None:
             return self.LOCK_TIMEOUT / 3
         return float(value)
+
+    @cached_property
+    def DATABASE_TIMEOUT(self) -> float | None:
+        value = self._get("DATABASE_TIMEOUT")
+        return None if value is None else float(value)
 
     @cached_property
     def WAIT(self) -> float:

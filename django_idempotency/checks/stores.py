@@ -248,11 +248,36 @@ def _check_advisory_wait() -> list[CheckMessage]:
     ]
 
 
+def _check_database_timeout() -> list[CheckMessage]:
+    """W015: DATABASE_TIMEOUT is None while a key database is PostgreSQL, where nothing
+    else bounds a statement that a hung server never answers (libpq has no read timeout).
+    Reads ``connections[alias].vendor``, which does not connect."""
+    from django.db import connections
+
+    if "DATABASE_TIMEOUT" not in (getattr(settings, "IDEMPOTENCY", None) or {}):
+        return []
+    if _raw("DATABASE_TIMEOUT") is not None:
+        return []
+    aliases = [a for a in conf.KEY_DATABASES if a in settings.DATABASES]
+    if not any(connections[a].vendor == "postgresql" for a in aliases):
+        return []
+    return [
+        Warning(
+            "IDEMPOTENCY['DATABASE_TIMEOUT'] is None: a PostgreSQL that hangs without "
+            "closing its connections keeps every request on it waiting forever.",
+            hint="Leave it at its default (30) or set a number of seconds; see "
+            "docs/operations.md, 'A database that hangs'.",
+            id=ID + "W015",
+        )
+    ]
+
+
 #: This module's validators of the settings (see ``settings.SETTINGS_VALIDATORS``).
 VALIDATORS: list[Callable[[], list[CheckMessage]]] = [
     _check_database_and_strategy,
     _check_outbox,
     _check_advisory_wait,
+    _check_database_timeout,
     _check_wait_listen_database,
     _check_redis_connection,
 ]

@@ -161,6 +161,12 @@ def _check_numbers() -> list[CheckMessage]:
     messages: list[CheckMessage] = []
     for name in ("TTL", "LOCK_TIMEOUT", "MAX_STORED_BODY_SIZE", "REDIS_SOCKET_TIMEOUT"):
         messages += positive_errors(f"IDEMPOTENCY[{name!r}]", _raw(name), DEFAULTS[name])
+    if _raw("DATABASE_TIMEOUT") is not None:
+        messages += positive_errors(
+            "IDEMPOTENCY['DATABASE_TIMEOUT']",
+            _raw("DATABASE_TIMEOUT"),
+            DEFAULTS["DATABASE_TIMEOUT"],
+        )
     if messages:
         return messages
     heartbeat = _raw("HEARTBEAT_INTERVAL")

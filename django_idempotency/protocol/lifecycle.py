@@ -32,6 +32,7 @@ from django.db import DatabaseError, connections, transaction
 
 from ..errors import DatabaseMisconfigured, LeaseLost, StoreUnavailable
 from ..store.sql import commits_in_statement, features_of
+from ..store.sql.deadline import bounded
 from ..strategies.base import Attempt, Claim, Delegate, Outcome, Strategy
 from . import testcase, transactions, writeguard
 
@@ -424,7 +425,8 @@ class Lifecycle:
             return
         hooks = transactions.take_commit_hooks(connection)
         try:
-            atomic.__exit__(exc_type, exc, tb)  # COMMIT or ROLLBACK
+            with bounded(connection):  # DATABASE_TIMEOUT: a COMMIT not answered is unknown
+                atomic.__exit__(exc_type, exc, tb)  # COMMIT or ROLLBACK
         except BaseException:
             hooks.clear()  # the COMMIT failed and was rolled back: Django drops the hooks
             raise

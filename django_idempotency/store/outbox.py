@@ -201,7 +201,7 @@ class IdempotencyOutboxManager(models.Manager[_Outbox]):
         with inside:
             if sql.drain_move is not None:
                 return self._drain_locked(connection, statement, sql.drain_move, values)
-            (taken, moved, stored), _count = statement.execute(connection, values)
+            (taken, moved, stored), _count = statement.execute(connection, values, bound=False)
         if moved < taken:
             return DrainResult(held=taken)
         return DrainResult(drained=stored, discarded=moved - stored)
@@ -214,10 +214,10 @@ class IdempotencyOutboxManager(models.Manager[_Outbox]):
         then the move (:func:`~django_idempotency.store.sql.drain.move_locked`), in one
         transaction."""
         with transaction.atomic(using=connection.alias, savepoint=False):
-            (taken, ids), _count = lock.execute(connection, values)
+            (taken, ids), _count = lock.execute(connection, values, bound=False)
             if not ids:
                 return DrainResult(held=taken)
-            (moved, stored), _count = move.execute(connection, {"ids": list(ids)})
+            (moved, stored), _count = move.execute(connection, {"ids": list(ids)}, bound=False)
         return DrainResult(drained=stored, discarded=moved - stored)
 
     def _drain_orm(

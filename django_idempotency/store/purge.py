@@ -53,7 +53,7 @@ def _delete_batch(alias: str, statement: Statement, values: dict[str, Any]) -> i
     for attempt in range(PURGE_ATTEMPTS):
         try:
             with transaction.atomic(using=alias):
-                _row, deleted = statement.execute(connections[alias], values)
+                _row, deleted = statement.execute(connections[alias], values, bound=False)
             return int(deleted)
         except OperationalError as exc:
             if attempt == PURGE_ATTEMPTS - 1 or not is_transient(exc):

@@ -23,6 +23,7 @@ from ..protocol import waiting
 from ..protocol.replay import StoredResponse
 from ..store.errors import retry_after
 from ..store.partitions import holds_expiry, log_no_partition
+from ..store.sql.deadline import bounded
 from ..store.sql.partitioned import LOCK_SQL, lock_name
 from ..store.status import COMPLETED
 from .base import (
@@ -95,7 +96,10 @@ def lock(attempt: Attempt) -> None:
     is set: a waiter then takes one of the process's ``WAIT_MAX_WAITERS`` slots, or
     raises ``NoWaiterSlot``)."""
     name = lock_name(attempt.scope, attempt.key)
-    with connections[attempt.database].cursor() as cursor:
+    connection = connections[attempt.database]
+    # DATABASE_TIMEOUT past the longest wait for the lock (a wait shorter than that is the
+    # lock timeout's, and a 409).
+    with bounded(connection, extra=attempt.lock_timeout), connection.cursor() as cursor:
         # Uncontended (the usual case): one statement takes the lock at once.
         cursor.execute(TRY_LOCK_SQL, [name])
         if cursor.fetchone()[0]:

@@ -488,6 +488,20 @@ def test_w014_advisory_lock_waits_at_most_lock_timeout() -> None:
     assert run({"STRATEGY": "db", "WAIT": 30, "LOCK_TIMEOUT": 10}) == []
 
 
+@pytest.mark.postgres
+def test_w015_nothing_bounds_a_hung_postgresql() -> None:
+    message = only(run({"DATABASE_TIMEOUT": None}), "W015")
+    assert isinstance(message, Warning)
+    assert run({"DATABASE_TIMEOUT": 5}) == []
+    assert run({}) == []  # the default bounds it
+    assert run({"DATABASE_TIMEOUT": None, "DATABASE": "sqlite"}) == []
+
+
+@pytest.mark.parametrize("value", [0, -1, "soon"])
+def test_e002_database_timeout(value: Any) -> None:
+    assert isinstance(only(run({"DATABASE_TIMEOUT": value}), "E002"), Error)
+
+
 # -- enforcement: the checks' errors are raised at start-up and on first use ------------------
 
 #: One value of every setting the checks call an error.

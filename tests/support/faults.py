@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import io
 import json
+import queue
 import threading
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.http import (
     FileResponse,
     HttpRequest,
@@ -50,6 +51,9 @@ LIMIT = 4096
 _hooks_raised: set[str] = set()
 #: Set when an execution of the view begins (a test starts a duplicate only then).
 view_started = threading.Event()
+#: Every run of the view's body, by key: a ledger outside every transaction, which counts
+#: the runs whose writes rolled back too.
+runs: Counter[str] = Counter()
 
 
 class Refused(exceptions.APIException):
@@ -62,6 +66,7 @@ def reset() -> None:
     interference.clear()
     _hooks_raised.clear()
     view_started.clear()
+    runs.clear()
 
 
 def _next_step() -> str:
@@ -80,6 +85,8 @@ def _payload(effect: int) -> bytes:
 def execute(key: str) -> HttpResponseBase:
     """One execution of the view for ``key``: its step, its write and its answer."""
     step = _next_step()
+    with _plan_lock:
+        runs[key] += 1
     view_started.set()
     if step == "raise_before":
         raise RuntimeError("the view failed before writing")
@@ -87,6 +94,10 @@ def execute(key: str) -> HttpResponseBase:
         for interfere in interference:
             interfere(key)
     effect = _write(key)
+    if step == "interfere_late":  # after the view's write, before its completion
+        for interfere in interference:
+            interfere(key)
+        return HttpResponse(_payload(effect), status=201, content_type="application/json")
     if step == "ok":
         return HttpResponse(_payload(effect), status=201, content_type="application/json")
     if step == "stream":
@@ -131,6 +142,80 @@ def fault_function(request: HttpRequest) -> HttpResponseBase:
     if request.method != "POST":
         return JsonResponse({}, status=405)
     return execute(request.headers["Idempotency-Key"])
+
+
+#: A request that has not ended after this long is taken to hang (a wide margin over every
+#: bound the tests set: a loaded machine is slow, a hang is forever).
+HANG = 60
+
+
+class Requester:
+    """Requests sent from one thread of its own, whose connection (persistent:
+    ``CONN_MAX_AGE``) is opened through the proxy before any fault."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._jobs: queue.Queue[str | None] = queue.Queue()
+        self._answers: queue.Queue[Any] = queue.Queue()
+        connected = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(connected,), daemon=True)
+        self._thread.start()
+        assert connected.wait(HANG), "the requester did not connect"
+
+    def _run(self, connected: threading.Event) -> None:
+        try:
+            connections["default"].ensure_connection()
+            connected.set()
+            while (key := self._jobs.get()) is not None:
+                try:
+                    self._answers.put(post(self.client, key))
+                except BaseException as exc:
+                    self._answers.put(exc)
+                finally:
+                    # As request_finished does in a server (the test client does not).
+                    connections["default"].close_if_unusable_or_obsolete()
+        finally:
+            connections.close_all()
+
+    def ask(self, key: str) -> Any:
+        """The response to one request for ``key``; fails when it hangs."""
+        self.send(key)
+        return self.answer()
+
+    def send(self, key: str) -> None:
+        """Send a request for ``key`` without waiting for its answer (:meth:`answer`)."""
+        self._jobs.put(key)
+
+    def answer(self) -> Any:
+        """The response to the oldest request sent and not answered yet."""
+        try:
+            answer = self._answers.get(timeout=HANG)
+        except queue.Empty:
+            raise AssertionError(f"the request hung for {HANG} s") from None
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+        self._thread.join(HANG)
+
+
+def settle(requester: Requester, key: str) -> Any:
+    """Retry ``key`` until it is no longer in progress (a claim whose outcome was unknown
+    holds it until its lease lapses); the final answer."""
+    deadline = time.monotonic() + HANG
+    while True:
+        answer = requester.ask(key)
+        if answer.status_code not in (409, 503) or time.monotonic() > deadline:
+            return answer
+        time.sleep(0.2)
+
+
+def post(client: Any, key: str) -> Any:
+    return client.post(
+        "/fault/drf/", b"{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY=key
+    )
 
 
 def new_key() -> str:

@@ -44,6 +44,7 @@ from ..support import faults
 from ..support.api import replayed
 from ..support.assertions import problem_slug
 from ..support.mariadb import with_mariadb
+from ..support.proxy import FaultProxy, through_proxy
 from ..support.redis_servers import RedisServer
 
 pytestmark = [
@@ -74,6 +75,9 @@ CELLS = (
     "connection-lost-during-commit",
     "worker-killed-during-view",
     "strategy-switch-undrained",
+    "database-slow",
+    "database-silent-during-claim",
+    "database-silent-during-completion",
 )
 
 
@@ -584,6 +588,94 @@ def test_connection_lost_during_commit(setup: Setup, client: APIClient, slow_com
         done.set()
         killer.join(30)
     after_connection_loss(setup, client, key, first)
+
+
+# -- PostgreSQL slow or silent (a proxy between the application and the server) -----------------
+
+#: The strategies whose claim and completion are the library's statements on PostgreSQL.
+SILENT = [p for p in ALL if p.values[0] in ("db-postgres", "db-partitioned", "advisory_lock")]
+#: The same, and those whose view and outbox write there.
+SLOW = [*SILENT, *(p for p in ALL if p.values[0] in ("redis", "hybrid"))]
+
+
+@pytest.fixture
+def proxied(
+    setup: Setup, settings: Any, client: APIClient, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[FaultProxy, faults.Requester]]:
+    """PostgreSQL through a proxy, on persistent connections with libpq's connect_timeout;
+    DATABASE_TIMEOUT 1 s and a 3 s lease; a requester connected through the proxy."""
+    settings.IDEMPOTENCY = {**settings.IDEMPOTENCY, "DATABASE_TIMEOUT": 1, "LOCK_TIMEOUT": 3}
+    strategies.reset()
+    database = connections["default"].settings_dict
+    monkeypatch.setitem(database, "CONN_MAX_AGE", 600)
+    monkeypatch.setitem(database, "OPTIONS", {**database["OPTIONS"], "connect_timeout": 2})
+    with through_proxy("default") as proxy:
+        requester = faults.Requester(client)
+        try:
+            yield proxy, requester
+        finally:
+            proxy.heal()
+            requester.stop()
+
+
+@pytest.mark.parametrize("setup", SLOW, indirect=True)
+def test_database_slow(setup: Setup, proxied: tuple[FaultProxy, faults.Requester]) -> None:
+    """Every round trip to PostgreSQL 20 to 60 ms late: the view runs once, the retry
+    replays it."""
+    proxy, requester = proxied
+    proxy.latency(0.02, jitter=0.04)
+    key = faults.new_key()
+    first = requester.ask(key)
+    retry = requester.ask(key)
+    assert first.status_code == 201 and not replayed(first)
+    assert retry.status_code == 201 and replayed(retry)
+    assert faults.runs[key] == 1
+    check(setup, key, first, retry)
+
+
+@pytest.mark.parametrize("setup", SILENT, indirect=True)
+def test_database_silent_during_claim(
+    setup: Setup, proxied: tuple[FaultProxy, faults.Requester]
+) -> None:
+    """PostgreSQL falls silent (the sockets open) before the claim: a 503 after
+    DATABASE_TIMEOUT, the duplicate's new connection a 503 after connect_timeout; after the
+    network heals the view runs once."""
+    proxy, requester = proxied
+    key = faults.new_key()
+    proxy.silence()
+    first = requester.ask(key)
+    duplicate = requester.ask(key)
+    proxy.heal()
+    final = faults.settle(requester, key)
+    again = requester.ask(key)
+    assert first.status_code == 503 and duplicate.status_code == 503
+    assert final.status_code == 201 and not replayed(final)
+    assert again.status_code == 201 and replayed(again)
+    assert faults.runs[key] == 1
+    check(setup, key, first, duplicate, final, again)
+
+
+@pytest.mark.parametrize("setup", SILENT, indirect=True)
+def test_database_silent_during_completion(
+    setup: Setup, proxied: tuple[FaultProxy, faults.Requester]
+) -> None:
+    """PostgreSQL falls silent after the view's write, before its completion and COMMIT
+    are answered: a 503 database-unavailable after DATABASE_TIMEOUT (the COMMIT's outcome
+    is unknown, and the answer says a committed request is replayed); the COMMIT lands
+    once the network heals, and the retry replays the one run of the view."""
+    proxy, requester = proxied
+    key = faults.new_key()
+    faults.interference.append(lambda _key: proxy.silence())
+    faults.plan.append("interfere_late")
+    first = requester.ask(key)
+    duplicate = requester.ask(key)
+    proxy.heal()
+    final = faults.settle(requester, key)
+    assert first.status_code == 503 and problem_slug(first) == "database-unavailable"
+    assert duplicate.status_code in (409, 503)
+    assert final.status_code == 201 and replayed(final), final.content
+    assert faults.runs[key] == 1
+    check(setup, key, first, duplicate, final)
 
 
 # -- the worker process dies ----------------------------------------------------------------

@@ -26,6 +26,7 @@ in docs/how-it-works.md ("Uniqueness across partitions").
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
@@ -33,6 +34,7 @@ from django.db import transaction
 from ..status import COMPLETED, IN_PROGRESS
 from . import claim as plain_claim
 from . import completed, owner
+from .deadline import bounded
 from .parts import Now, Param, Part, joined
 from .postgresql import commits_in_statement
 from .schema import Schema
@@ -63,9 +65,11 @@ class LockedStatement(Statement):
         super().__init__(*args)
         self.locked_sql = f"{LOCK_SQL}; {self.sql}"
 
-    def execute(self, connection: BaseDatabaseWrapper, values: dict[str, Any]) -> Any:
+    def execute(
+        self, connection: BaseDatabaseWrapper, values: dict[str, Any], *, bound: bool = True
+    ) -> Any:
         params = self.params(connection, values)
-        with connection.cursor() as cursor:
+        with bounded(connection) if bound else nullcontext(), connection.cursor() as cursor:
             if commits_in_statement(connection):
                 cursor.execute(self.locked_sql, [values["lock"], *params])
                 cursor.nextset()

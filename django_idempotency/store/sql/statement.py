@@ -8,6 +8,7 @@ parts (:mod:`~django_idempotency.store.sql.parts`) and cached with the others in
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from datetime import timedelta
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError, models
 from django.utils import timezone
 
+from .deadline import bounded
 from .parts import Param, Part
 
 if TYPE_CHECKING:
@@ -108,10 +110,14 @@ class Statement:
             params.append(self._time_field.get_db_prep_value(at, connection, prepared=True))
         return params
 
-    def execute(self, connection: BaseDatabaseWrapper, values: dict[str, Any]) -> Any:
+    def execute(
+        self, connection: BaseDatabaseWrapper, values: dict[str, Any], *, bound: bool = True
+    ) -> Any:
         """Run the statement; returns its first row (None when it has none) and its row
-        count."""
-        with connection.cursor() as cursor:
+        count. ``bound``: cut after ``DATABASE_TIMEOUT`` (see
+        :mod:`~django_idempotency.store.sql.deadline`); the purge and the drain, whose batches
+        may take long, are not."""
+        with bounded(connection) if bound else nullcontext(), connection.cursor() as cursor:
             cursor.execute(self.sql, self.params(connection, values))
             return cursor.fetchone() if self.returns_rows else None, cursor.rowcount
 
@@ -120,7 +126,7 @@ class Statement:
         True when it stored and committed, False when it stored nothing (its transaction is
         then aborted, not committed)."""
         try:
-            with connection.cursor() as cursor:
+            with bounded(connection), connection.cursor() as cursor:
                 cursor.execute(self.sql, self.params(connection, values))
         except DatabaseError as exc:
             if not_stored(exc):

@@ -1,0 +1,197 @@
+"""PostgreSQL that hangs instead of failing: the requests' connections reach it through a
+proxy (tests/support/proxy.py) that falls silent, the sockets open, while a request
+claims its key or completes it.
+
+Each request ends in a bounded time (``DATABASE_TIMEOUT`` cuts the library's statement,
+libpq's ``connect_timeout`` a new connection) with a documented 503, never a 500 and never
+a hang; and the view body, counted in a ledger outside every transaction
+(``faults.runs``), runs once per key across the request, its duplicate and the retries.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connections
+from rest_framework.test import APIClient
+
+from django_idempotency import strategies
+from django_idempotency.store.sql.deadline import watchdog
+from tests.testapp.models import SideEffect
+
+from ..support import faults
+from ..support.api import replayed
+from ..support.assertions import problem_slug
+from ..support.faults import Requester, settle
+from ..support.proxy import FaultProxy, through_proxy
+from ..support.waiting import wait_until
+
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.urls("tests.support.faults"),
+    pytest.mark.django_db(transaction=True),
+]
+
+#: The documented 503 problem types.
+DOCUMENTED_503 = {"store-unavailable", "transient-conflict", "database-unavailable"}
+#: Seconds the library's statements may wait (the setting under test).
+TIMEOUT = 1
+
+
+@pytest.fixture
+def proxied(
+    settings: Any, api: APIClient, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[FaultProxy, Requester]]:
+    """The db strategy with ``DATABASE_TIMEOUT`` = 1 s and a short lease; persistent
+    connections with libpq's ``connect_timeout`` (as docs/operations.md recommends),
+    through a proxy; and a requester connected through it."""
+    api.raise_request_exception = False
+    settings.IDEMPOTENCY = {"STRATEGY": "db", "DATABASE_TIMEOUT": TIMEOUT, "LOCK_TIMEOUT": 3}
+    strategies.reset()
+    faults.reset()
+    database = connections["default"].settings_dict
+    monkeypatch.setitem(database, "CONN_MAX_AGE", 600)
+    monkeypatch.setitem(database, "OPTIONS", {**database["OPTIONS"], "connect_timeout": 2})
+    with through_proxy("default") as proxy:
+        requester = Requester(api)
+        try:
+            yield proxy, requester
+        finally:
+            proxy.heal()
+            requester.stop()
+    faults.reset()
+    strategies.reset()
+
+
+def committed(key: str) -> int:
+    return SideEffect.objects.filter(label=key).count()
+
+
+def test_a_claim_that_meets_a_silent_database(
+    proxied: tuple[FaultProxy, Requester],
+) -> None:
+    """The claim is sent into the silence: cut after DATABASE_TIMEOUT, a 503; the
+    duplicate, on a new connection, stops at connect_timeout, a 503. The claim reaches
+    the server once the network heals (its outcome was unknown, not failed): the retries
+    wait for its lease, then one of them runs the view, once."""
+    proxy, requester = proxied
+    key = faults.new_key()
+    cut = watchdog.cut
+    proxy.silence()
+    first = requester.ask(key)
+    duplicate = requester.ask(key)
+    proxy.heal()
+    for answer in (first, duplicate):
+        assert answer.status_code == 503, answer.content
+        assert problem_slug(answer) in DOCUMENTED_503
+    assert watchdog.cut > cut
+    assert faults.runs[key] == 0
+    final = settle(requester, key)
+    assert final.status_code == 201 and not replayed(final)
+    again = requester.ask(key)
+    assert again.status_code == 201 and replayed(again)
+    assert faults.runs[key] == 1 and committed(key) == 1
+
+
+def test_a_completion_that_meets_a_silent_database(
+    proxied: tuple[FaultProxy, Requester],
+) -> None:
+    """The view has written; the network falls silent before its completion (which
+    carries the COMMIT) is answered: cut after DATABASE_TIMEOUT, a 503
+    database-unavailable, whose detail says a committed request is replayed, not that it
+    failed. The COMMIT reaches the server once the network heals: the retry replays the
+    response of the one run of the view."""
+    proxy, requester = proxied
+    key = faults.new_key()
+    faults.interference.append(lambda _key: proxy.silence())
+    faults.plan.append("interfere_late")
+    first = requester.ask(key)
+    duplicate = requester.ask(key)
+    proxy.heal()
+    assert first.status_code == 503 and problem_slug(first) == "database-unavailable"
+    assert "replayed" in first.json()["detail"]
+    assert duplicate.status_code in (409, 503), duplicate.content
+    assert problem_slug(duplicate) in {"request-in-progress", *DOCUMENTED_503}
+    final = settle(requester, key)
+    assert final.status_code == 201 and replayed(final), final.content
+    assert faults.runs[key] == 1 and committed(key) == 1
+    assert faults.body_of(final)["effect"] == SideEffect.objects.get(label=key).pk
+
+
+def _db_now() -> float:
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT EXTRACT(EPOCH FROM statement_timestamp())")
+        return float(cursor.fetchone()[0])
+
+
+def test_a_stalled_heartbeat_connection_costs_no_lease(
+    settings: Any, api: APIClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three requests run their views on persistent connections; only the heartbeat's
+    connection falls silent, for twice LOCK_TIMEOUT by the database's clock. Their leases
+    are renewed on a new connection all the same: a duplicate of each then gets a 409 (not
+    a takeover that would run the view again), and each request completes its one run."""
+    api.raise_request_exception = False
+    # No DATABASE_TIMEOUT: the heartbeat's own bound is what is tested.
+    settings.IDEMPOTENCY = {"STRATEGY": "db", "DATABASE_TIMEOUT": None, "LOCK_TIMEOUT": 3}
+    strategies.reset()
+    faults.reset()
+    database = connections["default"].settings_dict
+    monkeypatch.setitem(database, "CONN_MAX_AGE", 600)
+    release = threading.Event()
+
+    def hold(_key: str) -> None:
+        release.wait(faults.HANG)
+
+    faults.interference.append(hold)
+    faults.plan.extend(["interfere"] * 3)
+    keys = [faults.new_key() for _ in range(3)]
+    with through_proxy("default") as proxy:
+        requesters = [Requester(api) for _ in range(4)]
+        try:
+            for requester, key in zip(requesters, keys, strict=False):
+                requester.send(key)
+            wait_until(lambda: all(faults.runs[key] == 1 for key in keys), timeout=faults.HANG)
+            stalled = _renewing_link(proxy)
+            stalled.silence()
+            silent_since = _db_now()
+            wait_until(lambda: _db_now() > silent_since + 2 * 3, timeout=faults.HANG)
+            duplicates = [requesters[3].ask(key) for key in keys]
+            assert stalled.silent and not stalled.closed
+            release.set()
+            firsts = [requester.answer() for requester in requesters[:3]]
+            retries = [requesters[3].ask(key) for key in keys]
+        finally:
+            release.set()
+            proxy.heal()
+            for requester in requesters:
+                requester.stop()
+    for duplicate in duplicates:
+        assert duplicate.status_code == 409, duplicate.content
+        assert problem_slug(duplicate) == "request-in-progress"
+    for first, retry in zip(firsts, retries, strict=True):
+        assert first.status_code == 201 and not replayed(first), first.content
+        assert retry.status_code == 201 and replayed(retry)
+    assert all(faults.runs[key] == 1 and committed(key) == 1 for key in keys)
+    faults.reset()
+    strategies.reset()
+
+
+def _renewing_link(proxy: FaultProxy) -> Any:
+    """The proxy's connection the heartbeat renews on (the only one that UPDATEs)."""
+    found: list[int] = []
+
+    def renewing() -> bool:
+        with connections["default"].cursor() as cursor:
+            cursor.execute(
+                "SELECT client_port FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND query LIKE 'UPDATE %%'"
+            )
+            found[:] = [int(port) for (port,) in cursor.fetchall()]
+        return len(found) == 1
+
+    wait_until(renewing, timeout=faults.HANG)
+    return proxy.link_from(found[0])
