@@ -22,17 +22,19 @@ import redis
 from celery import Celery
 from django.db import connection
 
-from django_idempotency.idempotent_tasks import IdempotentTask
+from django_idempotency.idempotent_tasks import IdempotentTask, TaskKeyReused
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.store.status import COMPLETED
 from tests.testapp.models import SideEffect
 from tests.testapp.tasks import block_once, charge, retry_once
 
 from .support.redis_servers import RedisServer
+from .support.services import answers, in_ci
 from .support.workers import ROOT, Worker
 
 pytestmark = [pytest.mark.celery, pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
+RABBITMQ_URL = os.environ.get("TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
 #: Generous bounds for what a busy machine does in a few seconds: never reached when green.
 PATIENCE = 120.0
 
@@ -125,6 +127,47 @@ def test_the_decorator_makes_an_idempotent_task() -> None:
     assert block_once.idempotency_key is None and block_once.idempotency_lock_timeout == 2
 
 
+def test_a_call_applied_twice_runs_once_and_replays(broker: RedisServer) -> None:
+    """In the caller's process (``apply()``): each call has its own task id, one key."""
+    order = uuid.uuid4().hex[:12]
+    first = charge.apply(args=[order, broker.url]).get()
+    again = charge.apply(args=[order, broker.url]).get()
+    assert again == first
+    assert SideEffect.objects.filter(label=f"charge-{order}").count() == 1
+    assert _runs(broker, order) == 1
+    # The same key with other arguments: the body does not run.
+    reused = charge.apply(args=[order, broker.url + "?other"])
+    assert reused.failed() and isinstance(reused.result, TaskKeyReused)
+    assert _runs(broker, order) == 1
+
+
+def test_a_duplicate_of_a_running_task_waits_for_its_result(
+    workers: Callable[..., Worker], producer: Celery, broker: RedisServer
+) -> None:
+    label = f"hold-{uuid.uuid4().hex[:12]}"
+    first, second = workers("first"), workers("second")
+    running = producer.send_task("tests.hold", args=[label, broker.url])
+    _wait(lambda: _runs(broker, label) == 1, "the first run", first, second)
+    duplicate = producer.send_task("tests.hold", args=[label, broker.url])
+    # The other worker finds the key in progress and retries instead of running.
+    _wait(
+        lambda: f"{duplicate.id}] retry:" in first.log() + second.log(),
+        "the duplicate's retry",
+        first,
+        second,
+    )
+    assert _runs(broker, label) == 1
+    client = redis.Redis.from_url(broker.url)
+    try:
+        client.rpush(f"{label}:go", 1)
+    finally:
+        client.close()
+    result = running.get(timeout=PATIENCE)
+    assert duplicate.get(timeout=PATIENCE) == result
+    assert _runs(broker, label) == 1
+    assert SideEffect.objects.filter(label=label).count() == 1
+
+
 def test_duplicate_publishes_take_effect_once(
     workers: Callable[..., Worker], producer: Celery, broker: RedisServer, queue: str
 ) -> None:
@@ -162,9 +205,34 @@ def test_duplicate_publishes_take_effect_once(
 def test_a_worker_killed_in_the_body_is_redelivered_and_runs_once(
     workers: Callable[..., Worker], producer: Celery, broker: RedisServer
 ) -> None:
-    label = f"block-{uuid.uuid4().hex[:12]}"
     # The broker hands a killed worker's message back after this many seconds.
-    doomed = workers("doomed", TEST_CELERY_VISIBILITY_TIMEOUT="2")
+    _kill_in_the_body(workers, producer, broker, TEST_CELERY_VISIBILITY_TIMEOUT="2")
+
+
+@pytest.mark.rabbitmq
+def test_on_rabbitmq_a_worker_killed_in_the_body_runs_once(
+    workers: Callable[..., Worker], broker: RedisServer, queue: str
+) -> None:
+    """RabbitMQ hands the message back as soon as the killed worker's connection closes."""
+    if not answers(RABBITMQ_URL, 5672):
+        if in_ci():
+            pytest.fail(f"CI is set but RabbitMQ does not answer at {RABBITMQ_URL}")
+        pytest.skip(f"RabbitMQ does not answer at {RABBITMQ_URL}")
+    app = Celery("producer", broker=RABBITMQ_URL, backend=broker.url, set_as_current=False)
+    app.conf.task_default_queue = queue
+    try:
+        _kill_in_the_body(workers, app, broker, TEST_CELERY_BROKER_URL=RABBITMQ_URL)
+    finally:
+        with app.connection_for_write() as conn:
+            conn.default_channel.queue_delete(queue)
+        app.close()
+
+
+def _kill_in_the_body(
+    workers: Callable[..., Worker], producer: Celery, broker: RedisServer, **env: str
+) -> None:
+    label = f"block-{uuid.uuid4().hex[:12]}"
+    doomed = workers("doomed", **env)
     sent = producer.send_task("tests.block_once", args=[label, broker.url])
     _wait(lambda: _runs(broker, label) == 1, "the body to block", doomed)
     doomed.kill()
@@ -172,7 +240,7 @@ def test_a_worker_killed_in_the_body_is_redelivered_and_runs_once(
     assert not SideEffect.objects.filter(label=label).exists()
     assert not _completed("task:tests.block_once", sent.id)
 
-    again = workers("again", TEST_CELERY_VISIBILITY_TIMEOUT="2")
+    again = workers("again", **env)
     _wait(lambda: _completed("task:tests.block_once", sent.id), "the redelivery", again)
     assert SideEffect.objects.filter(label=label).count() == 1
     assert _runs(broker, label) == 2

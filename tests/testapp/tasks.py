@@ -54,3 +54,21 @@ def retry_once(self: Any, label: str, flags: str) -> int:
     if runs == 1:
         raise self.retry(countdown=0)
     return runs
+
+
+@idempotent_task(
+    name="tests.hold",
+    key=lambda label, flags: label,
+    ignore_result=False,
+    countdown=0.2,
+)
+def hold(label: str, flags: str) -> dict[str, Any]:
+    """Writes its row; its first run waits until the test pushes ``<label>:go``."""
+    effect = SideEffect.objects.create(label=label)
+    if _runs(flags, label) == 1:
+        client = redis.Redis.from_url(flags)
+        try:
+            client.blpop([f"{label}:go"], timeout=0)
+        finally:
+            client.close()
+    return {"effect": effect.pk, "run": uuid.uuid4().hex}
