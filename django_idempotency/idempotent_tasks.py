@@ -40,6 +40,7 @@ from .protocol.keysource import check_key
 from .protocol.lease import keeper
 from .protocol.lifecycle import Lifecycle
 from .protocol.replay import StoredResponse
+from .protocol.scope import bounded_scope
 from .strategies import load_strategy
 from .strategies.base import Attempt, Claim, InProgress, Mismatch, Replay
 
@@ -93,13 +94,13 @@ class IdempotentTask(Task):  # type: ignore[misc]
             return None
         ttl, lock = self.idempotency_ttl, self.idempotency_lock_timeout
         return Attempt(
-            scope=f"task:{self.name}"[:255],
+            scope=bounded_scope(f"task:{self.name}"),
             key=key,
             fingerprint=arguments_fingerprint(args, kwargs),
             ttl=float(ttl if ttl is not None else conf.TTL),
             lock_timeout=float(lock if lock is not None else conf.LOCK_TIMEOUT),
             method="TASK",
-            path=self.name[:2048],
+            path=self.name,
             atomic=True,
             database=conf.DATABASE,
         )
