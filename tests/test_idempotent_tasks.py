@@ -202,6 +202,39 @@ def test_duplicate_publishes_take_effect_once(
     assert _completed("task:tests.charge", f"order-{order}")
 
 
+def test_one_message_published_several_times_takes_effect_once(
+    workers: Callable[..., Worker], broker: RedisServer, queue: str
+) -> None:
+    """The default key, the task id: each producer publishes the same message."""
+    label = f"once-{uuid.uuid4().hex[:12]}"
+    task_id = str(uuid.uuid4())
+    first, second = workers("first"), workers("second")
+
+    def publish() -> None:
+        app = Celery("publisher", broker=broker.url, set_as_current=False)
+        try:
+            for _ in range(2):
+                app.send_task("tests.once", args=[label, broker.url], task_id=task_id, queue=queue)
+        finally:
+            app.close()
+
+    threads = [threading.Thread(target=publish) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    # Every one of the six deliveries ended (ran, or answered with the stored result).
+    _wait(
+        lambda: (first.log() + second.log()).count(f"{task_id}] succeeded") == 6,
+        "the six deliveries",
+        first,
+        second,
+    )
+    assert SideEffect.objects.filter(label=label).count() == 1
+    assert _runs(broker, label) == 1
+    assert _completed("task:tests.once", task_id)
+
+
 def test_a_worker_killed_in_the_body_is_redelivered_and_runs_once(
     workers: Callable[..., Worker], producer: Celery, broker: RedisServer
 ) -> None:

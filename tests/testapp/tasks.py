@@ -72,3 +72,10 @@ def hold(label: str, flags: str) -> dict[str, Any]:
         finally:
             client.close()
     return {"effect": effect.pk, "run": uuid.uuid4().hex}
+
+
+@idempotent_task(name="tests.once", countdown=0.2)
+def once(label: str, flags: str) -> int:
+    """Keyed by its task id: one row per message, however often it is published."""
+    SideEffect.objects.create(label=label)
+    return _runs(flags, label)
