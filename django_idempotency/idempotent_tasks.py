@@ -2,7 +2,8 @@
 (imports ``celery``).
 
 A task of this class claims its key before its body runs, with the ``db`` strategy's
-claim (one row of IdempotencyKey, under the scope ``task:<task name>``), and runs the
+claim (one row of IdempotencyKey, under the scope ``task:<task name>``; or with the
+``advisory_lock`` strategy's, ``idempotency_strategy``), and runs the
 body in the :class:`~django_idempotency.protocol.lifecycle.Lifecycle`'s transaction,
 whose last statement stores the body's return value (as JSON) fenced by the claim
 token. So the body's database writes and the stored result commit together, or not
@@ -44,8 +45,8 @@ from .protocol.scope import bounded_scope
 from .strategies import load_strategy
 from .strategies.base import Attempt, Claim, InProgress, Mismatch, Replay
 
-#: The strategy whose claim, lease and fencing the tasks use.
-TASK_STRATEGY = "db"
+#: The strategies whose claim commits with the body's transaction: a task's ``strategy``.
+TASK_STRATEGIES = ("db", "advisory_lock")
 #: The ``Content-Type`` of a stored task result.
 RESULT_TYPE = "application/json"
 
@@ -67,7 +68,10 @@ class IdempotentTask(Task):  # type: ignore[misc]
     * ``idempotency_lock_timeout``: seconds after which the claim of a worker that
       stopped renewing it (killed) is taken over (default: ``LOCK_TIMEOUT``);
     * ``idempotency_countdown``: seconds before a duplicate that found the key in
-      progress looks again (default 1).
+      progress looks again (default 1);
+    * ``idempotency_strategy``: ``"db"`` (the default) or ``"advisory_lock"``
+      (PostgreSQL: a duplicate waits up to ``lock_timeout`` for the running body, and a
+      killed worker's lock is freed with its connection).
     """
 
     acks_late = True
@@ -76,6 +80,7 @@ class IdempotentTask(Task):  # type: ignore[misc]
     idempotency_ttl: float | None = None
     idempotency_lock_timeout: float | None = None
     idempotency_countdown: float = 1.0
+    idempotency_strategy: str = "db"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         attempt = self.idempotency_attempt(args, kwargs)
@@ -123,7 +128,7 @@ def arguments_fingerprint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
 def run_once(task: IdempotentTask, attempt: Attempt, args: tuple[Any, ...], kwargs: Any) -> Any:
     """Run ``task``'s body under ``attempt``'s claim, or return the stored result."""
     ensure_valid()
-    strategy = load_strategy(TASK_STRATEGY)
+    strategy = load_strategy(task.idempotency_strategy)
     try:
         with ExitStack() as stack:
             # Entered first, left last: the lease is no longer renewed when it commits.
@@ -155,10 +160,14 @@ def idempotent_task(
     ttl: float | None = None,
     lock_timeout: float | None = None,
     countdown: float = 1.0,
+    strategy: str = "db",
     **options: Any,
 ) -> Any:
     """``@idempotent_task`` or ``@idempotent_task(key=..., ttl=..., name=...)``: a
-    ``shared_task`` of :class:`IdempotentTask`; ``options`` are Celery's task options."""
+    ``shared_task`` of :class:`IdempotentTask`; ``options`` are Celery's task options.
+    ``strategy``: one of :data:`TASK_STRATEGIES` (``ValueError`` otherwise)."""
+    if strategy not in TASK_STRATEGIES:
+        raise ValueError(f"@idempotent_task: strategy must be one of {TASK_STRATEGIES}")
 
     def decorate(body: Callable[..., Any]) -> Any:
         return shared_task(
@@ -167,6 +176,7 @@ def idempotent_task(
             idempotency_ttl=ttl,
             idempotency_lock_timeout=lock_timeout,
             idempotency_countdown=float(countdown),
+            idempotency_strategy=strategy,
             **options,
         )(body)
 

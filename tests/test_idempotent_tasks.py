@@ -22,11 +22,11 @@ import redis
 from celery import Celery
 from django.db import connection
 
-from django_idempotency.idempotent_tasks import IdempotentTask, TaskKeyReused
+from django_idempotency.idempotent_tasks import IdempotentTask, TaskKeyReused, idempotent_task
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.store.status import COMPLETED
 from tests.testapp.models import SideEffect
-from tests.testapp.tasks import block_once, charge, retry_once
+from tests.testapp.tasks import block_once, block_once_locked, charge, retry_once
 
 from .support.redis_servers import RedisServer
 from .support.services import answers, in_ci
@@ -125,6 +125,10 @@ def test_the_decorator_makes_an_idempotent_task() -> None:
     assert charge.idempotency_key("o-1", "redis://x") == "order-o-1"
     assert retry_once.name == "tests.retry_once" and retry_once.idempotency_key is None
     assert block_once.idempotency_key is None and block_once.idempotency_lock_timeout == 2
+    assert block_once.idempotency_strategy == "db"
+    assert block_once_locked.idempotency_strategy == "advisory_lock"
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        idempotent_task(strategy="redis")
 
 
 def test_a_call_applied_twice_runs_once_and_replays(broker: RedisServer) -> None:
@@ -168,8 +172,9 @@ def test_a_duplicate_of_a_running_task_waits_for_its_result(
     assert SideEffect.objects.filter(label=label).count() == 1
 
 
+@pytest.mark.parametrize("task", ["tests.charge", "tests.charge_locked"])
 def test_duplicate_publishes_take_effect_once(
-    workers: Callable[..., Worker], producer: Celery, broker: RedisServer, queue: str
+    workers: Callable[..., Worker], producer: Celery, broker: RedisServer, queue: str, task: str
 ) -> None:
     order = uuid.uuid4().hex[:12]
     first, second = workers("first"), workers("second")
@@ -181,7 +186,7 @@ def test_duplicate_publishes_take_effect_once(
         app = Celery("publisher", broker=broker.url, set_as_current=False)
         try:
             for _ in range(3):
-                result = app.send_task("tests.charge", args=[order, broker.url], queue=queue)
+                result = app.send_task(task, args=[order, broker.url], queue=queue)
                 with lock:
                     sent.append(result.id)
         finally:
@@ -199,7 +204,7 @@ def test_duplicate_publishes_take_effect_once(
     assert SideEffect.objects.filter(label=f"charge-{order}").count() == 1
     assert results[0]["effect"] == SideEffect.objects.get(label=f"charge-{order}").pk
     assert _runs(broker, order) == 1
-    assert _completed("task:tests.charge", f"order-{order}")
+    assert _completed(f"task:{task}", f"order-{order}")
 
 
 def test_one_message_published_several_times_takes_effect_once(
@@ -235,11 +240,12 @@ def test_one_message_published_several_times_takes_effect_once(
     assert _completed("task:tests.once", task_id)
 
 
+@pytest.mark.parametrize("task", ["tests.block_once", "tests.block_once_locked"])
 def test_a_worker_killed_in_the_body_is_redelivered_and_runs_once(
-    workers: Callable[..., Worker], producer: Celery, broker: RedisServer
+    workers: Callable[..., Worker], producer: Celery, broker: RedisServer, task: str
 ) -> None:
     # The broker hands a killed worker's message back after this many seconds.
-    _kill_in_the_body(workers, producer, broker, TEST_CELERY_VISIBILITY_TIMEOUT="2")
+    _kill_in_the_body(workers, producer, broker, task, TEST_CELERY_VISIBILITY_TIMEOUT="2")
 
 
 @pytest.mark.rabbitmq
@@ -254,7 +260,9 @@ def test_on_rabbitmq_a_worker_killed_in_the_body_runs_once(
     app = Celery("producer", broker=RABBITMQ_URL, backend=broker.url, set_as_current=False)
     app.conf.task_default_queue = queue
     try:
-        _kill_in_the_body(workers, app, broker, TEST_CELERY_BROKER_URL=RABBITMQ_URL)
+        _kill_in_the_body(
+            workers, app, broker, "tests.block_once", TEST_CELERY_BROKER_URL=RABBITMQ_URL
+        )
     finally:
         with app.connection_for_write() as conn:
             conn.default_channel.queue_delete(queue)
@@ -262,19 +270,19 @@ def test_on_rabbitmq_a_worker_killed_in_the_body_runs_once(
 
 
 def _kill_in_the_body(
-    workers: Callable[..., Worker], producer: Celery, broker: RedisServer, **env: str
+    workers: Callable[..., Worker], producer: Celery, broker: RedisServer, task: str, **env: str
 ) -> None:
     label = f"block-{uuid.uuid4().hex[:12]}"
     doomed = workers("doomed", **env)
-    sent = producer.send_task("tests.block_once", args=[label, broker.url])
+    sent = producer.send_task(task, args=[label, broker.url])
     _wait(lambda: _runs(broker, label) == 1, "the body to block", doomed)
     doomed.kill()
     # The killed transaction took its row with it.
     assert not SideEffect.objects.filter(label=label).exists()
-    assert not _completed("task:tests.block_once", sent.id)
+    assert not _completed(f"task:{task}", sent.id)
 
     again = workers("again", **env)
-    _wait(lambda: _completed("task:tests.block_once", sent.id), "the redelivery", again)
+    _wait(lambda: _completed(f"task:{task}", sent.id), "the redelivery", again)
     assert SideEffect.objects.filter(label=label).count() == 1
     assert _runs(broker, label) == 2
 

@@ -22,21 +22,30 @@ def _runs(flags: str, label: str) -> int:
         client.close()
 
 
-@idempotent_task(
-    name="tests.charge",
-    key=lambda order, flags: f"order-{order}",
-    ignore_result=False,
-    countdown=0.2,
-)
-def charge(order: str, flags: str) -> dict[str, Any]:
+def _charge(order: str, flags: str) -> dict[str, Any]:
     """One charge per order, whoever publishes it; each run answers something new."""
     _runs(flags, order)
     effect = SideEffect.objects.create(label=f"charge-{order}")
     return {"order": order, "effect": effect.pk, "run": uuid.uuid4().hex}
 
 
-@idempotent_task(name="tests.block_once", lock_timeout=2, countdown=0.5)
-def block_once(label: str, flags: str) -> int:
+def _order_key(order: str, flags: str) -> str:
+    return f"order-{order}"
+
+
+charge = idempotent_task(name="tests.charge", key=_order_key, ignore_result=False, countdown=0.2)(
+    _charge
+)
+charge_locked = idempotent_task(
+    name="tests.charge_locked",
+    key=_order_key,
+    strategy="advisory_lock",
+    ignore_result=False,
+    countdown=0.2,
+)(_charge)
+
+
+def _block_once(label: str, flags: str) -> int:
     """Writes its row, then blocks forever on its first run (the test kills its worker
     there); a later run completes."""
     effect = SideEffect.objects.create(label=label)
@@ -44,6 +53,12 @@ def block_once(label: str, flags: str) -> int:
         client = redis.Redis.from_url(flags)
         client.blpop([f"{label}:never"], timeout=0)
     return int(effect.pk)
+
+
+block_once = idempotent_task(name="tests.block_once", lock_timeout=2, countdown=0.5)(_block_once)
+block_once_locked = idempotent_task(
+    name="tests.block_once_locked", strategy="advisory_lock", lock_timeout=2, countdown=0.5
+)(_block_once)
 
 
 @idempotent_task(name="tests.retry_once", bind=True, ignore_result=False, countdown=0.2)
