@@ -51,6 +51,7 @@ TASK_STRATEGIES = ("db", "advisory_lock")
 RESULT_TYPE = "application/json"
 
 KeyFunction = Callable[..., str]
+_UNSET = object()
 
 
 class TaskKeyReused(FingerprintMismatch):
@@ -113,9 +114,18 @@ class IdempotentTask(Task):  # type: ignore[misc]
     def idempotency_wait(self) -> BaseException:
         """What a duplicate that found the key in progress raises: ``self.retry`` in
         ``idempotency_countdown`` seconds, which ``max_retries`` does not limit."""
-        return self.retry(  # type: ignore[no-any-return]
-            countdown=self.idempotency_countdown, max_retries=math.inf, throw=True
-        )
+        # retry(max_retries=...) leaves it on the task instance, where autoretry_for would
+        # read it in every later call of this process: put back what was there.
+        before = self.__dict__.get("override_max_retries", _UNSET)
+        try:
+            return self.retry(  # type: ignore[no-any-return]
+                countdown=self.idempotency_countdown, max_retries=math.inf, throw=True
+            )
+        finally:
+            if before is _UNSET:
+                self.__dict__.pop("override_max_retries", None)
+            else:
+                self.override_max_retries = before
 
 
 def arguments_fingerprint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
