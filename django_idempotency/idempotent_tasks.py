@@ -146,9 +146,11 @@ def run_once(task: IdempotentTask, attempt: Attempt, args: tuple[Any, ...], kwar
             outcome = lifecycle.outcome
             if isinstance(outcome, Claim):
                 interval = min(conf.HEARTBEAT_INTERVAL, attempt.lock_timeout / 3)
-                stack.enter_context(keeper.keep(outcome, interval))
+                keeping = keeper.keep(outcome, interval)
+                stack.enter_context(keeping)
                 result = task.run(*args, **kwargs)
                 body = json.dumps(result).encode()
+                keeping.stop()  # the body is done: no renewal races the completion's COMMIT
                 lifecycle.complete(StoredResponse(200, {"Content-Type": RESULT_TYPE}, body))
                 return result
     except LeaseLost:
