@@ -14,8 +14,9 @@ at all:
   dead worker's lease lapses (``lock_timeout``), takes the key over and runs the body;
 * a duplicate (published twice, redelivered, or the same key from another producer)
   that finds the key completed returns the stored result without running the body;
-* a duplicate that finds the key in progress does not run either: it is retried
-  (``self.retry``) in ``idempotency_countdown`` seconds, and then finds the result;
+* a duplicate that finds the key in progress does not run either: it is published
+  again for ``idempotency_countdown`` seconds later (as ``self.retry`` would, without
+  counting a retry), and then finds the result;
 * ``self.retry()`` inside the body rolls the body's writes back and gives the key back:
   the retry runs the body again, and only its run takes effect.
 
@@ -27,12 +28,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
 
 from celery import Task, shared_task
+from celery.exceptions import Reject, Retry
 
 from .checks.settings import ensure_valid
 from .conf import conf
@@ -51,7 +52,6 @@ TASK_STRATEGIES = ("db", "advisory_lock")
 RESULT_TYPE = "application/json"
 
 KeyFunction = Callable[..., str]
-_UNSET = object()
 
 
 class TaskKeyReused(FingerprintMismatch):
@@ -112,20 +112,22 @@ class IdempotentTask(Task):  # type: ignore[misc]
         )
 
     def idempotency_wait(self) -> BaseException:
-        """What a duplicate that found the key in progress raises: ``self.retry`` in
-        ``idempotency_countdown`` seconds, which ``max_retries`` does not limit."""
-        # retry(max_retries=...) leaves it on the task instance, where autoretry_for would
-        # read it in every later call of this process: put back what was there.
-        before = self.__dict__.get("override_max_retries", _UNSET)
+        """What a duplicate that found the key in progress raises: Celery's ``Retry``,
+        after publishing the same message again in ``idempotency_countdown`` seconds
+        with the same count of retries (waiting is not a retry of the body: it counts
+        against no ``max_retries``). A publish that fails puts the message back on the
+        queue (``Reject(requeue=True)``): it may be the key's only message."""
+        request = self.request
+        countdown = self.idempotency_countdown
+        again = self.signature_from_request(request, countdown=countdown, retries=request.retries)
+        wait: BaseException = Retry("the key is in progress", when=countdown, sig=again)
+        if request.called_directly or request.is_eager:
+            return wait  # no worker: the caller sees the key in progress
         try:
-            return self.retry(  # type: ignore[no-any-return]
-                countdown=self.idempotency_countdown, max_retries=math.inf, throw=True
-            )
-        finally:
-            if before is _UNSET:
-                self.__dict__.pop("override_max_retries", None)
-            else:
-                self.override_max_retries = before
+            again.apply_async()
+        except Exception as exc:
+            raise Reject(exc, requeue=True) from exc
+        return wait
 
 
 def arguments_fingerprint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
