@@ -106,7 +106,14 @@ if _maria:
 CELERY_BROKER_URL = os.environ.get("TEST_CELERY_BROKER_URL", REDIS_URL)
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("TEST_CELERY_QUEUE") or f"idem-tests-{os.getpid()}"
 CELERY_TASK_IGNORE_RESULT = True
-CELERY_RESULT_BACKEND = None
+# A worker of the idempotent tasks' tests keeps results (the test reads them back), and
+# takes back a killed worker's unacknowledged message after TEST_CELERY_VISIBILITY_TIMEOUT.
+CELERY_RESULT_BACKEND = os.environ.get("TEST_CELERY_RESULT_BACKEND") or None
+if os.environ.get("TEST_CELERY_VISIBILITY_TIMEOUT"):
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "visibility_timeout": float(os.environ["TEST_CELERY_VISIBILITY_TIMEOUT"]),
+        "unacked_restore_interval": 1,
+    }
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # No remote-control mailbox: a worker killed with SIGKILL would leave its binding behind.
 CELERY_WORKER_ENABLE_REMOTE_CONTROL = False

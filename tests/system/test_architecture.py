@@ -234,6 +234,7 @@ PUBLIC = (
     "middleware",
     "metrics",
     "tasks",
+    "idempotent_tasks",
     "testing",
     "testing.plugin",
     "contrib.spectacular",

@@ -1,0 +1,199 @@
+"""Celery tasks that take effect once per key: ``@idempotent_task`` and ``IdempotentTask``
+(imports ``celery``).
+
+A task of this class claims its key before its body runs, with the ``db`` strategy's
+claim (one row of IdempotencyKey, under the scope ``task:<task name>``; or with the
+``advisory_lock`` strategy's, ``idempotency_strategy``), and runs the
+body in the :class:`~django_idempotency.protocol.lifecycle.Lifecycle`'s transaction,
+whose last statement stores the body's return value (as JSON) fenced by the claim
+token. So the body's database writes and the stored result commit together, or not
+at all:
+
+* a worker killed inside the body (``acks_late`` with ``reject_on_worker_lost``, both
+  set by this class) leaves nothing behind; the redelivered message waits until the
+  dead worker's lease lapses (``lock_timeout``), takes the key over and runs the body;
+* a duplicate (published twice, redelivered, or the same key from another producer)
+  that finds the key completed returns the stored result without running the body;
+* a duplicate that finds the key in progress does not run either: it is published
+  again for ``idempotency_countdown`` seconds later (as ``self.retry`` would, without
+  counting a retry), and then finds the result;
+* ``self.retry()`` inside the body rolls the body's writes back and gives the key back:
+  the retry runs the body again, and only its run takes effect.
+
+The key is the task's id by default (one effect per message, whatever the broker
+redelivers), else ``key(*args, **kwargs)``. See docs/celery.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from contextlib import ExitStack
+from typing import Any
+
+from celery import Task, shared_task
+from celery.exceptions import Reject, Retry
+
+from .checks.settings import ensure_valid
+from .conf import conf
+from .errors import FingerprintMismatch, LeaseLost
+from .protocol.keysource import check_key
+from .protocol.lease import keeper
+from .protocol.lifecycle import Lifecycle
+from .protocol.replay import StoredResponse
+from .protocol.scope import bounded_scope
+from .strategies import load_strategy
+from .strategies.base import Attempt, Claim, InProgress, Mismatch, Replay
+
+#: The strategies whose claim commits with the body's transaction: a task's ``strategy``.
+TASK_STRATEGIES = ("db", "advisory_lock")
+#: The ``Content-Type`` of a stored task result.
+RESULT_TYPE = "application/json"
+
+KeyFunction = Callable[..., str]
+
+
+class TaskKeyReused(FingerprintMismatch):
+    """The key was already used for a call of this task with other arguments: the body
+    did not run. One key was given to two operations, and one of them has happened."""
+
+
+class IdempotentTask(Task):  # type: ignore[misc]
+    """A Celery task whose body takes effect once per key (see the module's docstring).
+
+    Class attributes, also options of ``@idempotent_task`` and of ``@app.task(base=...)``:
+
+    * ``idempotency_key``: ``(*args, **kwargs) -> str``, the key (default: the task id);
+    * ``idempotency_ttl``: seconds the result is kept (default: ``IDEMPOTENCY["TTL"]``);
+    * ``idempotency_lock_timeout``: seconds after which the claim of a worker that
+      stopped renewing it (killed) is taken over (default: ``LOCK_TIMEOUT``);
+    * ``idempotency_countdown``: seconds before a duplicate that found the key in
+      progress looks again (default 1);
+    * ``idempotency_strategy``: ``"db"`` (the default) or ``"advisory_lock"``
+      (PostgreSQL: a duplicate waits up to ``lock_timeout`` for the running body, and a
+      killed worker's lock is freed with its connection).
+    """
+
+    acks_late = True
+    reject_on_worker_lost = True
+    idempotency_key: KeyFunction | None = None
+    idempotency_ttl: float | None = None
+    idempotency_lock_timeout: float | None = None
+    idempotency_countdown: float = 1.0
+    idempotency_strategy: str = "db"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        attempt = self.idempotency_attempt(args, kwargs)
+        if attempt is None:
+            return self.run(*args, **kwargs)
+        return run_once(self, attempt, args, kwargs)
+
+    def idempotency_attempt(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Attempt | None:
+        """The attempt for this call, or None when it has no key (a direct call of a
+        task without a key function: there is no task id)."""
+        key_func = type(self).idempotency_key
+        key: str | None = getattr(self.request, "id", None)
+        if key_func is not None:
+            key = check_key(key_func(*args, **kwargs))
+        if key is None:
+            return None
+        ttl, lock = self.idempotency_ttl, self.idempotency_lock_timeout
+        return Attempt(
+            scope=bounded_scope(f"task:{self.name}"),
+            key=key,
+            fingerprint=arguments_fingerprint(args, kwargs),
+            ttl=float(ttl if ttl is not None else conf.TTL),
+            lock_timeout=float(lock if lock is not None else conf.LOCK_TIMEOUT),
+            method="TASK",
+            path=self.name,
+            atomic=True,
+            database=conf.DATABASE,
+        )
+
+    def idempotency_wait(self) -> BaseException:
+        """What a duplicate that found the key in progress raises: Celery's ``Retry``,
+        after publishing the same message again in ``idempotency_countdown`` seconds
+        with the same count of retries (waiting is not a retry of the body: it counts
+        against no ``max_retries``). A publish that fails puts the message back on the
+        queue (``Reject(requeue=True)``): it may be the key's only message."""
+        request = self.request
+        countdown = self.idempotency_countdown
+        again = self.signature_from_request(request, countdown=countdown, retries=request.retries)
+        wait: BaseException = Retry("the key is in progress", when=countdown, sig=again)
+        if request.called_directly or request.is_eager:
+            return wait  # no worker: the caller sees the key in progress
+        try:
+            again.apply_async()
+        except Exception as exc:
+            raise Reject(exc, requeue=True) from exc
+        return wait
+
+
+def arguments_fingerprint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """The SHA-256 of the call's arguments as canonical JSON (keys sorted; what is not
+    JSON compared by its ``str``)."""
+    encoded = json.dumps([list(args), kwargs], sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(encoded.encode()).hexdigest()
+
+
+def run_once(task: IdempotentTask, attempt: Attempt, args: tuple[Any, ...], kwargs: Any) -> Any:
+    """Run ``task``'s body under ``attempt``'s claim, or return the stored result."""
+    ensure_valid()
+    strategy = load_strategy(task.idempotency_strategy)
+    try:
+        with ExitStack() as stack:
+            # Entered first, left last: the lease is no longer renewed when it commits.
+            lifecycle = stack.enter_context(Lifecycle(strategy, attempt))
+            outcome = lifecycle.outcome
+            if isinstance(outcome, Claim):
+                interval = min(conf.HEARTBEAT_INTERVAL, attempt.lock_timeout / 3)
+                keeping = keeper.keep(outcome, interval)
+                stack.enter_context(keeping)
+                result = task.run(*args, **kwargs)
+                body = json.dumps(result).encode()
+                keeping.stop()  # the body is done: no renewal races the completion's COMMIT
+                lifecycle.complete(StoredResponse(200, {"Content-Type": RESULT_TYPE}, body))
+                return result
+    except LeaseLost:
+        # Another worker took the key over and runs (or ran) the body: ask again later.
+        raise task.idempotency_wait() from None
+    if isinstance(outcome, Replay):
+        return json.loads(outcome.response.body) if outcome.response.body else None
+    if isinstance(outcome, InProgress):
+        raise task.idempotency_wait()
+    if isinstance(outcome, Mismatch):
+        raise TaskKeyReused(f"key {attempt.key!r} of {task.name} was used with other arguments")
+    raise AssertionError(f"unexpected outcome {outcome!r}")
+
+
+def idempotent_task(
+    func: Callable[..., Any] | None = None,
+    *,
+    key: KeyFunction | None = None,
+    ttl: float | None = None,
+    lock_timeout: float | None = None,
+    countdown: float = 1.0,
+    strategy: str = "db",
+    **options: Any,
+) -> Any:
+    """``@idempotent_task`` or ``@idempotent_task(key=..., ttl=..., name=...)``: a
+    ``shared_task`` of :class:`IdempotentTask`; ``options`` are Celery's task options.
+    ``strategy``: one of :data:`TASK_STRATEGIES` (``ValueError`` otherwise)."""
+    if strategy not in TASK_STRATEGIES:
+        raise ValueError(f"@idempotent_task: strategy must be one of {TASK_STRATEGIES}")
+
+    def decorate(body: Callable[..., Any]) -> Any:
+        return shared_task(
+            base=IdempotentTask,
+            idempotency_key=None if key is None else staticmethod(key),
+            idempotency_ttl=ttl,
+            idempotency_lock_timeout=lock_timeout,
+            idempotency_countdown=float(countdown),
+            idempotency_strategy=strategy,
+            **options,
+        )(body)
+
+    if func is not None:
+        return decorate(func)
+    return decorate

@@ -1,0 +1,299 @@
+"""Idempotent Celery tasks, run by real ``celery worker`` processes.
+
+The workers use a private Redis as their broker and result backend (a killed worker's
+message is taken back after a short visibility timeout, which must not touch the other
+test runs' messages on the shared Redis) and this run's test database. Each task body
+writes one SideEffect row in its transaction and counts its runs in that Redis, outside
+any transaction; the tests count both from outside.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from celery import Celery
+from django.db import connection
+
+from django_idempotency.idempotent_tasks import IdempotentTask, TaskKeyReused, idempotent_task
+from django_idempotency.models import IdempotencyKey
+from django_idempotency.store.status import COMPLETED
+from tests.testapp.models import SideEffect
+from tests.testapp.tasks import block_once, block_once_locked, charge, retry_once
+
+from .support.redis_servers import RedisServer
+from .support.services import answers, in_ci
+from .support.workers import ROOT, Worker
+
+pytestmark = [pytest.mark.celery, pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+RABBITMQ_URL = os.environ.get("TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
+#: Generous bounds for what a busy machine does in a few seconds: never reached when green.
+PATIENCE = 120.0
+
+
+@pytest.fixture
+def broker() -> Iterator[RedisServer]:
+    with RedisServer().start() as server:
+        yield server
+
+
+@pytest.fixture
+def queue() -> str:
+    return f"idem-tasks-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def producer(broker: RedisServer, queue: str) -> Iterator[Celery]:
+    """A Celery app of a producer's own, which reads results back."""
+    app = Celery("producer", broker=broker.url, backend=broker.url, set_as_current=False)
+    app.conf.task_default_queue = queue
+    yield app
+    app.close()
+
+
+@pytest.fixture
+def workers(
+    transactional_db: None, broker: RedisServer, queue: str
+) -> Iterator[Callable[..., Worker]]:
+    """``workers(name, **env)`` starts a worker on this run's test database."""
+    started: list[Worker] = []
+    tmp = tempfile.TemporaryDirectory(prefix="idem-celery-")
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("CELERY_", "DJANGO_", "TEST_CEL"))
+    }
+    env.update(
+        DJANGO_SETTINGS_MODULE="tests.settings",
+        TEST_DATABASE_NAME=str(connection.settings_dict["NAME"]),
+        TEST_CELERY_BROKER_URL=broker.url,
+        TEST_CELERY_RESULT_BACKEND=broker.url,
+        TEST_CELERY_QUEUE=queue,
+        PYTHONPATH=str(ROOT),
+    )
+
+    def start(name: str, **extra: str) -> Worker:
+        worker = Worker(
+            name=f"{name}-{uuid.uuid4().hex[:6]}",
+            queue=queue,
+            prefetch_multiplier=1,
+            env={**env, **extra},
+            log_path=Path(tmp.name) / f"{name}.log",
+        )
+        started.append(worker)
+        return worker.start()
+
+    try:
+        yield start
+    finally:
+        for worker in started:
+            worker.stop()
+        tmp.cleanup()
+
+
+def _wait(condition: Callable[[], bool], what: str, *logs: Worker) -> None:
+    deadline = time.monotonic() + PATIENCE
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}\n" + "\n".join(w.log() for w in logs))
+
+
+def _runs(broker: RedisServer, label: str) -> int:
+    client = redis.Redis.from_url(broker.url)
+    try:
+        return int(client.get(f"{label}:runs") or 0)
+    finally:
+        client.close()
+
+
+def _completed(scope: str, key: str) -> bool:
+    return IdempotencyKey.objects.filter(scope=scope, key=key, status=COMPLETED).exists()
+
+
+def test_the_decorator_makes_an_idempotent_task() -> None:
+    assert isinstance(charge, IdempotentTask)
+    assert charge.acks_late and charge.reject_on_worker_lost
+    assert charge.idempotency_key is not None
+    assert charge.idempotency_key("o-1", "redis://x") == "order-o-1"
+    assert retry_once.name == "tests.retry_once" and retry_once.idempotency_key is None
+    assert block_once.idempotency_key is None and block_once.idempotency_lock_timeout == 2
+    assert block_once.idempotency_strategy == "db"
+    assert block_once_locked.idempotency_strategy == "advisory_lock"
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        idempotent_task(strategy="redis")
+
+
+def test_a_call_applied_twice_runs_once_and_replays(broker: RedisServer) -> None:
+    """In the caller's process (``apply()``): each call has its own task id, one key."""
+    order = uuid.uuid4().hex[:12]
+    first = charge.apply(args=[order, broker.url]).get()
+    again = charge.apply(args=[order, broker.url]).get()
+    assert again == first
+    assert SideEffect.objects.filter(label=f"charge-{order}").count() == 1
+    assert _runs(broker, order) == 1
+    # The same key with other arguments: the body does not run.
+    reused = charge.apply(args=[order, broker.url + "?other"])
+    assert reused.failed() and isinstance(reused.result, TaskKeyReused)
+    assert _runs(broker, order) == 1
+
+
+def test_a_duplicate_of_a_running_task_waits_for_its_result(
+    workers: Callable[..., Worker], producer: Celery, broker: RedisServer
+) -> None:
+    label = f"hold-{uuid.uuid4().hex[:12]}"
+    first, second = workers("first"), workers("second")
+    running = producer.send_task("tests.hold", args=[label, broker.url])
+    _wait(lambda: _runs(broker, label) == 1, "the first run", first, second)
+    duplicate = producer.send_task("tests.hold", args=[label, broker.url])
+    # The other worker finds the key in progress and retries instead of running.
+    _wait(
+        lambda: f"{duplicate.id}] retry:" in first.log() + second.log(),
+        "the duplicate's retry",
+        first,
+        second,
+    )
+    assert _runs(broker, label) == 1
+    client = redis.Redis.from_url(broker.url)
+    try:
+        client.rpush(f"{label}:go", 1)
+    finally:
+        client.close()
+    result = running.get(timeout=PATIENCE)
+    assert duplicate.get(timeout=PATIENCE) == result
+    assert _runs(broker, label) == 1
+    assert SideEffect.objects.filter(label=label).count() == 1
+
+
+@pytest.mark.parametrize("task", ["tests.charge", "tests.charge_locked"])
+def test_duplicate_publishes_take_effect_once(
+    workers: Callable[..., Worker], producer: Celery, broker: RedisServer, queue: str, task: str
+) -> None:
+    order = uuid.uuid4().hex[:12]
+    first, second = workers("first"), workers("second")
+    sent: list[str] = []
+    lock = threading.Lock()
+
+    def publish() -> None:
+        # A producer of its own (no result backend: the test reads the results back).
+        app = Celery("publisher", broker=broker.url, set_as_current=False)
+        try:
+            for _ in range(3):
+                result = app.send_task(task, args=[order, broker.url], queue=queue)
+                with lock:
+                    sent.append(result.id)
+        finally:
+            app.close()
+
+    threads = [threading.Thread(target=publish) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    results = [producer.AsyncResult(id).get(timeout=PATIENCE) for id in sent]
+    assert len(results) == 9
+    # Every duplicate answered with the one stored result: the body ran once.
+    assert all(result == results[0] for result in results), (results, first.log(), second.log())
+    assert SideEffect.objects.filter(label=f"charge-{order}").count() == 1
+    assert results[0]["effect"] == SideEffect.objects.get(label=f"charge-{order}").pk
+    assert _runs(broker, order) == 1
+    assert _completed(f"task:{task}", f"order-{order}")
+
+
+def test_one_message_published_several_times_takes_effect_once(
+    workers: Callable[..., Worker], broker: RedisServer, queue: str
+) -> None:
+    """The default key, the task id: each producer publishes the same message."""
+    label = f"once-{uuid.uuid4().hex[:12]}"
+    task_id = str(uuid.uuid4())
+    first, second = workers("first"), workers("second")
+
+    def publish() -> None:
+        app = Celery("publisher", broker=broker.url, set_as_current=False)
+        try:
+            for _ in range(2):
+                app.send_task("tests.once", args=[label, broker.url], task_id=task_id, queue=queue)
+        finally:
+            app.close()
+
+    threads = [threading.Thread(target=publish) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    # Every one of the six deliveries ended (ran, or answered with the stored result).
+    _wait(
+        lambda: (first.log() + second.log()).count(f"{task_id}] succeeded") == 6,
+        "the six deliveries",
+        first,
+        second,
+    )
+    assert SideEffect.objects.filter(label=label).count() == 1
+    assert _runs(broker, label) == 1
+    assert _completed("task:tests.once", task_id)
+
+
+@pytest.mark.parametrize("task", ["tests.block_once", "tests.block_once_locked"])
+def test_a_worker_killed_in_the_body_is_redelivered_and_runs_once(
+    workers: Callable[..., Worker], producer: Celery, broker: RedisServer, task: str
+) -> None:
+    # The broker hands a killed worker's message back after this many seconds.
+    _kill_in_the_body(workers, producer, broker, task, TEST_CELERY_VISIBILITY_TIMEOUT="2")
+
+
+@pytest.mark.rabbitmq
+def test_on_rabbitmq_a_worker_killed_in_the_body_runs_once(
+    workers: Callable[..., Worker], broker: RedisServer, queue: str
+) -> None:
+    """RabbitMQ hands the message back as soon as the killed worker's connection closes."""
+    if not answers(RABBITMQ_URL, 5672):
+        if in_ci():
+            pytest.fail(f"CI is set but RabbitMQ does not answer at {RABBITMQ_URL}")
+        pytest.skip(f"RabbitMQ does not answer at {RABBITMQ_URL}")
+    app = Celery("producer", broker=RABBITMQ_URL, backend=broker.url, set_as_current=False)
+    app.conf.task_default_queue = queue
+    try:
+        _kill_in_the_body(
+            workers, app, broker, "tests.block_once", TEST_CELERY_BROKER_URL=RABBITMQ_URL
+        )
+    finally:
+        with app.connection_for_write() as conn:
+            conn.default_channel.queue_delete(queue)
+        app.close()
+
+
+def _kill_in_the_body(
+    workers: Callable[..., Worker], producer: Celery, broker: RedisServer, task: str, **env: str
+) -> None:
+    label = f"block-{uuid.uuid4().hex[:12]}"
+    doomed = workers("doomed", **env)
+    sent = producer.send_task(task, args=[label, broker.url])
+    _wait(lambda: _runs(broker, label) == 1, "the body to block", doomed)
+    doomed.kill()
+    # The killed transaction took its row with it.
+    assert not SideEffect.objects.filter(label=label).exists()
+    assert not _completed(f"task:{task}", sent.id)
+
+    again = workers("again", **env)
+    _wait(lambda: _completed(f"task:{task}", sent.id), "the redelivery", again)
+    assert SideEffect.objects.filter(label=label).count() == 1
+    assert _runs(broker, label) == 2
+
+
+def test_a_retry_in_the_body_still_takes_effect_once(
+    workers: Callable[..., Worker], producer: Celery, broker: RedisServer
+) -> None:
+    label = f"retry-{uuid.uuid4().hex[:12]}"
+    worker = workers("retrying")
+    sent = producer.send_task("tests.retry_once", args=[label, broker.url])
+    assert sent.get(timeout=PATIENCE) == 2, worker.log()
+    # The first run's row was rolled back with the retry; the second's committed.
+    assert SideEffect.objects.filter(label=label).count() == 1
+    assert _completed("task:tests.retry_once", sent.id)
