@@ -103,6 +103,7 @@ bool redis_up = true;
 bool marker = true;       /* the hybrid loss check's marker key */
 byte suspect_until;       /* the loss check's suspect window (Redis key "suspect") */
 byte episode_until;       /* a fallback episode: new keys are looked up in PostgreSQL */
+byte held_until[NKEY];    /* the key's held mark (Redis key ":own"): a claim was made */
 byte crashes = CRASHES;
 byte unknowns = UNKNOWNS;
 byte outages = OUTAGES;
@@ -260,6 +261,13 @@ inline db_release(k, id) {
 
 /* ---- Redis ------------------------------------------------------------------------------ */
 
+/* The held mark written (or renewed with the lease): twice the lease, and the TTL. */
+#if STRATEGY == HYBRID && !defined(BUG_TAKEOVER)
+#define HOLD(k) held_until[k] = now + LOCK + LOCK + TTL
+#else
+#define HOLD(k) skip
+#endif
+
 /* code: strategies.redis.store.RedisStore.claim, strategies.redis.strategy.redis_claim,
  * strategies.redis.store.RedisStore.claim_checking_loss, strategies.redis.store.CLAIM_LUA
  * SET NX PX lease GET: won when absent, or when the record is this claim's own (a resend
@@ -277,12 +285,19 @@ inline redis_set_nx(k, id, res, ex) {
         :: else
         fi;
         /* code: strategies.hybrid.HybridStrategy._must_check_db: a loss suspected, or a
-         * fallback episode (issue 24, wanted 2) */
+         * fallback episode (issue 24, wanted 2), or the key taken over from an earlier
+         * claim whose lease lapsed: its held mark lives (code: strategies.redis.store._HELD_FUNCTION,
+         * strategies.hybrid.HybridStrategy._held_ms; BUG_TAKEOVER: as coded before, no mark,
+         * and the model finds a second run of the view body of a key committed by an owner
+         * killed before its publication) */
 #ifdef DB_CHECK_ALWAYS
-        check_db = true  /* HYBRID_DB_CHECK = "always" */
+        check_db = true;  /* HYBRID_DB_CHECK = "always" */
+#elif defined(BUG_TAKEOVER)
+        check_db = (now < suspect_until || now < episode_until);
 #else
-        check_db = (now < suspect_until || now < episode_until)
+        check_db = (now < suspect_until || now < episode_until || now < held_until[k]);
 #endif
+        HOLD(k)
 #endif
     :: rd[k].st == DONE -> res = O_REPLAY; ex = rd[k].ex
     :: rd[k].st == INPROG && rd[k].tok != id -> res = O_BUSY
@@ -337,10 +352,11 @@ inline redis_claim(k, id, res, ex) {
 }
 
 /* code: protocol.lease.LeaseKeeper._renew, strategies.redis.strategy.RedisClaim.renew,
- * strategies.redis.store.RedisStore.renew, strategies.redis.store.RENEW_LUA */
+ * strategies.redis.store.RedisStore.renew, strategies.redis.store.RENEW_LUA; under hybrid
+ * with the held mark: code: strategies.hybrid.HybridClaim.renew */
 #define REDIS_RENEW(k, id) atomic { RD_GUARD redis_up && rd[k].st == INPROG && rd[k].tok == id && \
                                     rd[k].exp < now + LOCK -> rd[k].exp = now + LOCK; \
-                                    own[id] = now + 1 }
+                                    own[id] = now + 1; HOLD(k) }
 
 /* code: strategies.redis.strategy.RedisClaim.release, strategies.redis.store.RedisStore.release,
  * strategies.redis.store.RELEASE_LUA (in progress under this token only); with d: code:
@@ -486,7 +502,7 @@ end:
     :: atomic {
         /* FLUSHALL, or a restart without persistence: every record and the marker lost */
         losses > 0 -> losses--;
-        for (k : 0 .. NKEY - 1) { rd_clear(k) }
+        for (k : 0 .. NKEY - 1) { rd_clear(k); held_until[k] = 0 }
         marker = false; suspect_until = 0
     }
     :: finished == NREQ -> break

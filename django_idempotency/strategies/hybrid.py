@@ -134,7 +134,18 @@ class HybridClaim(RedisClaim):
         self.strategy = strategy
         #: Look the key up in the database before the view runs (``HYBRID_DB_CHECK``).
         self.check_db = True
+        #: Milliseconds the key's held mark lives past each renewal; None: no mark (the
+        #: claim did not write one).
+        self.held_ms: int | None = None
         self.response: StoredResponse | None = None
+
+    def renew(self) -> bool:
+        """The lease, and the key's held mark with it (a claim that finds the mark after the
+        lease lapsed looks the key up in the database)."""
+        a = self.attempt
+        return self.redis.renew(
+            a.redis_scope, a.key, self.token, to_ms(a.lock_timeout), held_ms=self.held_ms
+        )
 
     def settled(self) -> Outcome | None:
         """A key that Redis did not know but the database does: replay it (refilling
@@ -260,6 +271,7 @@ class HybridStrategy(RedisStrategy):
         """The Redis claim; ``with_marker``: and the loss check, in one script."""
         checks: list[LossCheck] = []
         claim = None
+        held_ms = self._held_ms(attempt)
         if with_marker:
 
             def claim(
@@ -274,6 +286,7 @@ class HybridStrategy(RedisStrategy):
                     loss_keys=store.loss_keys_for(scope, key),
                     window_ms=self._window_ms(attempt.ttl),
                     interval_ms=to_ms(self._interval(store)),
+                    held_ms=held_ms,
                 )
                 if record is not None and ours(record, token):
                     # Our own claim, applied by a send whose reply never came: its loss
@@ -292,6 +305,8 @@ class HybridStrategy(RedisStrategy):
                 outcome.check_db = self._must_check_db(store, attempt)
             else:
                 outcome.check_db = self._loss_reported(store, checks[-1], attempt.ttl, attempt)
+            if claim is not None:
+                outcome.held_ms = held_ms
         return outcome, record
 
     def _beneath_foreign_claim(self, attempt: Attempt) -> Outcome:
@@ -375,6 +390,12 @@ class HybridStrategy(RedisStrategy):
         refused = store.loss_check_refused_at
         return refused is None or time.monotonic() - refused >= LOSS_CHECK_RETRY
 
+    def _held_ms(self, attempt: Attempt) -> int:
+        """How long a claim's held mark lives past the claim and each renewal: while the
+        owner may commit (its lease, and as much again for a stalled heartbeat) and its
+        completion may live (the records' Redis TTL)."""
+        return 2 * to_ms(attempt.lock_timeout) + self._window_ms(attempt.ttl)
+
     @staticmethod
     def _window_ms(ttl: float) -> int:
         """How long after a loss new keys are looked up: as long as a lost record would
@@ -411,6 +432,13 @@ class HybridStrategy(RedisStrategy):
             self._loss_check_refused(store, check.reason)
         elif check.verdict < 0:
             logger.warning("the Redis loss check failed: %s", check.reason)
+        elif check.verdict == 3 and attempt is not None:
+            logger.info(
+                "idempotency key %s (scope %s) was taken over in Redis from a lapsed lease; "
+                "looked up in the database",
+                attempt.key,
+                attempt.scope,
+            )
         elif check.verdict == 2:
             # Once a minute per store: on a Cluster each slot sees the same loss at its own
             # first claim after it.

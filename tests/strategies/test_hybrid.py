@@ -420,8 +420,9 @@ def _commandstats(client: Any, run: Any) -> dict[str, int]:
 def test_after_loss_claims_and_checks_the_marker_in_one_round_trip(
     hybrid: Any, api: APIClient
 ) -> None:
-    """A quiet server: a new key is one Redis script before the view (SET NX PX GET and
-    one MGET of the loss keys and the key's suspect mark) and one SET after the commit, and
+    """A quiet server: a new key is one Redis script before the view (SET NX PX GET, one
+    MGET of the loss keys and the key's suspect and held marks, and the SET of its held
+    mark) and one SET after the commit, and
     the only idempotency statement in PostgreSQL is the outbox insert; a replay is the
     script's SET alone. The
     counts are the server's own (``INFO commandstats``, which counts the commands a script
@@ -435,7 +436,7 @@ def test_after_loss_claims_and_checks_the_marker_in_one_round_trip(
     key = uuid.uuid4().hex
     with CaptureQueriesContext(connection) as queries:
         calls = _commandstats(client, lambda: post_json(api, key, {"amount": 5}))
-    assert calls == {"evalsha": 1, "set": 2, "mget": 1}, calls
+    assert calls == {"evalsha": 1, "set": 3, "mget": 1}, calls
     ours = [q["sql"] for q in queries.captured_queries if "django_idempotency" in q["sql"]]
     assert len(ours) == 1 and ours[0].startswith("WITH fenced AS")
     replay = _commandstats(client, lambda: post_json(api, key, {"amount": 5}))
@@ -444,7 +445,7 @@ def test_after_loss_claims_and_checks_the_marker_in_one_round_trip(
     # stats and memory: whether the server may evict).
     client.delete(store.loss_keys()[1])
     calls = _commandstats(client, lambda: post_json(api, uuid.uuid4().hex, {"amount": 5}))
-    assert calls == {"evalsha": 1, "set": 3, "mget": 1, "info": 3}, calls
+    assert calls == {"evalsha": 1, "set": 4, "mget": 1, "info": 3}, calls
 
 
 def _admin(server: RedisServer) -> Any:
@@ -693,8 +694,9 @@ def test_after_loss_on_a_cluster_sees_a_slot_that_lost_its_records(
 def test_after_loss_without_a_check_still_refuses_a_second_commit(
     hybrid: Any, api: APIClient
 ) -> None:
-    """A loss the marker cannot see (a record deleted by hand): the view runs again, but
-    its commit is refused and rolled back, Redis is refilled, the next retry replays."""
+    """A loss the marker cannot see (a record deleted by hand, and its held mark with it;
+    the record alone is looked up, through the mark): the view runs again, but its commit
+    is refused and rolled back, Redis is refilled, the next retry replays."""
     hybrid(HYBRID_DB_CHECK="after_loss", TTL=60)
     store = get_store()
     client = get_client()
@@ -710,6 +712,9 @@ def test_after_loss_without_a_check_still_refuses_a_second_commit(
         scope = IdempotencyKey.objects.filter(key=key).values_list("scope", flat=True).first()
         scope = scope or IdempotencyOutbox.objects.get(key=key).scope
         client.delete(store.record_key(scope, key))
+        found = post_json(api, key, {"amount": 5})  # the held mark: looked up, replayed
+        assert found.status_code == 201 and replayed(found) and found.content == first.content
+        client.delete(store.record_key(scope, key), store.held_key(scope, key))
 
         refused = post_json(api, key, {"amount": 5})
         assert refused.status_code == 409, refused.content

@@ -25,6 +25,7 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
+from django_idempotency.strategies.hybrid import HybridClaim
 from django_idempotency.strategies.redis.store import get_client, get_store
 from django_idempotency.strategies.redis.suspects import suspects
 from tests.testapp.models import SideEffect
@@ -281,3 +282,45 @@ def test_a_redis_that_hangs_mid_traffic_runs_each_key_once(
     assert all(r.status_code in {201, 409} for r in seen), [r.content for r in seen]
     assert not [r for r in seen if b"lease-lost" in r.content], "a view ran twice"
     assert Counter(counted_runs[1:]) == dict.fromkeys(keys, 1), counted_runs
+
+
+def _lease_lapsed(scope: str, key: str) -> bool:
+    """Whether the in-progress record of (scope, key) lapsed with its lease (its PX): a
+    claim in Redis now takes the key over."""
+    return get_store().get(scope, key) is None
+
+
+@pytest.mark.urls("tests.support.faults")
+@pytest.mark.parametrize("drained", [False, True], ids=["in-the-outbox", "drained"])
+def test_a_claim_that_takes_over_a_lapsed_lease_looks_the_key_up_in_postgresql(
+    hybrid: Any, counted_runs: list[str], monkeypatch: pytest.MonkeyPatch, drained: bool
+) -> None:
+    """The worker is killed right after its COMMIT, before the completed record reaches
+    Redis: Redis still holds its claim, in progress, until the lease lapses. No loss, no
+    fallback episode: the retry's claim takes the key over, and used to run the view again
+    (a second call to the payment provider) before the outbox refused its commit."""
+    hybrid(LOCK_TIMEOUT=1)
+    assert _fault(faults.new_key()).status_code == 201  # the marker, the scripts
+    _quiet()
+    key = faults.new_key()
+    with monkeypatch.context() as patch:
+        # The process dies here: nothing runs after COMMIT (no publication, no drain queued).
+        patch.setattr(HybridClaim, "after_commit", lambda self: None)
+        first = _fault(key)
+    assert first.status_code == 201  # the answer its client never received
+    scope = _scope_of(key)
+    if drained:
+        IdempotencyOutbox.objects.drain(100)
+        assert IdempotencyKey.objects.filter(key=key, status="completed").exists()
+        assert not IdempotencyOutbox.objects.filter(key=key).exists()
+    record = get_store().get(*scope)
+    assert record is not None and not record.completed
+    wait_until(lambda: _lease_lapsed(*scope), timeout=15)
+
+    retry = _fault(key)
+    assert retry.status_code == 201 and replayed(retry), retry.content
+    assert retry.content == first.content
+    assert Counter(counted_runs[1:]) == {key: 1}, "the view body ran once"
+    again = _fault(key)  # Redis was refilled
+    assert again.status_code == 201 and replayed(again) and again.content == first.content
+    assert Counter(counted_runs[1:]) == {key: 1}

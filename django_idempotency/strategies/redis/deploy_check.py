@@ -184,7 +184,15 @@ def _loss_check(store: Any, key: str, token: str) -> None:
     store.verify_due = True
     try:
         won, _record, check = store.claim_checking_loss(
-            PROBE_SCOPE, key, "probe", token, 10_000, loss_keys=keys, window_ms=1, interval_ms=1
+            PROBE_SCOPE,
+            key,
+            "probe",
+            token,
+            10_000,
+            loss_keys=keys,
+            window_ms=1,
+            interval_ms=1,
+            held_ms=10_000,
         )
         _expect(won, "the probe could not claim a key of its own")
         _expect(store.release(PROBE_SCOPE, key, token))
@@ -194,6 +202,7 @@ def _loss_check(store: Any, key: str, token: str) -> None:
     finally:
         with contextlib.suppress(Exception):
             store.client.delete(*keys)
+            store.client.delete(store.held_key(PROBE_SCOPE, key))
 
 
 def _probe_loss_keys(store: Any, key: str) -> tuple[str, str, str]:

@@ -243,7 +243,8 @@ def decode_record(raw: bytes | str) -> RedisRecord | None:
 # a record is the caller's exactly when it ends with it (JSON escaping leaves no
 # other way for that text to end a value).
 
-# KEYS[1] record; ARGV[1] token tail; ARGV[2] lease in ms.
+# KEYS[1] record, KEYS[2] (hybrid, optional) the key's held mark; ARGV[1] token tail;
+# ARGV[2] lease in ms; ARGV[3] the held mark's life in ms (with KEYS[2]).
 RENEW_LUA = """
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
@@ -251,6 +252,7 @@ local head = '{"s":"in_progress",'
 if string.sub(v, 1, #head) ~= head or string.sub(v, -#ARGV[1]) ~= ARGV[1] then
   return 0
 end
+if KEYS[2] then redis.call('SET', KEYS[2], '1', 'PX', ARGV[3]) end
 return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 """
 
@@ -308,12 +310,18 @@ return redis.call('DEL', KEYS[1])
 #   suspect  exists for ``window`` ms (the records' Redis TTL) after a loss was seen.
 #   mark     (a claim's only) the key's own suspect mark (``suspects.py``): the key fell back
 #            to the database, or its completion did not reach Redis; read by the same MGET.
+#   held     (a claim's only) the key's held mark: a claim of the key was made in Redis, and
+#            its owner may have committed (it lives the lease twice and the records' Redis
+#            TTL past the claim's last renewal). Found by a claim that won: the key was taken
+#            over from an owner whose lease lapsed (killed after its COMMIT, before its
+#            completed record reached Redis), so it is looked up in the database (verdict 3).
 # A claim reads them (one MGET); only when ``checked`` is gone (at most once per
 # ``interval`` per server), the marker is missing, or the caller asks (a new script
 # cache: a restart or a failover; an error seen) does it run INFO and compare. A changed
 # run_id (restart, failover) or eviction count (eviction, CONFIG RESETSTAT) or a missing
 # marker writes ``suspect`` and the marker. 0: no loss suspected; 1: suspected; 2: seen just
-# now; -1: the check could not run (the reason follows: an ACL refusing INFO or MGET...).
+# now; 3: none, but the key was taken over from a lapsed lease; -1: the check could not run
+# (the reason follows: an ACL refusing INFO or MGET...).
 #
 # Everything after the claim's own write goes through redis.pcall: a refused command
 # (INFO is in @dangerous) answers -1 instead of failing the script halfway, which would
@@ -324,17 +332,19 @@ local function failed(reply)
   if type(reply) == 'table' and reply.err then return reply.err end
   return nil
 end
-local function loss(km, kc, ks, window, interval, verify, mark)
+local function loss(km, kc, ks, window, interval, verify, mark, held)
   local m
   if mark then
-    m = redis.pcall('MGET', km, kc, ks, mark)
+    m = redis.pcall('MGET', km, kc, ks, mark, held)
   else
     m = redis.pcall('MGET', km, kc, ks)
   end
   if failed(m) then return {-1, m.err} end
+  local quiet = 0
+  if m[5] then quiet = 3 end
   if m[1] and m[2] and verify ~= '1' then
     if m[3] or m[4] then return {1} end
-    return {0}
+    return {quiet}
   end
   local server = redis.pcall('INFO', 'server')
   if failed(server) then return {-1, server.err} end
@@ -344,7 +354,7 @@ local function loss(km, kc, ks, window, interval, verify, mark)
   if failed(memory) then return {-1, memory.err} end
   local state = (string.match(server, 'run_id:(%x+)') or '?') .. ' '
     .. (string.match(stats, 'evicted_keys:(%d+)') or '?')
-  local verdict = 0
+  local verdict = quiet
   if m[3] or m[4] then verdict = 1 end
   if m[1] ~= state then
     local err = failed(redis.pcall('SET', ks, '1', 'PX', window))
@@ -365,6 +375,16 @@ end
 
 _REPLICATE = "if redis.replicate_commands then redis.replicate_commands() end\n"
 
+# After the loss check of a claim that won: the key's held mark written (KEYS[6], ARGV[5] ms),
+# read by the check before; a refused write is a check that could not run.
+_HELD_FUNCTION = """
+local function held(verdict)
+  local err = failed(redis.pcall('SET', KEYS[6], '1', 'PX', ARGV[5]))
+  if err then return {false, -1, err} end
+  return {false, verdict[1], verdict[2]}
+end
+"""
+
 # KEYS[1..3] marker, checked, suspect; ARGV[1] window ms, ARGV[2] interval ms, ARGV[3] '1':
 # compare with INFO now. {verdict, reason}.
 LOSS_LUA = (
@@ -375,19 +395,20 @@ return loss(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3])
 """
 )
 
-# KEYS[1] record, KEYS[2..4] marker, checked, suspect, KEYS[5] the key's suspect mark;
-# ARGV[1] the in-progress record,
-# ARGV[2] lease ms, ARGV[3] window ms, ARGV[4] interval ms, ARGV[5] '1': compare with INFO
-# now. The claim (SET NX PX GET) and, when won, the loss check, in one round trip:
-# {record} when not claimed, {false, verdict, reason} when claimed. Redis 7 (SET NX GET).
+# KEYS[1] record, KEYS[2..4] marker, checked, suspect, KEYS[5] the key's suspect mark,
+# KEYS[6] its held mark; ARGV[1] the in-progress record,
+# ARGV[2] lease ms, ARGV[3] window ms, ARGV[4] interval ms, ARGV[5] the held mark's life in
+# ms, ARGV[6] '1': compare with INFO now. The claim (SET NX PX GET) and, when won, the loss
+# check (which reads the held mark) and the held mark written, in one round trip: {record}
+# when not claimed, {false, verdict, reason} when claimed. Redis 7 (SET NX GET).
 CLAIM_LUA = (
     _REPLICATE
     + _LOSS_FUNCTION
+    + _HELD_FUNCTION
     + """
 local old = redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2], 'NX', 'GET')
 if old then return {old} end
-local verdict = loss(KEYS[2], KEYS[3], KEYS[4], ARGV[3], ARGV[4], ARGV[5], KEYS[5])
-return {false, verdict[1], verdict[2]}
+return held(loss(KEYS[2], KEYS[3], KEYS[4], ARGV[3], ARGV[4], ARGV[6], KEYS[5], KEYS[6]))
 """
 )
 
@@ -395,12 +416,12 @@ return {false, verdict[1], verdict[2]}
 CLAIM6_LUA = (
     _REPLICATE
     + _LOSS_FUNCTION
+    + _HELD_FUNCTION
     + """
 local old = redis.call('GET', KEYS[1])
 if old then return {old} end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-local verdict = loss(KEYS[2], KEYS[3], KEYS[4], ARGV[3], ARGV[4], ARGV[5], KEYS[5])
-return {false, verdict[1], verdict[2]}
+return held(loss(KEYS[2], KEYS[3], KEYS[4], ARGV[3], ARGV[4], ARGV[6], KEYS[5], KEYS[6]))
 """
 )
 
@@ -408,7 +429,8 @@ return {false, verdict[1], verdict[2]}
 @dataclass(frozen=True)
 class LossCheck:
     """What the loss check says (see ``_LOSS_FUNCTION``): ``verdict`` 0 no loss suspected,
-    1 suspected, 2 seen just now, -1 the check could not run, for ``reason``."""
+    1 suspected, 2 seen just now, 3 none but the key was taken over from a lapsed lease, -1
+    the check could not run, for ``reason``."""
 
     verdict: int
     reason: str = ""
@@ -502,6 +524,10 @@ class RedisStore:
     def record_key(self, scope: str, key: str) -> str:
         return f"{self.prefix}:{{{key_digest(scope, key)}}}:rec"
 
+    def held_key(self, scope: str, key: str) -> str:
+        """The key's held mark (``_LOSS_FUNCTION``), in its record's hash slot."""
+        return f"{self.prefix}:{{{key_digest(scope, key)}}}:own"
+
     def suspect_key(self, scope: str, key: str) -> str:
         """The key's suspect mark (``suspects.py``), in its record's hash slot."""
         return f"{self.prefix}:{{{key_digest(scope, key)}}}:sus"
@@ -594,13 +620,20 @@ class RedisStore:
         loss_keys: tuple[str, str, str],
         window_ms: int,
         interval_ms: int,
+        held_ms: int,
     ) -> tuple[bool, RedisRecord | None, LossCheck]:
-        """:meth:`claim`, and when won, the loss check of ``loss_keys`` and the key's suspect
-        mark, in one script (one round trip; the keys must share the record's Cluster slot).
-        The check says nothing (verdict 0) when the key was not claimed."""
+        """:meth:`claim`, and when won, the loss check of ``loss_keys`` and of the key's
+        suspect and held marks, and the held mark written for ``held_ms``, in one script (one
+        round trip; the keys must share the record's Cluster slot). The check says nothing
+        (verdict 0) when the key was not claimed."""
         value = encode_record(RedisRecord(IN_PROGRESS, fingerprint, token, None))
-        keys = [self.record_key(scope, key), *loss_keys, self.suspect_key(scope, key)]
-        args = [value, _ms(lease_ms), _ms(window_ms), _ms(interval_ms)]
+        keys = [
+            self.record_key(scope, key),
+            *loss_keys,
+            self.suspect_key(scope, key),
+            self.held_key(scope, key),
+        ]
+        args = [value, _ms(lease_ms), _ms(window_ms), _ms(interval_ms), _ms(held_ms)]
         reply, verified = self._run_loss_script(keys, args, claim=True)
         if reply[0] is not None:
             return False, decode_record(reply[0]), LossCheck(0)
@@ -649,9 +682,19 @@ class RedisStore:
         reason = reply[1] if len(reply) > 1 else b""
         return LossCheck(verdict, reason.decode() if isinstance(reason, bytes) else str(reason))
 
-    def renew(self, scope: str, key: str, token: str, lease_ms: int) -> bool:
-        """Extend the lease to ``lease_ms`` from now, only while ``token`` holds it."""
-        return self._run(self._renew, scope, key, [token_tail(token), _ms(lease_ms)])
+    def renew(
+        self, scope: str, key: str, token: str, lease_ms: int, held_ms: int | None = None
+    ) -> bool:
+        """Extend the lease to ``lease_ms`` from now, only while ``token`` holds it; with
+        ``held_ms``, the key's held mark to that from now as well."""
+        args: list[Any] = [token_tail(token), _ms(lease_ms)]
+        if held_ms is None:
+            return self._run(self._renew, scope, key, args)
+        keys = [self.record_key(scope, key), self.held_key(scope, key)]
+        try:
+            return bool(self._renew(keys=keys, args=[*args, _ms(held_ms)]))
+        except REDIS_ERRORS as exc:
+            raise failure(exc) from exc
 
     def complete(
         self, scope: str, key: str, token: str, response: StoredResponse, ttl_ms: int
