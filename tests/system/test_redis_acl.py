@@ -82,11 +82,18 @@ def _seed_in_progress(store: RedisStore, admin: redis.Redis, key: str) -> None:
     admin.set(store.record_key(SCOPE, key), encode_record(record), px=100_000)
 
 
+def _seed_held(store: RedisStore, admin: redis.Redis, key: str) -> None:
+    """In progress under hybrid: the record and the held mark its claim wrote."""
+    _seed_in_progress(store, admin, key)
+    admin.set(store.held_key(SCOPE, key), "1", px=100_000)
+
+
 RESPONSE = StoredResponse(status=201, headers={}, body=b"{}")
 
 #: Per script constant of redis_store: (prepare the state it acts on, run it).
 SCRIPT_RUNS: dict[str, tuple[Callable[..., None], Callable[[RedisStore, str], object]]] = {
-    "RENEW_LUA": (_seed_in_progress, lambda s, k: s.renew(SCOPE, k, TOKEN, 5000)),
+    # hybrid's renewal, which extends the held mark too (the redis strategy's has none)
+    "RENEW_LUA": (_seed_held, lambda s, k: s.renew(SCOPE, k, TOKEN, 5000, held_ms=100_000)),
     "COMPLETE_LUA": (
         _seed_in_progress,
         lambda s, k: s.complete(SCOPE, k, TOKEN, RESPONSE, 60_000),
@@ -111,6 +118,7 @@ def _claim_checking_loss(store: RedisStore, key: str, *, redis6: bool = False) -
         loss_keys=store.loss_keys(),
         window_ms=60_000,
         interval_ms=10,
+        held_ms=10_000,
     )
 
 
