@@ -22,7 +22,12 @@ import redis
 from celery import Celery
 from django.db import connection
 
-from django_idempotency.idempotent_tasks import IdempotentTask, TaskKeyReused, idempotent_task
+from django_idempotency.idempotent_tasks import (
+    IdempotentTask,
+    TaskKeyReused,
+    arguments_fingerprint,
+    idempotent_task,
+)
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.store.status import COMPLETED
 from tests.testapp.models import SideEffect
@@ -168,6 +173,26 @@ def test_a_duplicate_of_a_running_task_waits_for_its_result(
         client.close()
     result = running.get(timeout=PATIENCE)
     assert duplicate.get(timeout=PATIENCE) == result
+    assert _runs(broker, label) == 1
+    assert SideEffect.objects.filter(label=label).count() == 1
+
+
+def test_waiting_for_the_key_is_not_a_retry_of_the_body(
+    workers: Callable[..., Worker], producer: Celery, broker: RedisServer
+) -> None:
+    """Held by another owner (here, this test's claim), the key makes the task wait
+    several times; it then runs with no retry counted (its ``max_retries`` is 0)."""
+    label = f"count-{uuid.uuid4().hex[:12]}"
+    scope = "task:tests.count_retries"
+    fingerprint = arguments_fingerprint((label, broker.url), {})
+    held = IdempotencyKey.objects.claim(scope, label, fingerprint, ttl=3600, lock_timeout=3600)
+    assert held.pk is not None and held.token is not None
+    worker = workers("waiting")
+    sent = producer.send_task("tests.count_retries", args=[label, broker.url])
+    _wait(lambda: worker.log().count(f"{sent.id}] retry:") >= 3, "three waits", worker)
+    assert _runs(broker, label) == 0
+    assert IdempotencyKey.objects.release(held.pk, held.token)
+    assert sent.get(timeout=PATIENCE) == 0, worker.log()
     assert _runs(broker, label) == 1
     assert SideEffect.objects.filter(label=label).count() == 1
 

@@ -94,3 +94,18 @@ def once(label: str, flags: str) -> int:
     """Keyed by its task id: one row per message, however often it is published."""
     SideEffect.objects.create(label=label)
     return _runs(flags, label)
+
+
+@idempotent_task(
+    name="tests.count_retries",
+    key=lambda label, flags: label,
+    bind=True,
+    ignore_result=False,
+    countdown=0.1,
+    max_retries=0,
+)
+def count_retries(self: Any, label: str, flags: str) -> int:
+    """Its run's ``self.request.retries``, which waiting for the key leaves as it was."""
+    SideEffect.objects.create(label=label)
+    _runs(flags, label)
+    return int(self.request.retries)
