@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -27,6 +26,7 @@ from example_project.payments.models import Charge
 from .support.assertions import assert_problem
 from .support.factories import UserFactory
 from .support.threads import in_background
+from .support.waiting import wait_until
 from .testapp.models import SideEffect
 
 pytestmark = pytest.mark.django_db
@@ -108,14 +108,16 @@ def test_views_that_handle_the_protocol_are_not_handled_twice(stack: str) -> Non
 
 #: Set when ``slow_charge`` starts: the duplicate is sent only then.
 slow_charge_started = threading.Event()
+#: Set by the test once the duplicate waits: ``slow_charge`` answers only then.
+slow_charge_released = threading.Event()
 
 
-@idempotency_opt_in(wait=5)
+@idempotency_opt_in(wait=60)
 def slow_charge(request: Any) -> Any:
     from django.http import JsonResponse
 
     slow_charge_started.set()
-    time.sleep(0.5)
+    slow_charge_released.wait(60)
     label = request.headers["Idempotency-Key"]
     return JsonResponse({"id": SideEffect.objects.create(label=label).pk}, status=201)
 
@@ -134,10 +136,18 @@ def test_the_opt_in_takes_a_wait() -> None:
         c.force_login(user)
         return post(c, "/slow/", key="waited")
 
+    from django_idempotency.protocol import waiting
+
     slow_charge_started.clear()
+    slow_charge_released.clear()
     first = in_background(send)
-    assert slow_charge_started.wait(10), "the first request's view never ran"
-    duplicate = send()  # inside the first request's 0.5 s view
+    try:
+        assert slow_charge_started.wait(60), "the first request's view never ran"
+        waiter = in_background(send)  # while the first request's view runs
+        wait_until(lambda: waiting.slots.taken >= 1, timeout=60)  # it waits
+    finally:
+        slow_charge_released.set()
+    duplicate = waiter.result()
     answer = first.result()
     assert answer.status_code == 201 and REPLAYED_HEADER not in answer
     assert duplicate.status_code == 201 and duplicate[REPLAYED_HEADER] == "true"

@@ -26,6 +26,7 @@ from django_idempotency.protocol.engine import handle
 from django_idempotency.protocol.keys import key_digest
 from django_idempotency.protocol.options import Options
 from django_idempotency.protocol.replay import REPLAYED_HEADER
+from tests.support.waiting import wait_until
 from tests.testapp.models import SideEffect
 
 from .test_engine import request
@@ -74,17 +75,22 @@ def ok(label: str = "run") -> Callable[[], HttpResponse]:
     return run
 
 
-@override_settings(IDEMPOTENCY={"WAIT": 5})
+#: A wait no request of these tests sits out: an answer in less than half of it came
+#: without waiting, however busy the machine.
+LONG_WAIT = 60
+
+
+@override_settings(IDEMPOTENCY={"WAIT": LONG_WAIT})
 def test_a_different_fingerprint_is_422_without_waiting(events: list[str]) -> None:
     held("k-mismatch")
     started = time.monotonic()
     response = handle(request("k-mismatch", body={"amount": 7}), ok())
     assert response.status_code == 422
-    assert time.monotonic() - started < 1
+    assert time.monotonic() - started < LONG_WAIT / 2
     assert "wait_started" not in events
 
 
-@override_settings(IDEMPOTENCY={"WAIT": 5, "WAIT_MAX_WAITERS": 1})
+@override_settings(IDEMPOTENCY={"WAIT": LONG_WAIT, "WAIT_MAX_WAITERS": 1})
 def test_a_waiter_past_the_bound_gets_the_409_at_once(events: list[str]) -> None:
     held("k-bound")
     assert waiting.slots.acquire()  # the one slot is taken by another waiter
@@ -92,7 +98,7 @@ def test_a_waiter_past_the_bound_gets_the_409_at_once(events: list[str]) -> None
         started = time.monotonic()
         response = handle(request("k-bound"), ok())
         assert response.status_code == 409
-        assert time.monotonic() - started < 1
+        assert time.monotonic() - started < LONG_WAIT / 2
         assert events == ["request_conflict"]
         assert waiting.slots.taken == 1
     finally:
@@ -108,14 +114,14 @@ def test_the_wait_runs_out_into_the_409(events: list[str]) -> None:
     elapsed = time.monotonic() - started
     assert response.status_code == 409
     assert "Retry-After" in response
-    assert 0.4 <= elapsed < 1.5
+    assert 0.4 <= elapsed < 30  # after WAIT; the upper bound tells a hang only
     assert events == ["wait_started", "wait_timed_out", "request_conflict"]
     assert waiting.slots.taken == 0
     assert waiting.hub.waiters() == 0
 
 
 @pytest.mark.parametrize("failure", ["raises", "500"])
-@override_settings(IDEMPOTENCY={"WAIT": 5, "WAIT_POLL_INTERVAL": 30})
+@override_settings(IDEMPOTENCY={"WAIT": LONG_WAIT, "WAIT_POLL_INTERVAL": 600})
 def test_a_release_is_taken_over_by_one_waiter(failure: str, events: list[str]) -> None:
     """The first execution fails; of three waiters one runs the view, two replay it. The
     poll interval is longer than the test: only the wake-ups can answer them."""
@@ -125,7 +131,7 @@ def test_a_release_is_taken_over_by_one_waiter(failure: str, events: list[str]) 
     def first() -> HttpResponse:
         runs.append("first")
         entered.set()
-        go.wait(10)
+        go.wait(60)
         if failure == "raises":
             raise RuntimeError("the first execution fails")
         return HttpResponse(b"down", status=500)
@@ -147,19 +153,16 @@ def test_a_release_is_taken_over_by_one_waiter(failure: str, events: list[str]) 
 
     owner = threading.Thread(target=call, args=(first,))
     owner.start()
-    assert entered.wait(10)
+    assert entered.wait(60)
     waiters = [threading.Thread(target=call, args=(later,)) for _ in range(3)]
     for thread in waiters:
         thread.start()
-    deadline = time.monotonic() + 5
-    while waiting.slots.taken < 3:  # all three wait
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_until(lambda: waiting.slots.taken >= 3, timeout=60)  # all three wait
     started = time.monotonic()
     go.set()
     for thread in [owner, *waiters]:
-        thread.join(15)
-    assert time.monotonic() - started < 3
+        thread.join(120)
+    assert time.monotonic() - started < LONG_WAIT / 2  # woken: no poll (600 s), no 409
     assert runs == ["first", "later"]
     replayed = sorted(
         a.get(REPLAYED_HEADER) or ""

@@ -31,6 +31,7 @@ from django_idempotency.strategies.base import Attempt, InProgress, Replay
 from django_idempotency.strategies.hybrid import HybridClaim, HybridStrategy
 from django_idempotency.strategies.redis.store import get_client, get_store
 from example_project.payments.models import Charge
+from tests.testapp import holds
 from tests.testapp.models import SideEffect
 
 from ..support.api import api_client, post_json, replayed, token_client, wait_in_progress
@@ -42,6 +43,7 @@ from ..support.redis_servers import (
     wait_replicated,
 )
 from ..support.threads import in_background, run_at_once
+from ..support.waiting import wait_until
 
 pytestmark = [
     pytest.mark.redis,
@@ -781,18 +783,20 @@ def test_a_db_claim_in_progress_is_left_to_the_db_strategy(hybrid: Any) -> None:
     is fresh, then replays; a stale one is taken over through the db strategy."""
     user = UserFactory()
     scope = f"user:{user.pk}"
-    body = {"sleep": 1.0}
+    key = uuid.uuid4().hex
+    body = {"hold": key}  # the view runs until the test releases it
     working = hybrid()
     hybrid(REDIS_URL=closed_port_url())
-    key = uuid.uuid4().hex
     running = in_background(lambda: post_json(api_client(user), key, body))
-    deadline = time.monotonic() + 5
-    while not IdempotencyKey.objects.filter(key=key).exists() and time.monotonic() < deadline:
-        time.sleep(0.02)  # the fallback's claim committed; its view is running
-    hybrid(**{k: v for k, v in working.items() if k != "STRATEGY"})
-    client = api_client(user)
-    duplicate = post_json(client, key, body)
-    slow = running.result(10)
+    try:
+        # The fallback's claim committed; its view is running.
+        wait_until(lambda: IdempotencyKey.objects.filter(key=key).exists(), timeout=60)
+        hybrid(**{k: v for k, v in working.items() if k != "STRATEGY"})
+        client = api_client(user)
+        duplicate = post_json(client, key, body)
+    finally:
+        holds.release(key)
+    slow = running.result(60)
     assert duplicate.status_code == 409, duplicate.content
     assert slow.status_code == 201
     retry = post_json(client, key, body)
