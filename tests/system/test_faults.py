@@ -78,6 +78,7 @@ CELLS = (
     "database-slow",
     "database-silent-during-claim",
     "database-silent-during-completion",
+    "database-reset-during-completion",
     "redis-slow",
     "redis-silent-during-claim",
     "redis-hung-during-claim",
@@ -679,6 +680,28 @@ def test_database_silent_during_completion(
     assert final.status_code == 201 and replayed(final), final.content
     assert faults.runs[key] == 1
     check(setup, key, first, duplicate, final)
+
+
+@pytest.mark.parametrize("setup", SILENT, indirect=True)
+def test_database_reset_during_completion(
+    setup: Setup, proxied: tuple[FaultProxy, faults.Requester]
+) -> None:
+    """The connection is reset (an RST from the path) after the view's write, before its
+    completion is sent: a 503 database-unavailable, nothing committed; the retries run the
+    view once more, and only that run commits."""
+    proxy, requester = proxied
+    key = faults.new_key()
+    faults.interference.append(lambda _key: proxy.reset())
+    faults.plan.append("interfere_late")
+    first = requester.ask(key)
+    assert first.status_code == 503 and problem_slug(first) == "database-unavailable"
+    assert committed(setup, key) == []
+    final = faults.settle(requester, key)
+    again = requester.ask(key)
+    assert final.status_code == 201 and not replayed(final), final.content
+    assert again.status_code == 201 and replayed(again)
+    assert faults.runs[key] == 2 and len(committed(setup, key)) == 1
+    check(setup, key, first, final, again)
 
 
 # -- Redis slow, silent or hung --------------------------------------------------------------
