@@ -254,12 +254,12 @@ def _check_database_timeout() -> list[CheckMessage]:
     Reads ``connections[alias].vendor``, which does not connect."""
     from django.db import connections
 
-    if "DATABASE_TIMEOUT" not in (getattr(settings, "IDEMPOTENCY", None) or {}):
-        return []
+    from ..store.sql import features_of
+
     if _raw("DATABASE_TIMEOUT") is not None:
         return []
     aliases = [a for a in conf.KEY_DATABASES if a in settings.DATABASES]
-    if not any(connections[a].vendor == "postgresql" for a in aliases):
+    if not any(features_of(connections[a]).cut_on_timeout for a in aliases):
         return []
     return [
         Warning(

@@ -78,6 +78,10 @@ CELLS = (
     "database-slow",
     "database-silent-during-claim",
     "database-silent-during-completion",
+    "database-reset-during-completion",
+    "redis-slow",
+    "redis-silent-during-claim",
+    "redis-hung-during-claim",
 )
 
 
@@ -676,6 +680,116 @@ def test_database_silent_during_completion(
     assert final.status_code == 201 and replayed(final), final.content
     assert faults.runs[key] == 1
     check(setup, key, first, duplicate, final)
+
+
+@pytest.mark.parametrize("setup", SILENT, indirect=True)
+def test_database_reset_during_completion(
+    setup: Setup, proxied: tuple[FaultProxy, faults.Requester]
+) -> None:
+    """The connection is reset (an RST from the path) after the view's write, before its
+    completion is sent: a 503 database-unavailable, nothing committed; the retries run the
+    view once more, and only that run commits."""
+    proxy, requester = proxied
+    key = faults.new_key()
+    faults.interference.append(lambda _key: proxy.reset())
+    faults.plan.append("interfere_late")
+    first = requester.ask(key)
+    assert first.status_code == 503 and problem_slug(first) == "database-unavailable"
+    assert committed(setup, key) == []
+    final = faults.settle(requester, key)
+    again = requester.ask(key)
+    assert final.status_code == 201 and not replayed(final), final.content
+    assert again.status_code == 201 and replayed(again)
+    assert faults.runs[key] == 2 and len(committed(setup, key)) == 1
+    check(setup, key, first, final, again)
+
+
+# -- Redis slow, silent or hung --------------------------------------------------------------
+
+
+@pytest.fixture
+def redis_proxied(
+    setup: Setup, settings: Any, client: APIClient
+) -> Iterator[tuple[FaultProxy, faults.Requester]]:
+    """The private Redis reached through a proxy; a requester (its database direct)."""
+    with FaultProxy("127.0.0.1", setup.redis.port) as proxy:
+        settings.IDEMPOTENCY = {
+            **settings.IDEMPOTENCY,
+            "REDIS_URL": f"redis://127.0.0.1:{proxy.port}/0",
+            "LOCK_TIMEOUT": 3,
+        }
+        strategies.reset()
+        redis_store.reset_clients()
+        requester = faults.Requester(client)
+        try:
+            yield proxy, requester
+        finally:
+            proxy.heal()
+            requester.stop()
+            redis_store.reset_clients()
+
+
+def after_redis_fault(setup: Setup, requester: faults.Requester, key: str, *early: Any) -> None:
+    """Once Redis answers again: the key settles to one run of the view, replayed after;
+    under ``redis``, whose ``db`` fallback ran the view in the outage, the documented limit
+    instead (docs/redis.md): Redis does not see that key afterwards, so it runs once more."""
+    final = faults.settle(requester, key)
+    again = requester.ask(key)
+    for answer in early:
+        assert answer.status_code in (201, 409, 503), answer.content
+    assert final.status_code == 201, final.content
+    assert again.status_code == 201 and replayed(again)
+    fell_back = early[0].status_code == 201 and not replayed(early[0])
+    if setup.name == "redis" and fell_back:
+        assert faults.runs[key] == 2 and not replayed(final)
+        return
+    assert faults.runs[key] == 1, f"the view ran {faults.runs[key]} times"
+    check(setup, key, *early, final, again)
+
+
+@pytest.mark.parametrize("setup", NODE, indirect=True)
+def test_redis_slow(setup: Setup, redis_proxied: tuple[FaultProxy, faults.Requester]) -> None:
+    """Every round trip to Redis 20 to 60 ms late (below REDIS_SOCKET_TIMEOUT): the view
+    runs once, the retry replays it."""
+    proxy, requester = redis_proxied
+    proxy.latency(0.02, jitter=0.04)
+    key = faults.new_key()
+    first = requester.ask(key)
+    retry = requester.ask(key)
+    assert first.status_code == 201 and not replayed(first)
+    assert retry.status_code == 201 and replayed(retry)
+    assert faults.runs[key] == 1
+    check(setup, key, first, retry)
+
+
+@pytest.mark.parametrize("setup", NODE, indirect=True)
+def test_redis_silent_during_claim(
+    setup: Setup, redis_proxied: tuple[FaultProxy, faults.Requester]
+) -> None:
+    """The path to Redis falls silent (the sockets open) before the claim and its
+    duplicate; the claims reach Redis once it heals. The view runs once across them all."""
+    proxy, requester = redis_proxied
+    key = faults.new_key()
+    proxy.silence()
+    first = requester.ask(key)
+    duplicate = requester.ask(key)
+    proxy.heal()
+    after_redis_fault(setup, requester, key, first, duplicate)
+
+
+@pytest.mark.parametrize("setup", NODE, indirect=True)
+def test_redis_hung_during_claim(
+    setup: Setup, redis_proxied: tuple[FaultProxy, faults.Requester]
+) -> None:
+    """The Redis server is stopped (SIGSTOP) during the claim and its duplicate, and
+    applies them when it runs again. The view runs once across them all."""
+    _proxy, requester = redis_proxied
+    key = faults.new_key()
+    server: RedisServer = setup.redis
+    with server.paused():
+        first = requester.ask(key)
+        duplicate = requester.ask(key)
+    after_redis_fault(setup, requester, key, first, duplicate)
 
 
 # -- the worker process dies ----------------------------------------------------------------

@@ -70,6 +70,10 @@ class BaseDialect:
     #: ``gen_random_uuid()``: :mod:`~django_idempotency.store.sql.drain`); elsewhere the
     #: manager reads the batch, writes the keys and deletes the rows in three.
     moves_in_statement = False
+    #: Whether ``DATABASE_TIMEOUT`` bounds the library's statements (its watchdog cuts the
+    #: connection's socket: :mod:`~django_idempotency.store.sql.deadline`); elsewhere the
+    #: driver has a read timeout of its own.
+    cut_on_timeout = False
     #: What a ``SELECT`` of values alone needs before its ``WHERE`` (``" FROM DUAL"``).
     from_nothing = ""
     #: Whether ``INSERT … ON CONFLICT (…) DO UPDATE … WHERE`` (a conditional upsert) is

@@ -69,6 +69,8 @@ class Watchdog:
         self._armed: dict[int, tuple[float, int]] = {}
         self._tokens = itertools.count()
         self._pid = 0
+        #: When the thread looks next (monotonic; inf: when a statement is armed).
+        self._wakes_at = float("inf")
         #: Statements cut so far (tests, logs).
         self.cut = 0
 
@@ -77,14 +79,15 @@ class Watchdog:
             if self._pid != os.getpid():
                 self._pid = os.getpid()
                 self._armed.clear()
+                self._wakes_at = float("inf")
                 threading.Thread(
                     target=self._run, name="django-idempotency-watchdog", daemon=True
                 ).start()
             token = next(self._tokens)
-            first = not self._armed
-            self._armed[token] = (time.monotonic() + seconds, fd)
-            if first:
-                self._changed.notify()
+            deadline = time.monotonic() + seconds
+            self._armed[token] = (deadline, fd)
+            if deadline < self._wakes_at:
+                self._changed.notify()  # sooner than the thread means to look
             return token
 
     def disarm(self, token: int) -> None:
@@ -106,6 +109,7 @@ class Watchdog:
                         _cut(fd)
                         self.cut += 1
                 earliest = min((deadline for deadline, _fd in self._armed.values()), default=None)
+                self._wakes_at = float("inf") if earliest is None else earliest
                 self._changed.wait(None if earliest is None else max(earliest - now, 0.001))
 
 

@@ -37,6 +37,7 @@ class PostgreSQLDialect(BaseDialect):
     settles_in_view_transaction = True
     purges_in_statement = True
     time_partitions = True
+    cut_on_timeout = True
     clock_in_sql = True
     now_sql = "statement_timestamp()"
     now_plus_sql = "(statement_timestamp() + make_interval(secs => %s))"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -63,3 +64,30 @@ def test_none_is_no_bound(settings: Any) -> None:
     with bounded(connection), connection.cursor() as cursor:
         cursor.execute("SELECT pg_sleep(1.0)")
     assert watchdog.cut == cut
+
+
+def test_a_sooner_deadline_is_kept_while_a_later_one_is_armed(settings: Any) -> None:
+    """A long bound armed first (advisory_lock's wait for its lock) does not put off a
+    shorter one armed after it."""
+    settings.IDEMPOTENCY = {"DATABASE_TIMEOUT": 0.5}
+    connection = connections["default"]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (pid,) = cursor.fetchone()
+    idle = os.open(os.devnull, os.O_RDONLY)  # stands for a socket that waits an hour
+    long = watchdog.arm(idle, 3600)
+    try:
+        started = time.monotonic()
+        with (
+            pytest.raises(OperationalError),
+            bounded(connection),
+            connection.cursor() as cursor,
+        ):
+            cursor.execute("SELECT pg_sleep(120)")
+        assert time.monotonic() - started < 60
+    finally:
+        watchdog.disarm(long)
+        os.close(idle)
+        connection.close()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
