@@ -133,6 +133,42 @@ def test_renew_extends_only_the_holders_lease(store: RedisStore) -> None:
     assert store.pttl("user:1", "renew") > 500_000
 
 
+def _claim_checking(store: RedisStore, key: str, token: str, held_ms: int = 60_000) -> Any:
+    return store.claim_checking_loss(
+        "user:1",
+        key,
+        "fp",
+        token,
+        1000,
+        loss_keys=store.loss_keys(),
+        window_ms=60_000,
+        interval_ms=60_000,
+        held_ms=held_ms,
+    )
+
+
+def test_a_claim_that_takes_a_key_over_is_told_by_the_held_mark(either_store: RedisStore) -> None:
+    """The claim script writes the key's held mark, and a later claim that wins the key
+    while the mark lives (the first owner's lease lapsed, or it released) answers 3, where a
+    new key answers 0; the holder's renewal extends the mark, another token's does not."""
+    store = either_store
+    _claim_checking(store, "warm", _token())  # the marker written (a first check: 2)
+    store.client.delete(store.loss_keys()[2])  # and no suspicion window: a quiet server
+    first = _token()
+    won, _record, check = _claim_checking(store, "held", first, held_ms=1500)
+    assert won and check.verdict == 0
+    held = store.held_key("user:1", "held")
+    assert 0 < store.client.pttl(held) <= 1500
+    assert not store.renew("user:1", "held", _token(), 1000, held_ms=600_000)
+    assert store.client.pttl(held) <= 1500
+    assert store.renew("user:1", "held", first, 1000, held_ms=600_000)
+    assert store.client.pttl(held) > 500_000
+    store.client.delete(store.record_key("user:1", "held"))  # the lease lapsed
+    won, _record, check = _claim_checking(store, "held", _token())
+    assert won and check.verdict == 3
+    assert store.client.pttl(held) > 50_000  # written again by this claim
+
+
 def test_complete_and_release_need_the_claim_token(store: RedisStore) -> None:
     token = _token()
     store.claim("user:1", "cas", "fp", token, 5000)
