@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import closing, contextmanager, nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -46,6 +47,7 @@ from ..support.assertions import problem_slug
 from ..support.mariadb import with_mariadb
 from ..support.proxy import FaultProxy, through_proxy
 from ..support.redis_servers import RedisServer
+from ..support.waiting import wait_until
 
 pytestmark = [
     pytest.mark.urls("tests.support.faults"),
@@ -810,11 +812,13 @@ KILLED = [
 @pytest.mark.server
 @pytest.mark.parametrize(("backend", "strategy"), KILLED)
 def test_worker_killed_during_view(
-    request: pytest.FixtureRequest, backend: str, strategy: str
+    request: pytest.FixtureRequest, backend: str, strategy: str, tmp_path: Path
 ) -> None:
-    """``kill -9`` of the gunicorn worker in the middle of the view (a 4 s payment call of
-    the example API): nothing of it commits, and once its claim is dead (lease expired,
-    or the lock gone with its connection) exactly one retry runs the view."""
+    """``kill -9`` of the gunicorn worker in the middle of the view (a payment call of the
+    example API that lasts until the test ends it, ``PSP_HOLD_MARKER``; the worker is
+    killed once the call has begun): nothing of it commits, and once its claim is dead
+    (lease expired, or the lock gone with its connection) exactly one retry runs the
+    view."""
     from ..support.databases import count_rows
     from ..support.example import example_server, race, scratch_database
     from ..support.example import request as http
@@ -827,11 +831,15 @@ def test_worker_killed_during_view(
         private: RedisServer = request.getfixturevalue("running_private_redis")
         env = {"REDIS_URL": private.url, "IDEMPOTENCY_REDIS_PREFIX": "killed-" + uuid.uuid4().hex}
     charge = {"amount": 1999, "currency": "EUR"}
+    hold, calls = tmp_path / "hold", tmp_path / "calls"
+    hold.touch()
+    calls.write_text("")
+    env = {**env, "PSP_HOLD_MARKER": str(hold), "PSP_CALL_LOG": str(calls)}
     with (
         scratch_database(backend) as db,
         _partitioned(db, env) if partitioned else nullcontext(),
         example_server(
-            db, strategy=strategy, psp_delay_ms=4000, lock_timeout=1, workers=1, threads=4, env=env
+            db, strategy=strategy, lock_timeout=1, workers=1, threads=4, env=env
         ) as server,
     ):
         url = server.url + "/api/charges/"
@@ -845,10 +853,11 @@ def test_worker_killed_during_view(
 
         runner = threading.Thread(target=doomed)
         runner.start()
-        time.sleep(1.5)  # inside the 4 s payment call
+        wait_until(lambda: bool(calls.read_text().strip()), timeout=60)  # in the payment call
         (worker,) = server.worker_pids()
         os.kill(worker, signal.SIGKILL)
-        runner.join(30)
+        hold.unlink()  # the retries' payment calls answer
+        runner.join(60)
         assert isinstance(outcome[0], OSError) or outcome[0][0] >= 500  # type: ignore[index]
         assert count_rows(db, "payments_charge") == 0
         killed_at = time.monotonic()
@@ -858,7 +867,7 @@ def test_worker_killed_during_view(
                     break
             except OSError:
                 pass
-            assert time.monotonic() < killed_at + 20, "gunicorn did not start a new worker"
+            assert time.monotonic() < killed_at + 60, "gunicorn did not start a new worker"
             time.sleep(0.1)
         time.sleep(max(0.0, killed_at + 1.3 - time.monotonic()))  # the dead lease is stale now
         retries = race(url, n=8, key="crash", body=charge)

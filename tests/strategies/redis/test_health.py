@@ -43,6 +43,32 @@ def registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[CollectorRegistry]:
     redis_health.monitor.reset()
 
 
+class FrozenClock:
+    """The health monitor's ``time`` (its module's import of it): still until the test
+    moves it, so that an episode is "not yet ALERT_AFTER old" however slow the machine,
+    and older after ``advance``, without a sleep."""
+
+    def __init__(self) -> None:
+        self.mono, self.wall = time.monotonic(), time.time()
+
+    def monotonic(self) -> float:
+        return self.mono
+
+    def time(self) -> float:
+        return self.wall
+
+    def advance(self, seconds: float) -> None:
+        self.mono += seconds
+        self.wall += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FrozenClock:
+    frozen = FrozenClock()
+    monkeypatch.setattr(redis_health, "time", frozen)
+    return frozen
+
+
 def _alerts(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [
         r
@@ -61,6 +87,7 @@ def test_one_error_per_episode_and_health_until_redis_answers(
     running_private_redis: RedisServer,
     registry: CollectorRegistry,
     caplog: pytest.LogCaptureFixture,
+    clock: FrozenClock,
     strategy: str,
 ) -> None:
     redis_settings(running_private_redis.url, STRATEGY=strategy, HYBRID_DB_CHECK="always")
@@ -76,7 +103,7 @@ def test_one_error_per_episode_and_health_until_redis_answers(
             assert state.ok and state.redis_fallback_requests == 1  # not yet ALERT_AFTER old
             assert state.redis_fallback_since is not None and "refused" in state.redis_last_error
             assert len(_alerts(caplog)) == episode - 1
-            time.sleep(ALERT_AFTER + 0.1)
+            clock.advance(ALERT_AFTER + 0.1)
             for _ in range(3):
                 assert post_json(client, uuid.uuid4().hex, {}).status_code == 201
             assert len(_alerts(caplog)) == episode  # once, not per request
@@ -106,6 +133,7 @@ def test_fail_closed_counts_too(
     running_private_redis: RedisServer,
     registry: CollectorRegistry,
     caplog: pytest.LogCaptureFixture,
+    clock: FrozenClock,
 ) -> None:
     """503s are an episode as well: the app serves nothing idempotent while it lasts."""
     redis_settings(running_private_redis.url, REDIS_FAILURE_MODE="fail_closed")
@@ -113,7 +141,7 @@ def test_fail_closed_counts_too(
     running_private_redis.kill()
     try:
         assert post_json(client, uuid.uuid4().hex, {}).status_code == 503
-        time.sleep(ALERT_AFTER + 0.1)
+        clock.advance(ALERT_AFTER + 0.1)
         assert post_json(client, uuid.uuid4().hex, {}).status_code == 503
         assert len(_alerts(caplog)) == 1
         assert not django_idempotency.health().ok
