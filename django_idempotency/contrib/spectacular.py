@@ -82,12 +82,14 @@ DRF_ERROR_SCHEMA: dict[str, Any] = {
 
 
 def _error_classes() -> list[type[IdempotencyError]]:
-    """Every concrete IdempotencyError subclass, in definition order."""
+    """Every IdempotencyError subclass of the errors module (the problems a request can be
+    answered with), in definition order; not another module's (a task's ``TaskKeyReused``
+    is never an HTTP answer, and which are imported must not change the schema)."""
     found: list[type[IdempotencyError]] = []
     pending = list(IdempotencyError.__subclasses__())
     while pending:
         cls = pending.pop(0)
-        if cls not in found:
+        if cls not in found and cls.__module__ == IdempotencyError.__module__:
             found.append(cls)
         pending.extend(cls.__subclasses__())
     return found

@@ -214,6 +214,8 @@ def test_the_400_is_problem_json_and_drf_json(schema: dict[str, Any]) -> None:
 
 
 def test_every_problem_status_is_declared_with_its_types(schema: dict[str, Any]) -> None:
+    import django_idempotency.idempotent_tasks  # noqa: F401 - its TaskKeyReused is no answer
+
     responses = schema["paths"]["/charges/"]["post"]["responses"]
     errors = _error_classes()
     assert len(errors) >= 12
