@@ -407,7 +407,9 @@ def test_refused_connection_raises_redis_unavailable_at_once() -> None:
         started = time.monotonic()
         with pytest.raises(RedisUnavailable) as info:
             operation()
-        assert time.monotonic() - started < 0.5
+        # Refused is answered without a wait: no retry with back-off, no socket timeout (a
+        # wide bound, which only a wait would break, not a busy machine).
+        assert time.monotonic() - started < 10
         assert isinstance(info.value.__cause__, redis.ConnectionError)
 
 

@@ -275,7 +275,7 @@ def test_fallback_to_the_db_strategy_when_redis_refuses(
         first = post_json(api, key, {"amount": 1}, path)
         elapsed = time.monotonic() - started
     assert first.status_code == 201, first.content
-    assert elapsed < 2
+    assert elapsed < 10  # no wait for Redis: a wide bound, which a busy machine keeps
     assert any("Redis is unavailable" in r.getMessage() for r in caplog.records)
     # The db strategy holds the key meanwhile, and replays it.
     assert IdempotencyKey.objects.filter(key=key, status="completed").count() == 1
