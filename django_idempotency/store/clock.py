@@ -19,6 +19,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from .sql import dialect_for
+from .sql.mysql import MySQLDialect
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -31,7 +32,7 @@ class DatabaseNow(Now):
     host, the app's ``timezone.now()`` as the statements take it."""
 
     def as_mysql(self, compiler: Any, connection: Any, **extra: Any) -> Any:
-        return self.as_sql(compiler, connection, template="UTC_TIMESTAMP(6)", **extra)
+        return self.as_sql(compiler, connection, template=MySQLDialect.now_sql, **extra)
 
     def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
         return "%s", [connection.ops.adapt_datetimefield_value(timezone.now())]
