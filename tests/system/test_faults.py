@@ -624,11 +624,9 @@ def proxied(
             requester.stop()
 
 
-@pytest.mark.parametrize("setup", SLOW, indirect=True)
-def test_database_slow(setup: Setup, proxied: tuple[FaultProxy, faults.Requester]) -> None:
-    """Every round trip to PostgreSQL 20 to 60 ms late: the view runs once, the retry
+def runs_once_when_slow(setup: Setup, proxy: FaultProxy, requester: faults.Requester) -> None:
+    """Every round trip through ``proxy`` 20 to 60 ms late: the view runs once, the retry
     replays it."""
-    proxy, requester = proxied
     proxy.latency(0.02, jitter=0.04)
     key = faults.new_key()
     first = requester.ask(key)
@@ -637,6 +635,13 @@ def test_database_slow(setup: Setup, proxied: tuple[FaultProxy, faults.Requester
     assert retry.status_code == 201 and replayed(retry)
     assert faults.runs[key] == 1
     check(setup, key, first, retry)
+
+
+@pytest.mark.parametrize("setup", SLOW, indirect=True)
+def test_database_slow(setup: Setup, proxied: tuple[FaultProxy, faults.Requester]) -> None:
+    """Every round trip to PostgreSQL 20 to 60 ms late: the view runs once, the retry
+    replays it."""
+    runs_once_when_slow(setup, *proxied)
 
 
 @pytest.mark.parametrize("setup", SILENT, indirect=True)
@@ -753,15 +758,7 @@ def after_redis_fault(setup: Setup, requester: faults.Requester, key: str, *earl
 def test_redis_slow(setup: Setup, redis_proxied: tuple[FaultProxy, faults.Requester]) -> None:
     """Every round trip to Redis 20 to 60 ms late (below REDIS_SOCKET_TIMEOUT): the view
     runs once, the retry replays it."""
-    proxy, requester = redis_proxied
-    proxy.latency(0.02, jitter=0.04)
-    key = faults.new_key()
-    first = requester.ask(key)
-    retry = requester.ask(key)
-    assert first.status_code == 201 and not replayed(first)
-    assert retry.status_code == 201 and replayed(retry)
-    assert faults.runs[key] == 1
-    check(setup, key, first, retry)
+    runs_once_when_slow(setup, *redis_proxied)
 
 
 @pytest.mark.parametrize("setup", NODE, indirect=True)
