@@ -17,7 +17,7 @@ from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.strategies.base import Attempt, Claim
 from django_idempotency.strategies.db import DatabaseClaim, DatabaseStrategy
 
-from ..support.proxy import FaultProxy, Link, through_proxy
+from ..support.proxy import renewing_link, through_proxy
 from ..support.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(databases=["default", "sqlite"], transaction=True)
@@ -147,23 +147,6 @@ def test_a_keeper_thread_per_process(keeper: LeaseKeeper) -> None:
     assert isinstance(first, threading.Thread) and first.daemon
 
 
-def _keeper_link(proxy: FaultProxy) -> Link:
-    """The proxy's connection that the keeper renews on (the only one that UPDATEs)."""
-    found: list[int] = []
-
-    def renewing() -> bool:
-        with connections["default"].cursor() as cursor:
-            cursor.execute(
-                "SELECT client_port FROM pg_stat_activity WHERE datname = current_database() "
-                "AND pid <> pg_backend_pid() AND query LIKE 'UPDATE %%'"
-            )
-            found[:] = [int(port) for (port,) in cursor.fetchall()]
-        return len(found) == 1
-
-    wait_until(renewing, timeout=30)
-    return proxy.link_from(found[0])
-
-
 def _lease_age(pk: int) -> float:
     """Seconds since the row's lease was renewed, by the database's clock."""
     with connections["default"].cursor() as cursor:
@@ -190,7 +173,7 @@ def test_a_stalled_connection_does_not_stop_the_renewals(
         with ExitStack() as stack:
             leases = [stack.enter_context(keeper.keep(claim, 0.5)) for claim in claims]
             wait_until(lambda: all(lease.renewals >= 1 for lease in leases), timeout=30)
-            stalled = _keeper_link(proxy)
+            stalled = renewing_link(proxy, timeout=30)
             stalled.silence()
             before = [lease.renewals for lease in leases]
             # Each lease renewed three times more while the old connection stays silent.

@@ -255,3 +255,25 @@ def through_proxy(alias: str = "default") -> Iterator[FaultProxy]:
             proxy.heal()
             with suppress(Exception):
                 connections[alias].close()
+
+
+def renewing_link(proxy: FaultProxy, timeout: float) -> Link:
+    """The proxy's connection the lease keeper renews on (the only one that UPDATEs), once
+    PostgreSQL shows it renewing (the proxy sits in front of the test's ``default``)."""
+    from django.db import connections
+
+    from .waiting import wait_until
+
+    found: list[int] = []
+
+    def renewing() -> bool:
+        with connections["default"].cursor() as cursor:
+            cursor.execute(
+                "SELECT client_port FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND query LIKE 'UPDATE %%'"
+            )
+            found[:] = [int(port) for (port,) in cursor.fetchall()]
+        return len(found) == 1
+
+    wait_until(renewing, timeout=timeout)
+    return proxy.link_from(found[0])

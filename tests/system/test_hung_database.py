@@ -26,7 +26,7 @@ from ..support import faults
 from ..support.api import replayed
 from ..support.assertions import problem_slug
 from ..support.faults import Requester, settle
-from ..support.proxy import FaultProxy, through_proxy
+from ..support.proxy import FaultProxy, renewing_link, through_proxy
 from ..support.waiting import wait_until
 
 pytestmark = [
@@ -155,7 +155,7 @@ def test_a_stalled_heartbeat_connection_costs_no_lease(
             for requester, key in zip(requesters, keys, strict=False):
                 requester.send(key)
             wait_until(lambda: all(faults.runs[key] == 1 for key in keys), timeout=faults.HANG)
-            stalled = _renewing_link(proxy)
+            stalled = renewing_link(proxy, timeout=faults.HANG)
             stalled.silence()
             silent_since = _db_now()
             wait_until(lambda: _db_now() > silent_since + 2 * 3, timeout=faults.HANG)
@@ -178,20 +178,3 @@ def test_a_stalled_heartbeat_connection_costs_no_lease(
     assert all(faults.runs[key] == 1 and committed(key) == 1 for key in keys)
     faults.reset()
     strategies.reset()
-
-
-def _renewing_link(proxy: FaultProxy) -> Any:
-    """The proxy's connection the heartbeat renews on (the only one that UPDATEs)."""
-    found: list[int] = []
-
-    def renewing() -> bool:
-        with connections["default"].cursor() as cursor:
-            cursor.execute(
-                "SELECT client_port FROM pg_stat_activity WHERE datname = current_database() "
-                "AND pid <> pg_backend_pid() AND query LIKE 'UPDATE %%'"
-            )
-            found[:] = [int(port) for (port,) in cursor.fetchall()]
-        return len(found) == 1
-
-    wait_until(renewing, timeout=faults.HANG)
-    return proxy.link_from(found[0])
