@@ -21,6 +21,8 @@ from .support import services  # noqa: E402
 from .support.api import api_client  # noqa: E402
 from .support.factories import UserFactory  # noqa: E402
 from .support.faketime import faketime_library  # noqa: E402
+from .support.gates import Gate  # noqa: E402
+from .support.gates import gate as the_gate  # noqa: E402
 from .support.pgbouncer import pgbouncer_binary  # noqa: E402
 from .support.workers import delete_queue  # noqa: E402
 
@@ -73,6 +75,15 @@ def idempotency_isolation() -> bool:
     """The plugin's automatic isolation is off here: the tests choose their own prefixes
     (and tests/test_testing.py and tests/system/test_user_test_suites.py test it)."""
     return False
+
+
+@pytest.fixture
+def gate() -> Iterator[Gate]:
+    """The gate the test views wait at (tests/support/gates.py), reset; opened at the end,
+    so that a failed test never leaves a view waiting."""
+    the_gate.reset()
+    yield the_gate
+    the_gate.opened.set()
 
 
 @pytest.fixture(params=["default", "sqlite"])

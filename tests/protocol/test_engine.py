@@ -32,7 +32,6 @@ from django_idempotency.store.records import ClaimState
 
 from ..support.assertions import assert_problem
 from ..support.gates import Background
-from ..support.gates import gate as the_gate
 from ..support.mariadb import with_mariadb
 from ..support.threads import run_at_once
 from ..support.waiting import wait_until
@@ -371,13 +370,6 @@ def test_request_idempotency_and_downstream_key() -> None:
 
 
 # -- real requests on threads ---------------------------------------------------------------
-
-
-@pytest.fixture
-def gate() -> Iterator[Any]:
-    the_gate.reset()
-    yield the_gate
-    the_gate.opened.set()
 
 
 @pytest.mark.urls("tests.support.gates")

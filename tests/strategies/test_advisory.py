@@ -28,7 +28,6 @@ from django_idempotency.strategies.base import Attempt, Claim, Mismatch, Replay
 from ..support.assertions import assert_problem
 from ..support.factories import CompletedKeyFactory, ExpiredKeyFactory, UserFactory
 from ..support.gates import Background, Gate
-from ..support.gates import gate as the_gate
 from ..support.threads import run_at_once
 from ..support.waiting import wait_until
 from ..testapp.models import SideEffect
@@ -183,12 +182,6 @@ class TestRequests:
         with override_settings(IDEMPOTENCY={"STRATEGY": "advisory_lock"}):
             assert isinstance(get_strategy(), AdvisoryLockStrategy)
             yield
-
-    @pytest.fixture
-    def gate(self) -> Iterator[Gate]:
-        the_gate.reset()
-        yield the_gate
-        the_gate.opened.set()
 
     def test_replay_and_mismatch(self) -> None:
         first = post("/t/fn/", {"a": 1})

@@ -35,7 +35,6 @@ from ..support.api import api_client, post_json, replayed
 from ..support.assertions import assert_problem
 from ..support.factories import UserFactory
 from ..support.gates import Background, Gate
-from ..support.gates import gate as the_gate
 from ..support.redis_servers import RedisClusterNodes, RedisServer, closed_port_url
 from ..support.threads import run_at_once
 from ..support.waiting import wait_until
@@ -53,13 +52,6 @@ def _new_process() -> Iterator[None]:
     suspects.forget()
     yield
     suspects.forget()
-
-
-@pytest.fixture
-def gate() -> Iterator[Gate]:
-    the_gate.reset()
-    yield the_gate
-    the_gate.opened.set()  # a failed test never leaves a view waiting
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ counted (``SideEffect`` rows), with real threads."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,18 +20,10 @@ from tests.testapp.models import SideEffect
 from ...support.api import post_json
 from ...support.assertions import assert_problem
 from ...support.gates import Background, Gate
-from ...support.gates import gate as the_gate
 from ...support.redis_servers import RedisServer
 from ...support.waiting import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def gate() -> Iterator[Gate]:
-    the_gate.reset()
-    yield the_gate
-    the_gate.opened.set()  # a failed test never leaves a view waiting
 
 
 @pytest.fixture
