@@ -26,7 +26,7 @@ from .status import IN_PROGRESS
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
-    from ..protocol.replay import StoredResponse
+    from ..values.response import StoredResponse
 
 logger = logging.getLogger("django_idempotency")
 

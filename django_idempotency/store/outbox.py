@@ -21,7 +21,7 @@ from .sql import OUTBOX_ADD_COLUMNS, STORE_COLUMNS, Statement, database, stateme
 from .status import COMPLETED
 
 if TYPE_CHECKING:
-    from ..protocol.replay import StoredResponse
+    from ..values.response import StoredResponse
 
 #: How many times a drain transaction is taken again after a deadlock or a lock timeout.
 DRAIN_ATTEMPTS = 5
