@@ -36,9 +36,8 @@ from ..errors import (
     TransientConflict,
 )
 from ..store.errors import DATABASE_ERRORS, classify_database_error
-from ..strategies import get_strategy
+from ..strategies import get_strategy, waiting
 from ..strategies.base import Attempt, Claim, InProgress, Mismatch, Outcome, Replay, Strategy
-from . import waiting
 from .fingerprint import fingerprint, preload_body
 from .header import header_value
 from .keys import downstream_key, key_digest

@@ -35,7 +35,7 @@ from ..values.outcomes import InProgress, Mismatch, Outcome, Replay
 from ..values.response import StoredResponse
 
 if TYPE_CHECKING:
-    from ..protocol.waiting import Listener
+    from .waiting import Listener
 
 logger = logging.getLogger("django_idempotency")
 
@@ -160,7 +160,7 @@ class Strategy(abc.ABC):
 
     def listener(self, attempt: Attempt) -> Listener | None:
         """What wakes the duplicates waiting for ``attempt``'s key in this process
-        (see ``django_idempotency.protocol.waiting``); None: they poll. Must not raise."""
+        (see ``django_idempotency.strategies.waiting``); None: they poll. Must not raise."""
         return None
 
 

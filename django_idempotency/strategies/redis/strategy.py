@@ -14,9 +14,9 @@ from functools import partial
 
 from ...conf import conf
 from ...errors import LeaseLost, StoreUnavailable
-from ...protocol import waiting
 from ...values.keys import key_digest
 from ...values.response import StoredResponse
+from .. import waiting
 from ..base import (
     NOT_STORED_DETAIL,
     Attempt,

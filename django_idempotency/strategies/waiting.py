@@ -28,7 +28,7 @@ from django.db import connections
 
 from ..conf import conf
 from ..store.sql import features_of
-from .keys import key_digest
+from ..values.keys import key_digest
 
 logger = logging.getLogger("django_idempotency")
 
