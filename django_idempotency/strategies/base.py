@@ -79,7 +79,7 @@ class Claim(Outcome, abc.ABC):
     #: Whether ``renew`` extends a lease (a heartbeat keeps it alive while the view runs).
     renewable: bool = True
     #: Whether :meth:`store` can also COMMIT the view's transaction in its own statement's
-    #: round trip (``store(commit=True)``; see ``store.sql.and_commit``).
+    #: round trip (``store(commit=True)``; see ``store.sql.postgresql.and_commit``).
     folds_commit: bool = False
 
     def __init__(self, attempt: Attempt) -> None:

@@ -24,7 +24,7 @@ from ..errors import LeaseLost, TransientConflict
 from ..models import IdempotencyKey
 from ..store.errors import is_transient, retry_after, store_unavailable
 from ..store.records import ClaimState
-from ..store.sql import features_of
+from ..store.sql.statements import features_of
 from ..values.keys import key_digest
 from ..values.response import StoredResponse
 from . import waiting
