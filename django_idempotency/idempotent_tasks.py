@@ -35,7 +35,6 @@ from typing import Any
 from celery import Task, shared_task
 from celery.exceptions import Reject, Retry
 
-from .checks.settings import ensure_valid
 from .conf import conf
 from .errors import FingerprintMismatch, LeaseLost
 from .protocol.keysource import check_key
@@ -139,7 +138,7 @@ def arguments_fingerprint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
 
 def run_once(task: IdempotentTask, attempt: Attempt, args: tuple[Any, ...], kwargs: Any) -> Any:
     """Run ``task``'s body under ``attempt``'s claim, or return the stored result."""
-    ensure_valid()
+    conf.ensure_valid()
     strategy = load_strategy(task.idempotency_strategy)
     try:
         with ExitStack() as stack:

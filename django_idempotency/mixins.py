@@ -14,7 +14,6 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from .browsable import drf_problem_response, render_problem_page
-from .checks.settings import validate_view_options, view_name
 from .conf import conf
 from .errors import IdempotencyError, MisplacedIdempotencyMixin
 from .protocol.engine import ANSWERED, IdempotentRequest, problem_for
@@ -52,12 +51,12 @@ class IdempotencyMixin:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         check_mixin_order(cls)
-        validate_view_options(view_name(cls), **declared_options(cls, {}))
+        conf.validate_view(cls, **declared_options(cls, {}))
 
     @classmethod
     def as_view(cls, *args: Any, **kwargs: Any) -> Any:
         # as_view(idempotency_lock_timeout=...) overrides the class's options.
-        validate_view_options(view_name(cls), **declared_options(cls, kwargs))
+        conf.validate_view(cls, **declared_options(cls, kwargs))
         view = super().as_view(*args, **kwargs)  # type: ignore[misc]
         # The app runs the handler in its own transaction (which also stores the response).
         return non_atomic(view)

@@ -23,7 +23,6 @@ from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 
 from .. import signals
-from ..checks.settings import ensure_valid
 from ..conf import conf
 from ..errors import (
     FingerprintMismatch,
@@ -128,7 +127,7 @@ class IdempotentRequest:
         """None when the request does not take part (method, or no key and not required).
         ``key`` is the view's own key hook (None: the header and ``KEY_BODY_FIELD``).
         Raises ``InvalidConfiguration`` first when the settings have an error."""
-        ensure_valid()
+        conf.ensure_valid()
         if not options.applies_to(request.method):
             return None
         found = cls.read_key(request, options, key)
@@ -519,7 +518,7 @@ def takes_part(request: HttpRequest, options: Options, key: KeyFunc | None = Non
     and a key is required, or may be there (the header, a JSON body with ``KEY_BODY_FIELD``
     set, or a view with its own ``key`` hook). Reads the request line and headers only (no
     body, no database, no ``request.user``), so it is safe on the event loop."""
-    ensure_valid()
+    conf.ensure_valid()
     if not options.applies_to(request.method):
         return False
     required = options.required if options.required is not None else conf.REQUIRED
