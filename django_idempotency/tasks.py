@@ -33,7 +33,7 @@ from typing import Any
 from celery import current_app, shared_task
 
 from .conf import conf
-from .protocol.shards import key_databases
+from .store.databases import key_databases
 
 logger = logging.getLogger("django_idempotency")
 
