@@ -16,8 +16,8 @@ from rest_framework.views import APIView
 from .browsable import drf_problem_response, render_problem_page
 from .conf import conf
 from .errors import IdempotencyError, MisplacedIdempotencyMixin
+from .protocol.body import preload
 from .protocol.engine import ANSWERED, IdempotentRequest, problem_for
-from .protocol.fingerprint import preload_body
 from .protocol.header import header_value
 from .protocol.keysource import KeyFunc, may_carry_body_key, request_key
 from .protocol.options import OPTION_NAMES, Options
@@ -98,7 +98,7 @@ class IdempotencyMixin:
             ):
                 # Keep the body for the key and the fingerprint before DRF's parsers (or a
                 # permission class reading request.data) consume the stream.
-                preload_body(request)
+                preload(request)
             # The claim's context (transaction, lease) is entered in initial() and left
             # here; an error from finish() passes through it first, so the view's writes
             # are rolled back before the problem response is built.

@@ -37,7 +37,8 @@ from ..errors import (
 from ..store.errors import DATABASE_ERRORS, classify_database_error
 from ..strategies import get_strategy, waiting
 from ..strategies.base import Attempt, Claim, InProgress, Mismatch, Outcome, Replay, Strategy
-from .fingerprint import fingerprint, preload_body
+from .body import preload
+from .fingerprint import fingerprint
 from .header import header_value
 from .keys import downstream_key, key_digest
 from .keysource import KeyFunc, check_key, may_carry_body_key, missing_detail, request_key
@@ -107,7 +108,7 @@ class IdempotentRequest:
         if key is None:
             found = request_key(request)
         else:
-            preload_body(request)
+            preload(request)
             raw = key(request)
             found = None if raw is None else check_key(raw)
         if found is None:
