@@ -9,7 +9,7 @@ default is ever written back into ``settings``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
@@ -156,11 +156,31 @@ class IdempotencySettings:
 
     @property
     def validated(self) -> bool:
-        """Whether the current settings were validated (``checks.settings.ensure_valid``)."""
+        """Whether the current settings were validated (:meth:`ensure_valid`)."""
         return "_valid" in self.__dict__
 
     def mark_validated(self) -> None:
         self.__dict__["_valid"] = True
+
+    def ensure_valid(self) -> None:
+        """Raise ``InvalidConfiguration`` (the system checks' messages) when the current
+        settings have an error; once per settings, then one dictionary lookup.
+        ``AppConfig.ready()`` validates at start-up; the request path and the tasks call
+        this on first use, so that a setting changed later is validated before it is
+        used. The validators are the checks' (:func:`validate_with`): whoever validates
+        imports this module, never ``checks``."""
+        enforce = _VALIDATORS.get("settings")
+        if enforce is not None and not self.validated:
+            enforce()
+            self.mark_validated()
+
+    def validate_view(self, view: Any, **options: Any) -> None:
+        """Raise ``InvalidConfiguration`` where ``view`` (a function or a class)
+        declares an option the checks call an error (at decoration, class creation,
+        ``as_view()``)."""
+        validate = _VALIDATORS.get("view")
+        if validate is not None:
+            validate(view, **options)
 
     def _get(self, name: str) -> Any:
         user = getattr(settings, "IDEMPOTENCY", None) or {}
@@ -381,6 +401,17 @@ def _lower_set(values: Sequence[str]) -> frozenset[str]:
 
 
 conf = IdempotencySettings()
+
+#: The validators :meth:`IdempotencySettings.ensure_valid` and
+#: :meth:`IdempotencySettings.validate_view` run, handed over by ``checks.settings``.
+_VALIDATORS: dict[str, Callable[..., None]] = {}
+
+
+def validate_with(settings: Callable[[], None], view: Callable[..., None]) -> None:
+    """Hand over the validators of the settings (raises ``InvalidConfiguration``) and of a
+    view's options (``view(view, **options)``, the same); ``checks.settings`` does when it
+    is imported, which the app's ``apps.py`` does before any view can be declared."""
+    _VALIDATORS.update(settings=settings, view=view)
 
 
 def _reload(**kwargs: Any) -> None:

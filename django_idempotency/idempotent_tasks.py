@@ -40,7 +40,6 @@ from celery import Task, shared_task
 from celery.exceptions import Reject, Retry
 from django.core.exceptions import ImproperlyConfigured
 
-from .checks.settings import ensure_valid
 from .conf import conf
 from .errors import DatabaseMisconfigured, FingerprintMismatch, LeaseLost
 from .protocol.keysource import check_key
@@ -210,7 +209,7 @@ def run_once(task: IdempotentTask, attempt: Attempt, args: tuple[Any, ...], kwar
 def run_claimed(task: IdempotentTask, attempt: Attempt, args: tuple[Any, ...], kwargs: Any) -> Any:
     """One look at the key: run the body under its claim, return the stored result, or
     raise the task's wait (``Retry``) while the key is in progress."""
-    ensure_valid()
+    conf.ensure_valid()
     strategy = load_strategy(task.idempotency_strategy)
     try:
         with ExitStack() as stack:

@@ -64,7 +64,7 @@ def _check_database() -> list[CheckMessage]:
     """E070: PostgreSQL only, on every key database."""
     from django.db import connections
 
-    from ..store.sql import features_of
+    from ..store.sql.statements import features_of
 
     if _interval() is None:
         return []
@@ -113,7 +113,7 @@ def check_partitioned_table(app_configs: Any = None, **kwargs: Any) -> list[Chec
     from django.db import DatabaseError, connections
 
     from ..store.partitions import is_partitioned
-    from ..store.sql import features_of
+    from ..store.sql.statements import features_of
 
     messages: list[CheckMessage] = []
     for alias in conf.KEY_DATABASES:

@@ -68,7 +68,7 @@ def _database_errors(strategy: str, alias: str) -> list[CheckMessage]:
     the db strategy on MySQL or MariaDB."""
     from django.db import connections
 
-    from ..store.sql import features_of, running
+    from ..store.sql.statements import features_of, running
 
     connection = connections[alias]
     vendor, features = connection.vendor, features_of(connection)
@@ -254,7 +254,7 @@ def _check_database_timeout() -> list[CheckMessage]:
     Reads ``connections[alias].vendor``, which does not connect."""
     from django.db import connections
 
-    from ..store.sql import features_of
+    from ..store.sql.statements import features_of
 
     if _raw("DATABASE_TIMEOUT") is not None:
         return []

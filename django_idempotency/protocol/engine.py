@@ -23,7 +23,6 @@ from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 
 from .. import signals
-from ..checks.settings import ensure_valid
 from ..conf import conf
 from ..errors import (
     FingerprintMismatch,
@@ -36,10 +35,10 @@ from ..errors import (
     TransientConflict,
 )
 from ..store.errors import DATABASE_ERRORS, classify_database_error
-from ..strategies import get_strategy
+from ..strategies import get_strategy, waiting
 from ..strategies.base import Attempt, Claim, InProgress, Mismatch, Outcome, Replay, Strategy
-from . import waiting
-from .fingerprint import fingerprint, preload_body
+from .body import preload
+from .fingerprint import fingerprint
 from .header import header_value
 from .keys import downstream_key, key_digest
 from .keysource import KeyFunc, check_key, may_carry_body_key, missing_detail, request_key
@@ -109,7 +108,7 @@ class IdempotentRequest:
         if key is None:
             found = request_key(request)
         else:
-            preload_body(request)
+            preload(request)
             raw = key(request)
             found = None if raw is None else check_key(raw)
         if found is None:
@@ -129,7 +128,7 @@ class IdempotentRequest:
         """None when the request does not take part (method, or no key and not required).
         ``key`` is the view's own key hook (None: the header and ``KEY_BODY_FIELD``).
         Raises ``InvalidConfiguration`` first when the settings have an error."""
-        ensure_valid()
+        conf.ensure_valid()
         if not options.applies_to(request.method):
             return None
         found = cls.read_key(request, options, key)
@@ -520,7 +519,7 @@ def takes_part(request: HttpRequest, options: Options, key: KeyFunc | None = Non
     and a key is required, or may be there (the header, a JSON body with ``KEY_BODY_FIELD``
     set, or a view with its own ``key`` hook). Reads the request line and headers only (no
     body, no database, no ``request.user``), so it is safe on the event loop."""
-    ensure_valid()
+    conf.ensure_valid()
     if not options.applies_to(request.method):
         return False
     required = options.required if options.required is not None else conf.REQUIRED

@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError, connections, transaction
 
 from ..errors import DatabaseMisconfigured, LeaseLost, StoreUnavailable
-from ..store.sql import commits_in_statement, features_of
 from ..store.sql.deadline import bounded
+from ..store.sql.postgresql import commits_in_statement
+from ..store.sql.statements import features_of
 from ..strategies.base import Attempt, Claim, Delegate, Outcome, Strategy
 from . import testcase, transactions, writeguard
 
