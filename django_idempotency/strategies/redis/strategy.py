@@ -14,6 +14,7 @@ from functools import partial
 
 from ...conf import conf
 from ...errors import LeaseLost, StoreUnavailable
+from ...store.errors import retry_after
 from ...values.keys import key_digest
 from ...values.response import StoredResponse
 from .. import waiting
@@ -217,8 +218,7 @@ class RedisStrategy(Strategy):
                     "idempotency_strategy": self.name,
                 },
             )
-            retry_after = conf.RETRY_AFTER
-            raise StoreUnavailable(retry_after=1 if retry_after is None else retry_after) from exc
+            raise StoreUnavailable(retry_after=retry_after()) from exc
         if conf.REDIS_FAILURE_MODE != "db":
             raise StoreUnavailable() from exc
         logger.warning(
