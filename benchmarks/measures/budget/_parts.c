@@ -24,6 +24,7 @@ static unsigned char library[PARTS];
 static _Thread_local int current = 0, active = 0, timing = 0, classifying = 0;
 static _Thread_local long long last = 0;
 static long long spent[PARTS];
+static long long changes = 0;
 
 static long long now_ns(void) {
     struct timespec ts;
@@ -79,6 +80,7 @@ static PyObject *evaluate(PyThreadState *ts, _PyInterpreterFrame *f, int t) {
     int part = (library[current] ? ((value >> 8) & 0xff) : (value & 0xff)) - 1;
     if (part < 0 || part == current) return _PyEval_EvalFrameDefault(ts, f, t);
     int caller = current;
+    changes++;
     if (timing) {
         long long t0 = now_ns();
         spent[caller] += t0 - last;
@@ -146,6 +148,12 @@ static PyObject *times(PyObject *self, PyObject *unused) {
     return list;
 }
 
+static PyObject *changed(PyObject *self, PyObject *unused) {
+    long long n = changes;
+    changes = 0;
+    return PyLong_FromLongLong(n);
+}
+
 static PyObject *collect(PyObject *self, PyObject *unused) {
     CALLGRIND_TOGGLE_COLLECT;
     Py_RETURN_NONE;
@@ -162,6 +170,7 @@ static PyMethodDef methods[] = {
     {"install", install, METH_VARARGS, "install(classify, library_parts)"},
     {"run", run, METH_VARARGS, "run(callable, timed=False)"},
     {"times", times, METH_NOARGS, "CPU ns per part since the last call"},
+    {"changed", changed, METH_NOARGS, "changes of part since the last call"},
     {"collect", collect, METH_NOARGS, "toggle callgrind's collection"},
     {"dump", dump, METH_VARARGS, "dump callgrind's counts under a name, and zero them"},
     {NULL, NULL, 0, NULL}};

@@ -35,11 +35,12 @@ PARTS: tuple[str, ...] = (
     "problem rendering",
     "other library code",
     "the same work by hand",
+    "outbox drain queued (hybrid, once a second)",
 )
 APP_PARTS = (0, 1)
 LIBRARY_PARTS = tuple(n for n in range(len(PARTS)) if n not in APP_PARTS)
 REST, VIEW_DB, KEY, SCOPE, FINGERPRINT, OPTIONS, LIFECYCLE, STORE, DRIVER, CAPTURE = range(10)
-SIGNALS, PROBLEMS, OTHER, HAND = range(10, 14)
+SIGNALS, PROBLEMS, OTHER, HAND, DRAIN = range(10, 15)
 INHERIT = -1
 
 LIBRARY = "django_idempotency"
@@ -78,6 +79,9 @@ MODULES: dict[str, int] = {
     f"{LIBRARY}.errors": PROBLEMS,
     f"{LIBRARY}.protocol.problems": PROBLEMS,
     f"{LIBRARY}.browsable": PROBLEMS,
+    f"{LIBRARY}.tasks": DRAIN,
+    "celery": DRAIN,
+    "kombu": DRAIN,
     "benchmarks.control.orders.hand": HAND,
 }
 #: module prefix -> part whoever calls it: the request's own machinery.

@@ -55,6 +55,9 @@ def time_tables(names: Sequence[str], samples: dict[str, list[Any]]) -> list[Tab
             "part clock on, the total and the ratio without it: median (min-max))",
             [Column("part"), *(Column(heading(c), ".0f") for c in columns)],
         )
+        table.add("changes of part per request", *(
+            statistics.median(split[-1] for _bare, split in samples[c]) for c in columns
+        ))  # fmt: skip
         for number, label in enumerate(PARTS):
             cells = [
                 statistics.median(split[number] for _bare, split in samples[c]) for c in columns
@@ -62,7 +65,7 @@ def time_tables(names: Sequence[str], samples: dict[str, list[Any]]) -> list[Tab
             if any(cell >= 0.5 for cell in cells):
                 table.add(label, *cells)
         table.add("total, part clock on", *(
-            statistics.median(sum(split) for _bare, split in samples[c]) for c in columns
+            statistics.median(sum(split[:-1]) for _bare, split in samples[c]) for c in columns
         ))  # fmt: skip
         table.add("total, bare", *(spread([bare for bare, _ in samples[c]]) for c in columns))
         table.add("ratio plain ÷ route", *(

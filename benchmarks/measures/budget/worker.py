@@ -101,10 +101,11 @@ def times(args: argparse.Namespace, names: list[str]) -> None:
         bare = (time.process_time() - started) / args.requests * 1e6
         gc.collect()
         native.times()
+        native.changed()
         for _ in range(args.requests):
             native.run(lambda: call(name), True)
         split = [ns / 1e3 / args.requests for ns in native.times()]
-        return bare, split
+        return bare, [*split, native.changed() / args.requests]
 
     samples = interleave(names, args.rounds, run, "rotate")
     print(json.dumps({"times": samples}), flush=True)
