@@ -687,8 +687,10 @@ class IdempotencySettings:
         this on first use, so that a setting changed later is validated before it is
         used. The validators are the checks' (:func:`validate_with`): whoever validates
         imports this module, never ``checks``."""
+        if "_valid" in self.__dict__:  # the request path's case: one lookup
+            return
         enforce = _VALIDATORS.get("settings")
-        if enforce is not None and not self.validated:
+        if enforce is not None:
             enforce()
             self.mark_validated()
 
