@@ -39,10 +39,10 @@ def strategy(request: pytest.FixtureRequest) -> Iterator[str]:
         yield str(request.param)
 
 
-def post(key: str, **payload: Any) -> Any:
+def post(key: str, url: str = URL, **payload: Any) -> Any:
     client = Client(raise_request_exception=False)
     return client.post(
-        URL, json.dumps(payload), content_type="application/json", HTTP_IDEMPOTENCY_KEY=key
+        url, json.dumps(payload), content_type="application/json", HTTP_IDEMPOTENCY_KEY=key
     )
 
 
@@ -152,3 +152,15 @@ def test_a_strategy_that_cannot_run_steps_is_a_503_not_a_500() -> None:
 def test_a_view_with_steps_under_redis_is_refused_at_declaration() -> None:
     with pytest.raises(InvalidConfiguration, match="E090"):
         idempotent(steps=True, strategy="redis")(views._stepped)
+
+
+def test_a_drf_view_with_idempotency_steps_resumes_too(strategy: str) -> None:
+    views.FAIL_ONCE["f"] = "record"
+    assert post("k1", "/t/steps/drf/", label="f").status_code == 500
+    retry = post("k1", "/t/steps/drf/", label="f")
+    assert retry.status_code == 201, retry.content
+    assert retry.json()["resumed"] is True
+    assert effects("f") == {"create": 1, "record": 1, "receipt": 1}
+    assert names("k1") == STEPS
+    replay = post("k1", "/t/steps/drf/", label="f")
+    assert replay.status_code == 201 and replay.content == retry.content

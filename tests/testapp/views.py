@@ -298,3 +298,14 @@ def _stepped(request: HttpRequest) -> HttpResponse:
 
 #: Under the ``STRATEGY`` setting (the tests choose ``db`` or ``advisory_lock``).
 stepped = csrf_exempt(idempotent(steps=True)(_stepped))
+
+
+class SteppedAPIView(IdempotencyMixin, APIView):
+    """The same steps in a DRF view (``idempotency_steps``)."""
+
+    permission_classes = [AllowAny]
+    idempotency_steps = True
+
+    def post(self, request: Request) -> Response:
+        response = _stepped(request)
+        return Response(json.loads(response.content), status=response.status_code)
