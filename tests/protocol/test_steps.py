@@ -14,12 +14,14 @@ from typing import Any
 import pytest
 from django.db import connections
 from django.test import Client, override_settings
+from django.urls import reverse
 
 from django_idempotency.decorators import idempotent
 from django_idempotency.errors import InvalidConfiguration
 from django_idempotency.models import IdempotencyKey
 
 from ..support.assertions import assert_problem
+from ..support.factories import ExpiredKeyFactory, StaleKeyFactory
 from ..support.services import REDIS_URL
 from ..testapp import views
 from ..testapp.models import SideEffect
@@ -164,3 +166,29 @@ def test_a_drf_view_with_idempotency_steps_resumes_too(strategy: str) -> None:
     assert names("k1") == STEPS
     replay = post("k1", "/t/steps/drf/", label="f")
     assert replay.status_code == 201 and replay.content == retry.content
+
+
+STORED = {"fingerprint": "f" * 64, "done": [{"name": "create", "kind": "local", "result": 7}]}
+
+
+def test_a_takeover_keeps_a_stale_claims_steps_and_clears_an_expired_keys() -> None:
+    stale = StaleKeyFactory(fingerprint="f" * 64, recovery_point="create", steps=STORED)
+    expired = ExpiredKeyFactory(fingerprint="f" * 64, recovery_point="create", steps=STORED)
+    for found in (stale, expired):
+        claimed = IdempotencyKey.objects.claim(
+            found.scope, found.key, "f" * 64, ttl=60, lock_timeout=30
+        )
+        assert claimed.taken_over and claimed.pk == found.pk
+    stale.refresh_from_db()
+    expired.refresh_from_db()
+    assert (stale.recovery_point, stale.steps) == ("create", STORED)
+    assert (expired.recovery_point, expired.steps) == (None, None)
+
+
+def test_the_admin_shows_a_keys_recovery_point_and_steps(admin_client: Client) -> None:
+    key = StaleKeyFactory(recovery_point="create", steps=STORED)
+    page = admin_client.get(
+        reverse("admin:django_idempotency_idempotencykey_change", args=[key.pk])
+    ).content.decode()
+    assert "Recovery point" in page and ">create<" in page
+    assert "<li>local <strong>create</strong>: <code>7</code></li>" in page
