@@ -6,6 +6,7 @@ taken over is refused and rolled back; fingerprint, replay and unsupported strat
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ from django_idempotency.models import IdempotencyKey
 from ..support.assertions import assert_problem
 from ..support.factories import ExpiredKeyFactory, StaleKeyFactory
 from ..support.services import REDIS_URL
-from ..testapp import views
+from ..testapp import holds, views
 from ..testapp.models import SideEffect
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -101,30 +102,23 @@ def test_a_retry_after_a_failed_step_resumes_after_the_steps_that_committed(
     assert SideEffect.objects.get(label="b:create").pk == body["created"]
 
 
-def test_a_step_of_a_claim_taken_over_is_refused_and_rolled_back() -> None:
-    with override_settings(IDEMPOTENCY={"STRATEGY": "db", "LOCK_TIMEOUT": 30}):
-        from ..testapp import holds
+def test_a_step_of_a_claim_taken_over_is_refused_and_rolled_back(strategy: str) -> None:
+    label = f"c-{strategy}"  # a hold of its own for each run (a released hold stays open)
 
-        holds_name = "c:record"
-
-        def steal() -> None:
-            # Another execution took the key over while the view ran its step.
-            IdempotencyKey.objects.filter(key="k1").update(claim_token=uuid.uuid4())
-            holds.release(holds_name)
-
-        import threading
-
-        def take_over() -> None:
-            wait_for_key()
-            steal()
-
-        thief = threading.Thread(target=take_over)
-        thief.start()
-        response = post("k1", label="c", hold="record")
-        thief.join()
-        assert_problem(response, 409, "lease-lost")
-        assert effects("c") == {"create": 1}, "the refused step rolled back"
+    def take_over() -> None:
+        # Another execution took the key over while the view ran its second local step.
+        wait_for_key()
+        IdempotencyKey.objects.filter(key="k1").update(claim_token=uuid.uuid4())
         connections.close_all()
+        holds.release(f"{label}:record")
+
+    thief = threading.Thread(target=take_over)
+    thief.start()
+    response = post("k1", label=label, hold="record")
+    thief.join()
+    assert_problem(response, 409, "lease-lost")
+    assert effects(label) == {"create": 1}, "the refused step rolled back"
+    assert row("k1").recovery_point == "create"
 
 
 def wait_for_key() -> None:
