@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.db import connections
+from django.db import connections, transaction
 from django.test import Client, override_settings
 from django.urls import reverse
 
@@ -186,3 +186,13 @@ def test_the_admin_shows_a_keys_recovery_point_and_steps(admin_client: Client) -
     ).content.decode()
     assert "Recovery point" in page and ">create<" in page
     assert "<li>local <strong>create</strong>: <code>7</code></li>" in page
+
+
+def test_steps_inside_a_transaction_of_the_projects_are_a_503(strategy: str) -> None:
+    """Its steps would commit only with that transaction: refused at the first step, with
+    nothing of it kept."""
+    with transaction.atomic():
+        response = post("k1", label="g")
+    assert_problem(response, 503, "store-unavailable")
+    assert effects("g") == Counter()
+    assert not IdempotencyKey.objects.filter(key="k1").exists()
