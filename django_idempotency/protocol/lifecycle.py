@@ -52,6 +52,13 @@ STEPS_NEED_COMMITS = _(
 )
 
 
+#: The detail of the 503 for a step whose transaction was marked for rollback.
+STEP_ROLLED_BACK = _(
+    "A step of this request was rolled back instead of committed. Retry with the same "
+    "Idempotency-Key: the steps that committed are not run again."
+)
+
+
 class State(enum.Enum):
     """Where a claimed key is in its lifecycle."""
 
@@ -321,10 +328,16 @@ class Lifecycle:
             raise StoreUnavailable(STEPS_NEED_COMMITS)
         with transaction.atomic(using=database):
             yield
+            # A block marked for rollback would roll the step back at its end, silently,
+            # its record with it, while the view goes on as if it were done.
+            if transactions.marked_for_rollback(connection):
+                raise StoreUnavailable(STEP_ROLLED_BACK)
         if self._atomic is None:
             return  # the block above was the transaction: committed
         if self._guard is not None:
             self._guard.check()
+        if transactions.marked_for_rollback(connection):
+            raise StoreUnavailable(STEP_ROLLED_BACK)
         atomic, self._atomic = self._atomic, None
         with bounded(connection):  # DATABASE_TIMEOUT: a COMMIT not answered is unknown
             atomic.__exit__(None, None, None)  # COMMIT (in a TestCase: RELEASE SAVEPOINT)

@@ -196,3 +196,10 @@ def test_steps_inside_a_transaction_of_the_projects_are_a_503(strategy: str) -> 
     assert_problem(response, 503, "store-unavailable")
     assert effects("g") == Counter()
     assert not IdempotencyKey.objects.filter(key="k1").exists()
+
+
+def test_a_step_marked_for_rollback_is_a_503_and_not_recorded(strategy: str) -> None:
+    response = post("k1", "/t/steps/doomed/")
+    assert_problem(response, 503, "store-unavailable")
+    assert effects("doomed") == {"create": 1}
+    assert names("k1") == ["create"]  # kept for the retry, without the rolled-back step

@@ -309,3 +309,19 @@ class SteppedAPIView(IdempotencyMixin, APIView):
     def post(self, request: Request) -> Response:
         response = _stepped(request)
         return Response(json.loads(response.content), status=response.status_code)
+
+
+@csrf_exempt
+@idempotent(steps=True)
+def stepped_doomed(request: HttpRequest) -> HttpResponse:
+    """A step whose block is marked for rollback (the view caught an error in it)."""
+    steps = request.idempotency.steps  # type: ignore[attr-defined]
+    steps.local("create", lambda: SideEffect.objects.create(label="doomed:create").pk)
+
+    def doomed() -> int:
+        row = SideEffect.objects.create(label="doomed:record")
+        transaction.set_rollback(True)
+        return row.pk
+
+    steps.local("record", doomed)
+    return JsonResponse({}, status=201)
