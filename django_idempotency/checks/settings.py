@@ -104,17 +104,17 @@ def view_option_errors(
         messages += _view_strategy_errors(strategy)
     if steps is not None:
         messages += boolean_errors(f"{where}: steps", steps)
-        if steps is True:
+        if steps is True and strategy is not None:
             messages += _steps_strategy_errors(where, strategy)
     return messages
 
 
-def _steps_strategy_errors(where: str, strategy: Any) -> list[CheckMessage]:
-    """E090 for a view with steps under a strategy that does not run them (its own, else
-    the setting's); only once the app registry is ready, as for E006."""
+def _steps_strategy_errors(where: str, name: Any) -> list[CheckMessage]:
+    """E090 for a view with steps that declares a strategy that does not run them; only
+    once the app registry is ready, as for E006. (Under the setting's strategy, which may
+    change after the view is declared, its requests are answered 503.)"""
     from django.apps import apps
 
-    name = strategy if strategy is not None else conf.STRATEGY
     if not isinstance(name, str) or not apps.ready:
         return []
     from ..strategies import load_strategy

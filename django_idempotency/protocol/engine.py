@@ -472,8 +472,8 @@ class IdempotentRequest:
 
 def steps_strategy(strategy: Strategy) -> Strategy:
     """The strategy that runs a view with steps in place of ``strategy``;
-    ``StoreUnavailable`` (a 503, logged) under one that cannot (check E090 tells at
-    start-up; this is a setting changed since)."""
+    ``StoreUnavailable`` (a 503, logged) under one that cannot (a view's own strategy is
+    refused when it is declared, check E090; this is the ``STRATEGY`` setting's)."""
     found = stepped(strategy)
     if found is not None:
         return found

@@ -20,8 +20,8 @@ Two strategies run steps:
   owner is then gone, and the duplicate resumes it under a new token.
 
 ``redis`` and ``hybrid`` keep the claim in Redis, where no transaction can commit a step
-together with the key's record: a view with steps is refused under them (check E090 at
-start-up, a 503 at the request when the setting changed since).
+together with the key's record: a view with steps that declares one is refused (check
+E090); one that runs under the ``STRATEGY`` setting's is answered 503.
 """
 
 from __future__ import annotations

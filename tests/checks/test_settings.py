@@ -817,6 +817,8 @@ def test_e090_a_view_in_steps_under_a_strategy_that_cannot_run_them() -> None:
         assert view_option_errors("pay", steps=True) == []  # the setting's: db
         assert view_option_errors("pay", steps=False, strategy="redis") == []
     with override_settings(IDEMPOTENCY={"STRATEGY": "hybrid", "REDIS_URL": "redis://x"}):
-        assert [m.id for m in view_option_errors("pay", steps=True)] == ["django_idempotency.E090"]
+        # The setting's strategy may change after the view is declared: its requests are
+        # answered 503 then (tests/protocol/test_steps.py), the declaration is not refused.
+        assert view_option_errors("pay", steps=True) == []
     (invalid,) = view_option_errors("pay", steps="yes")
     assert invalid.id == "django_idempotency.E015"
