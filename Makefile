@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test stress-test matrix lint typecheck docs bench clean services browser pgbouncer faketime gettext messages mariadb-dev model
+.PHONY: run test stress-test matrix lint typecheck docs bench clean services browser pgbouncer faketime valgrind gettext messages mariadb-dev model
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +34,7 @@ run: $(VENV)/.example
 ## tests wait on servers, threads and sleeps rather than the CPU; WORKERS=0 runs in this process.
 COVERAGE ?= --cov=django_idempotency --cov-branch --cov-report=term-missing:skip-covered
 WORKERS ?= 3
-test: $(VENV)/.test browser pgbouncer faketime gettext
+test: $(VENV)/.test browser pgbouncer faketime valgrind gettext
 	$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope --durations=15 $(COVERAGE) $(PYTEST_ARGS)
 
 ## The whole suite $(STRESS_RUNS) times in a row, each in a random order, beside two CPU-bound
@@ -42,7 +42,7 @@ test: $(VENV)/.test browser pgbouncer faketime gettext
 ## order. pytest-randomly prints each run's seed first; replay that order with
 ## make stress-test STRESS_RUNS=1 PYTEST_ARGS=--randomly-seed=N
 STRESS_RUNS ?= 3
-stress-test: $(VENV)/.test browser pgbouncer faketime gettext
+stress-test: $(VENV)/.test browser pgbouncer faketime valgrind gettext
 	@hogs=""; for i in $$(seq $$(( $$(nproc) * 2 ))); do \
 		( trap 'exit 0' TERM; while :; do :; done ) & hogs="$$hogs $$!"; done; \
 	trap 'kill $$hogs 2>/dev/null' EXIT INT TERM; \
@@ -89,6 +89,12 @@ faketime:
 	@ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
 		{ (apt-get update -qq && apt-get install -y -qq faketime) >/dev/null 2>&1 || echo "could not install faketime"; }
 
+## Debian's valgrind (with callgrind.h) for the instruction counts of the benchmarks
+## (python -m benchmarks budget, cpu --instructions) and the test that runs the budget
+valgrind:
+	@[ -f /usr/include/valgrind/callgrind.h ] || [ "$$(id -u)" != 0 ] || \
+		{ (apt-get update -qq && apt-get install -y -qq valgrind) >/dev/null 2>&1 || echo "could not install valgrind"; }
+
 ## Debian's GNU gettext (msgfmt, xgettext, msgmerge): Django's makemessages and
 ## compilemessages run it, and tests/test_locale.py checks the catalogs with it
 gettext:
@@ -127,7 +133,7 @@ docs: $(VENV)/.docs
 ## minutes), each against a baseline of the same run. PostgreSQL on 127.0.0.1:5432; Redis is a
 ## private redis-server per run. One measure in full: $(BIN)/python -m benchmarks cpu
 ## (the measures, their full modes and the conditions: docs/benchmarks.md)
-bench: $(VENV)/.test
+bench: $(VENV)/.test valgrind
 	@command -v wrk >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
 		{ (apt-get update -qq && apt-get install -y -qq wrk) >/dev/null 2>&1 || echo "could not install wrk"; }
 	$(BIN)/python -m benchmarks all --quick

@@ -9,6 +9,10 @@ import sys
 from django.apps import AppConfig
 from django.utils.translation import gettext_lazy as _
 
+# The validators of the settings and of the views' options, handed over to ``conf`` before
+# any view module can be imported (Django imports this module before any app's models).
+from .checks import settings as _settings_checks  # noqa: F401
+
 
 class IdempotencyConfig(AppConfig):
     name = "django_idempotency"
@@ -19,7 +23,6 @@ class IdempotencyConfig(AppConfig):
     def ready(self) -> None:
         # The modules that register system checks.
         from .checks import routing, urls  # noqa: F401
-        from .checks.settings import ensure_valid
         from .conf import conf
         from .strategies.redis import deploy_check  # noqa: F401
 
@@ -27,7 +30,7 @@ class IdempotencyConfig(AppConfig):
         # Celery and manage.py all call django.setup()), with the checks' messages; only
         # `manage.py check` goes on, to list them in Django's format and exit non-zero.
         if not running_check_command():
-            ensure_valid()
+            conf.ensure_valid()
 
         # Prometheus metrics only when asked for and installed (check W004 says when
         # they are asked for but prometheus_client is missing).

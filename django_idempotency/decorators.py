@@ -13,7 +13,7 @@ from asgiref.sync import iscoroutinefunction
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 
-from .checks.settings import validate_view_options, view_name
+from .conf import conf
 from .protocol.engine import ahandle, handle
 from .protocol.keysource import KeyFunc
 from .protocol.options import Options, ViewOptions
@@ -75,7 +75,7 @@ def idempotent(
 
     def decorate(func: ViewFunc) -> ViewFunc:
         # An option the checks call an error stops the import of the view's module.
-        validate_view_options(view_name(func), **declared.as_dict())
+        conf.validate_view(func, **declared.as_dict())
         wrapper: Callable[..., Any]
         if iscoroutinefunction(func):
 
@@ -189,7 +189,7 @@ def idempotency_opt_in(
     opt_in = OptIn(Options.declared("@idempotency_opt_in", **options), scope or default_scope, key)
 
     def decorate(func: ViewFunc) -> ViewFunc:
-        validate_view_options(view_name(func), **opt_in.options.as_dict())
+        conf.validate_view(func, **opt_in.options.as_dict())
         setattr(func, OPT_IN_ATTR, opt_in)
         return func
 

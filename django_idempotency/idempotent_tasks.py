@@ -21,28 +21,34 @@ at all:
   the retry runs the body again, and only its run takes effect.
 
 The key is the task's id by default (one effect per message, whatever the broker
-redelivers), else ``key(*args, **kwargs)``. See docs/celery.md.
+redelivers), else ``key(*args, **kwargs)``. It lives on ``idempotency_database`` (an alias,
+or a function of the arguments that answers one), else on the database
+``DATABASE_ROUTING = "router"`` routes ``IdempotencyKey`` to, else on ``DATABASE``; it must be
+one of ``KEY_DATABASES``. See docs/celery.md.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
 
 from celery import Task, shared_task
 from celery.exceptions import Reject, Retry
+from django.core.exceptions import ImproperlyConfigured
 
-from .checks.settings import ensure_valid
 from .conf import conf
-from .errors import FingerprintMismatch, LeaseLost
+from .errors import DatabaseMisconfigured, FingerprintMismatch, LeaseLost
 from .protocol.keysource import check_key
 from .protocol.lease import keeper
 from .protocol.lifecycle import Lifecycle
+from .protocol.options import Options
 from .protocol.replay import StoredResponse
 from .protocol.scope import bounded_scope
+from .protocol.shards import ROUTER
 from .strategies import load_strategy
 from .strategies.base import Attempt, Claim, InProgress, Mismatch, Replay
 
@@ -52,11 +58,17 @@ TASK_STRATEGIES = ("db", "advisory_lock")
 RESULT_TYPE = "application/json"
 
 KeyFunction = Callable[..., str]
+DatabaseChoice = str | Callable[..., str] | None
 
 
 class TaskKeyReused(FingerprintMismatch):
     """The key was already used for a call of this task with other arguments: the body
     did not run. One key was given to two operations, and one of them has happened."""
+
+
+class KeyInProgress(Retry):  # type: ignore[misc]
+    """A duplicate found the key in progress: Celery's ``Retry`` of the same message,
+    later (not a retry of the body)."""
 
 
 class IdempotentTask(Task):  # type: ignore[misc]
@@ -72,7 +84,12 @@ class IdempotentTask(Task):  # type: ignore[misc]
       progress looks again (default 1);
     * ``idempotency_strategy``: ``"db"`` (the default) or ``"advisory_lock"``
       (PostgreSQL: a duplicate waits up to ``lock_timeout`` for the running body, and a
-      killed worker's lock is freed with its connection).
+      killed worker's lock is freed with its connection);
+    * ``idempotency_database``: the alias of the key's database, or
+      ``(*args, **kwargs) -> alias`` (default: see the module's docstring).
+
+    A class (or ``@idempotent_task``) with another strategy is refused when it is
+    declared (``ImproperlyConfigured``): a worker that imports it does not start.
     """
 
     acks_late = True
@@ -82,6 +99,11 @@ class IdempotentTask(Task):  # type: ignore[misc]
     idempotency_lock_timeout: float | None = None
     idempotency_countdown: float = 1.0
     idempotency_strategy: str = "db"
+    idempotency_database: DatabaseChoice = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        check_strategy(cls.idempotency_strategy, cls.__qualname__)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         attempt = self.idempotency_attempt(args, kwargs)
@@ -98,18 +120,43 @@ class IdempotentTask(Task):  # type: ignore[misc]
             key = check_key(key_func(*args, **kwargs))
         if key is None:
             return None
-        ttl, lock = self.idempotency_ttl, self.idempotency_lock_timeout
+        resolved = Options(
+            ttl=self.idempotency_ttl, lock_timeout=self.idempotency_lock_timeout
+        ).resolve()
         return Attempt(
             scope=bounded_scope(f"task:{self.name}"),
             key=key,
             fingerprint=arguments_fingerprint(args, kwargs),
-            ttl=float(ttl if ttl is not None else conf.TTL),
-            lock_timeout=float(lock if lock is not None else conf.LOCK_TIMEOUT),
+            ttl=float(resolved.ttl),
+            lock_timeout=float(resolved.lock_timeout),
             method="TASK",
             path=self.name,
             atomic=True,
-            database=conf.DATABASE,
+            database=self.idempotency_key_database(args, kwargs),
         )
+
+    def idempotency_key_database(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """The alias that holds this call's key, one of ``KEY_DATABASES``
+        (``DatabaseMisconfigured`` otherwise: the body does not run)."""
+        choice = type(self).idempotency_database
+        if callable(choice):
+            alias: object = choice(*args, **kwargs)
+        elif choice is not None:
+            alias = choice
+        elif conf.DATABASE_ROUTING == ROUTER:
+            from django.db import router
+
+            from .models import IdempotencyKey
+
+            alias = router.db_for_write(IdempotencyKey)
+        else:
+            alias = conf.DATABASE
+        if alias not in conf.KEY_DATABASES:
+            raise DatabaseMisconfigured(
+                f"task {self.name}: its key database {alias!r} is not one of "
+                f"IDEMPOTENCY['KEY_DATABASES'] {list(conf.KEY_DATABASES)!r}"
+            )
+        return str(alias)
 
     def idempotency_wait(self) -> BaseException:
         """What a duplicate that found the key in progress raises: Celery's ``Retry``,
@@ -120,9 +167,9 @@ class IdempotentTask(Task):  # type: ignore[misc]
         request = self.request
         countdown = self.idempotency_countdown
         again = self.signature_from_request(request, countdown=countdown, retries=request.retries)
-        wait: BaseException = Retry("the key is in progress", when=countdown, sig=again)
+        wait = KeyInProgress("the key is in progress", when=countdown, sig=again)
         if request.called_directly or request.is_eager:
-            return wait  # no worker: the caller sees the key in progress
+            return wait  # no worker: run_once waits in the caller's process
         try:
             again.apply_async()
         except Exception as exc:
@@ -137,9 +184,35 @@ def arguments_fingerprint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     return hashlib.sha256(encoded.encode()).hexdigest()
 
 
+def check_strategy(strategy: str, where: str) -> None:
+    """Refuse a task strategy that is not one of :data:`TASK_STRATEGIES`."""
+    if strategy not in TASK_STRATEGIES:
+        raise ImproperlyConfigured(
+            f"{where}: idempotency_strategy {strategy!r} is not one of {TASK_STRATEGIES}: "
+            "a task's claim must commit with its body's transaction"
+        )
+
+
 def run_once(task: IdempotentTask, attempt: Attempt, args: tuple[Any, ...], kwargs: Any) -> Any:
-    """Run ``task``'s body under ``attempt``'s claim, or return the stored result."""
-    ensure_valid()
+    """Run ``task``'s body under ``attempt``'s claim, or return the stored result. Called
+    in the caller's process (``apply()``, or a direct call with a key function), a
+    duplicate of a running body waits for it there, looking again every
+    ``idempotency_countdown`` seconds, as long as the body's lease lives: no worker
+    would look again for it."""
+    while True:
+        try:
+            return run_claimed(task, attempt, args, kwargs)
+        except KeyInProgress:
+            request = task.request
+            if not (request.called_directly or request.is_eager):
+                raise
+        time.sleep(task.idempotency_countdown)
+
+
+def run_claimed(task: IdempotentTask, attempt: Attempt, args: tuple[Any, ...], kwargs: Any) -> Any:
+    """One look at the key: run the body under its claim, return the stored result, or
+    raise the task's wait (``Retry``) while the key is in progress."""
+    conf.ensure_valid()
     strategy = load_strategy(task.idempotency_strategy)
     try:
         with ExitStack() as stack:
@@ -175,13 +248,14 @@ def idempotent_task(
     lock_timeout: float | None = None,
     countdown: float = 1.0,
     strategy: str = "db",
+    database: DatabaseChoice = None,
     **options: Any,
 ) -> Any:
     """``@idempotent_task`` or ``@idempotent_task(key=..., ttl=..., name=...)``: a
     ``shared_task`` of :class:`IdempotentTask`; ``options`` are Celery's task options.
-    ``strategy``: one of :data:`TASK_STRATEGIES` (``ValueError`` otherwise)."""
-    if strategy not in TASK_STRATEGIES:
-        raise ValueError(f"@idempotent_task: strategy must be one of {TASK_STRATEGIES}")
+    ``strategy``: one of :data:`TASK_STRATEGIES` (``ImproperlyConfigured`` otherwise);
+    ``database``: the key's database (see :class:`IdempotentTask`)."""
+    check_strategy(strategy, "@idempotent_task")
 
     def decorate(body: Callable[..., Any]) -> Any:
         return shared_task(
@@ -191,6 +265,7 @@ def idempotent_task(
             idempotency_lock_timeout=lock_timeout,
             idempotency_countdown=float(countdown),
             idempotency_strategy=strategy,
+            idempotency_database=staticmethod(database) if callable(database) else database,
             **options,
         )(body)
 

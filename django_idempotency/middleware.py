@@ -30,7 +30,6 @@ from asgiref.sync import async_to_sync, iscoroutinefunction, markcoroutinefuncti
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 
-from .checks.settings import ensure_valid
 from .conf import conf
 from .decorators import EXEMPT_ATTR, HANDLED_ATTR, OPT_IN_ATTR, OptIn
 from .protocol.engine import ahandle, handle, takes_part
@@ -53,16 +52,10 @@ def drf_view_class(view_func: Callable[..., Any]) -> type | None:
     return cls if issubclass(cls, APIView) else None
 
 
-def uses_mixin(cls: type) -> bool:
-    from .mixins import IdempotencyMixin
-
-    return issubclass(cls, IdempotencyMixin)
-
-
 def protection(view_func: Callable[..., Any]) -> OptIn | None:
     """What the middleware does for ``view_func``: an :class:`OptIn` (protect it with
     these options and scope) or None (leave it alone)."""
-    ensure_valid()
+    conf.ensure_valid()
     if getattr(view_func, EXEMPT_ATTR, False) or getattr(view_func, HANDLED_ATTR, False):
         return None
     if drf_view_class(view_func) is not None:

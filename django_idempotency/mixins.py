@@ -14,11 +14,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from .browsable import drf_problem_response, render_problem_page
-from .checks.settings import validate_view_options, view_name
 from .conf import conf
 from .errors import IdempotencyError, MisplacedIdempotencyMixin
+from .protocol.body import preload
 from .protocol.engine import ANSWERED, IdempotentRequest, problem_for
-from .protocol.fingerprint import preload_body
 from .protocol.header import header_value
 from .protocol.keysource import KeyFunc, may_carry_body_key, request_key
 from .protocol.options import OPTION_NAMES, Options
@@ -52,12 +51,12 @@ class IdempotencyMixin:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         check_mixin_order(cls)
-        validate_view_options(view_name(cls), **declared_options(cls, {}))
+        conf.validate_view(cls, **declared_options(cls, {}))
 
     @classmethod
     def as_view(cls, *args: Any, **kwargs: Any) -> Any:
         # as_view(idempotency_lock_timeout=...) overrides the class's options.
-        validate_view_options(view_name(cls), **declared_options(cls, kwargs))
+        conf.validate_view(cls, **declared_options(cls, kwargs))
         view = super().as_view(*args, **kwargs)  # type: ignore[misc]
         # The app runs the handler in its own transaction (which also stores the response).
         return non_atomic(view)
@@ -99,7 +98,7 @@ class IdempotencyMixin:
             ):
                 # Keep the body for the key and the fingerprint before DRF's parsers (or a
                 # permission class reading request.data) consume the stream.
-                preload_body(request)
+                preload(request)
             # The claim's context (transaction, lease) is entered in initial() and left
             # here; an error from finish() passes through it first, so the view's writes
             # are rolled back before the problem response is built.

@@ -32,9 +32,8 @@ from typing import Any
 
 from celery import current_app, shared_task
 
-from .checks.settings import ensure_valid
 from .conf import conf
-from .protocol.shards import key_databases
+from .store.databases import key_databases
 
 logger = logging.getLogger("django_idempotency")
 
@@ -100,7 +99,7 @@ def drain_outbox(
     rows queues one more run in ``hold_partial`` seconds, which takes them (they are
     old enough by then) and queues nothing further. The beat entry drains everything.
     """
-    ensure_valid()
+    conf.ensure_valid()
     totals = {"drained": 0, "discarded": 0, "transactions": 0, "held": 0}
     for alias in key_databases(using):
         counts = _drain(alias, batch_size, time_budget, hold_partial, follow_up)
@@ -175,7 +174,7 @@ def purge_expired_keys(
     from .models import IdempotencyKey
     from .store import partitions
 
-    ensure_valid()
+    conf.ensure_valid()
     older = timedelta(seconds=float(older_than)) if older_than else None
     total = 0
     for alias in key_databases(using):

@@ -115,6 +115,6 @@ def _stop_wait_listeners() -> Iterator[None]:
     next test (which may count the database's connections) nor keeps pytest-django from
     dropping the database."""
     yield
-    from django_idempotency.protocol import waiting
+    from django_idempotency.strategies import waiting
 
     waiting.reset_listeners()

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import redis
 from celery import Celery
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 
 from django_idempotency.idempotent_tasks import (
@@ -132,7 +133,7 @@ def test_the_decorator_makes_an_idempotent_task() -> None:
     assert block_once.idempotency_key is None and block_once.idempotency_lock_timeout == 2
     assert block_once.idempotency_strategy == "db"
     assert block_once_locked.idempotency_strategy == "advisory_lock"
-    with pytest.raises(ValueError, match="strategy must be one of"):
+    with pytest.raises(ImproperlyConfigured, match="is not one of"):
         idempotent_task(strategy="redis")
 
 

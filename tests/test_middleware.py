@@ -136,7 +136,7 @@ def test_the_opt_in_takes_a_wait() -> None:
         c.force_login(user)
         return post(c, "/slow/", key="waited")
 
-    from django_idempotency.protocol import waiting
+    from django_idempotency.strategies import waiting
 
     slow_charge_started.clear()
     slow_charge_released.clear()

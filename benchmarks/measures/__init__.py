@@ -11,6 +11,7 @@ MEASURES: dict[str, str] = {
     "claim": "benchmarks.measures.claim",
     "redis-claim": "benchmarks.measures.redis_claim",
     "cpu": "benchmarks.measures.cpu",
+    "budget": "benchmarks.measures.budget",
     "e2e": "benchmarks.measures.e2e",
     "async-views": "benchmarks.measures.async_views",
     "wait": "benchmarks.measures.wait",

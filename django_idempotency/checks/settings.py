@@ -14,7 +14,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, register
 from django.core.exceptions import ImproperlyConfigured
 
-from ..conf import DEFAULTS, conf
+from ..conf import DEFAULTS, conf, validate_with
 from ..errors import STRATEGY_HINT
 from . import ID, middleware, partitions, raise_errors, routing, stores, values
 from .stores import strategy_errors
@@ -52,11 +52,9 @@ def ensure_valid() -> None:
     ``AppConfig.ready()`` validates at start-up, in every process; the request path
     and the tasks call this on first use, so a setting changed later
     (``override_settings``, ``setting_changed``) is validated before it is used too.
-    Valid settings cost one dictionary lookup here."""
-    if conf.validated:
-        return
-    enforce_settings()
-    conf.mark_validated()
+    Valid settings cost one dictionary lookup here (``conf.ensure_valid()``, which the
+    adapters call, runs :func:`enforce_settings`)."""
+    conf.ensure_valid()
 
 
 def enforce_settings() -> None:
@@ -161,3 +159,12 @@ def view_name(view: Any) -> str:
     """``module.qualname`` of a view function or class, for messages."""
     module = getattr(view, "__module__", None) or "?"
     return f"{module}.{getattr(view, '__qualname__', None) or getattr(view, '__name__', view)}"
+
+
+def _validate_view(view: Any, **options: Any) -> None:
+    validate_view_options(view_name(view), **options)
+
+
+# The adapters, the protocol and the tasks validate through ``conf``, never importing this
+# package: the validators are handed over here, when the app's apps.py imports this module.
+validate_with(enforce_settings, _validate_view)

@@ -14,9 +14,16 @@ from django.urls import URLPattern, URLResolver, get_resolver
 
 from ..conf import conf
 from ..decorators import EXEMPT_ATTR, HANDLED_ATTR, OPT_IN_ATTR, OptIn
-from ..middleware import drf_view_class, uses_mixin
+from ..middleware import drf_view_class
 from . import ID
 from .middleware import PATH
+
+
+def uses_mixin(cls: type) -> bool:
+    """Whether the DRF view class ``cls`` handles the protocol itself (imports DRF)."""
+    from ..mixins import IdempotencyMixin
+
+    return issubclass(cls, IdempotencyMixin)
 
 
 def views() -> list[tuple[str, Callable[..., Any]]]:

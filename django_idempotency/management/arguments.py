@@ -13,7 +13,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 from django.utils.translation import gettext as _
 
-from ..protocol.shards import key_databases
+from ..store.databases import key_databases
 from .durations import parse_duration
 from .progress import DEFAULT_EVERY
 

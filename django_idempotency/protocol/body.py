@@ -9,17 +9,132 @@ that part would run the view, or store the view's answer to it, under the key fo
 ``TTL``, and the client's complete retry would be told its key was reused. Under ASGI the
 server reports the hang-up as a disconnect and Django calls no view; a server that handed a
 short body over would be refused here all the same.
+
+The one reader of the body for the key and the fingerprint is :func:`load`: the body is read
+once into memory (kept there for the view) and its JSON parsed once (:class:`Body`), both
+kept on Django's request; :func:`preload` reads it before a framework's parsers consume the
+stream. Django's ``RequestDataTooBig`` is turned into ``RequestTooLarge`` here alone.
 """
 
 from __future__ import annotations
 
+import json
+from contextlib import suppress
+from io import BytesIO
+from typing import Any
+
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
+from django.core.files.uploadedfile import UploadedFile
+from django.core.files.uploadhandler import FileUploadHandler
 from django.core.handlers.wsgi import LimitedStream
-from django.http import HttpRequest
-from django.http.multipartparser import MultiPartParserError
+from django.http import HttpRequest, QueryDict
+from django.http.multipartparser import MultiPartParser, MultiPartParserError
 from django.http.request import RawPostDataException
+from django.utils.datastructures import MultiValueDict
 
 from ..errors import IncompleteBody, InvalidBody, RequestTooLarge
+
+#: Where :func:`load` keeps a request's :class:`Body` (on Django's request).
+_LOADED = "_idempotency_body"
+
+
+def is_json(content_type: str) -> bool:
+    """Whether ``content_type`` (a header value, parameters and all) is JSON: ``application/json``
+    or a ``+json`` type."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
+
+
+class Number(str):
+    """A JSON number, kept as the text it was sent as (``19.990`` is not ``19.99``)."""
+
+    __slots__ = ()
+
+
+class Object(list[tuple[str, Any]]):
+    """A JSON object: its members in the order they were sent, repeated names too."""
+
+    __slots__ = ()
+
+
+# One decoder for every request: numbers keep their text, objects all their members.
+_JSON_DECODER = json.JSONDecoder(
+    object_pairs_hook=Object, parse_float=Number, parse_int=Number, parse_constant=Number
+)
+
+
+def parse_json(body: bytes) -> Any:
+    """The JSON value of ``body`` (UTF-8), its objects as lists of ``(name, value)`` pairs in
+    the order they were sent, repeated names too; numbers as the text they were sent as.
+    ``ValueError`` (or ``RecursionError``, nested too deep for Python) when it is not JSON."""
+    return _JSON_DECODER.decode(body.decode("utf-8"))
+
+
+def is_object(value: Any) -> bool:
+    """Whether ``value`` (from :func:`parse_json`) is a JSON object."""
+    return type(value) is Object
+
+
+#: A :class:`Body` whose JSON has not been parsed yet.
+_UNPARSED: Any = object()
+
+
+class Body:
+    """A body read into memory: its bytes, and its JSON value parsed on first use, once."""
+
+    __slots__ = ("_error", "_parsed", "raw")
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+        self._parsed: Any = _UNPARSED
+        self._error: ValueError | RecursionError | None = None
+
+    def json(self) -> Any:
+        """The JSON value (:func:`parse_json`), parsed once: ``ValueError`` or
+        ``RecursionError``, each time, when the body is not JSON."""
+        if self._parsed is _UNPARSED and self._error is None:
+            try:
+                self._parsed = parse_json(self.raw)
+            except (ValueError, RecursionError) as exc:
+                self._error = exc
+        if self._error is not None:
+            raise self._error
+        return self._parsed
+
+
+def load(request: HttpRequest) -> Body:
+    """The body of ``request`` (Django's, or DRF's around it), read once: later calls
+    answer the same :class:`Body`. ``RequestTooLarge``, ``IncompleteBody`` as
+    :func:`read_body`; ``RawPostDataException`` (something read it as a stream first) is
+    the caller's to handle."""
+    django_request: HttpRequest = getattr(request, "_request", request)
+    loaded = getattr(django_request, _LOADED, None)
+    if loaded is None:
+        loaded = Body(read_body(django_request))
+        setattr(django_request, _LOADED, loaded)
+    return loaded
+
+
+def parsed_by_django(request: HttpRequest) -> bool:
+    """Django parses multipart bodies into ``request.POST`` and ``FILES`` for POST only,
+    streaming the files to its upload handlers; other methods are read whole."""
+    return request.method == "POST" and is_multipart(request.META.get("CONTENT_TYPE", ""))
+
+
+def is_multipart(content_type: str) -> bool:
+    return content_type.lower().startswith("multipart/")
+
+
+def preload(request: HttpRequest) -> None:
+    """Read the body into memory (:func:`load`) before a framework parses the stream, so
+    that the key and the fingerprint can still see it. Multipart POST bodies are left to
+    Django's form parser, and a body something read as a stream already is left as it is.
+    Raises ``RequestTooLarge`` (413) past ``DATA_UPLOAD_MAX_MEMORY_SIZE``, ``IncompleteBody``
+    (400) when it is shorter than its ``Content-Length``."""
+    if parsed_by_django(getattr(request, "_request", request)):
+        return
+    with suppress(RawPostDataException):
+        load(request)
 
 
 def announced_length(request: HttpRequest) -> int | None:
@@ -50,6 +165,21 @@ def read_body(request: HttpRequest) -> bytes:
         raise RequestTooLarge() from exc
     check_whole(request, len(body))
     return body
+
+
+def parse_multipart(
+    request: HttpRequest, body: bytes, handlers: list[FileUploadHandler]
+) -> tuple[QueryDict, MultiValueDict[str, UploadedFile[Any]]]:
+    """Parse a copy of a multipart body that Django does not parse (any method but POST)
+    with ``handlers``; the request's own body and stream are left for the view's parsers.
+    ``RequestTooLarge`` and ``InvalidBody`` as :func:`parse_form`."""
+    meta = {"CONTENT_TYPE": request.META.get("CONTENT_TYPE", ""), "CONTENT_LENGTH": len(body)}
+    try:
+        return MultiPartParser(meta, BytesIO(body), handlers, request.encoding).parse()
+    except RequestDataTooBig as exc:
+        raise RequestTooLarge() from exc
+    except (MultiPartParserError, SuspiciousOperation) as exc:
+        raise InvalidBody() from exc
 
 
 def parse_form(request: HttpRequest) -> None:

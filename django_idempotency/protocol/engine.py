@@ -24,7 +24,6 @@ from django.http.response import HttpResponseBase
 from django.utils.translation import gettext_lazy as _
 
 from .. import signals
-from ..checks.settings import ensure_valid
 from ..conf import conf
 from ..errors import (
     FingerprintMismatch,
@@ -37,12 +36,12 @@ from ..errors import (
     StoreUnavailable,
     TransientConflict,
 )
-from ..store.errors import DATABASE_ERRORS, classify_database_error
-from ..strategies import get_strategy
+from ..store.errors import DATABASE_ERRORS, classify_database_error, retry_after
+from ..strategies import get_strategy, waiting
 from ..strategies.base import Attempt, Claim, InProgress, Mismatch, Outcome, Replay, Strategy
 from ..strategies.stepped import STEP_STRATEGIES, StepClaim, stepped
-from . import waiting
-from .fingerprint import fingerprint, preload_body
+from .body import preload
+from .fingerprint import fingerprint
 from .header import header_value
 from .keys import downstream_key, key_digest
 from .keysource import KeyFunc, check_key, may_carry_body_key, missing_detail, request_key
@@ -122,13 +121,11 @@ class IdempotentRequest:
         if key is None:
             found = request_key(request)
         else:
-            preload_body(request)
+            preload(request)
             raw = key(request)
             found = None if raw is None else check_key(raw)
-        if found is None:
-            required = options.required if options.required is not None else conf.REQUIRED
-            if required:
-                raise MissingKey(missing_detail(hook=key is not None))
+        if found is None and options.resolve().required:
+            raise MissingKey(missing_detail(hook=key is not None))
         return found
 
     @classmethod
@@ -142,14 +139,15 @@ class IdempotentRequest:
         """None when the request does not take part (method, or no key and not required).
         ``key`` is the view's own key hook (None: the header and ``KEY_BODY_FIELD``).
         Raises ``InvalidConfiguration`` first when the settings have an error."""
-        ensure_valid()
+        conf.ensure_valid()
         if not options.applies_to(request.method):
             return None
         found = cls.read_key(request, options, key)
         if found is None:
             return None
         bounded = bounded_scope(scope(request))
-        strategy = get_strategy(options.strategy)
+        resolved = options.resolve()
+        strategy = get_strategy(resolved.strategy)
         if options.steps:
             strategy = steps_strategy(strategy)
         # DRF's Request hands method and path over from Django's: ask Django's.
@@ -160,15 +158,13 @@ class IdempotentRequest:
             scope=bounded,
             key=found,
             fingerprint=fingerprint(request),
-            ttl=options.ttl if options.ttl is not None else conf.TTL,
-            lock_timeout=(
-                options.lock_timeout if options.lock_timeout is not None else conf.LOCK_TIMEOUT
-            ),
+            ttl=resolved.ttl,
+            lock_timeout=resolved.lock_timeout,
             method=(django_request.method or "").upper(),
             path=django_request.get_full_path()[:2048],
             atomic=conf.ATOMIC,
             database=database,
-            wait=max(options.wait if options.wait is not None else conf.WAIT, 0.0),
+            wait=resolved.wait,
             shard=database if routed else "",
         )
         return cls(request, attempt, strategy)
@@ -363,9 +359,9 @@ class IdempotentRequest:
                 logging.INFO,
                 "idempotency key %s (scope %s) is in progress",
             )
-            retry_after = conf.RETRY_AFTER
+            chosen = conf.RETRY_AFTER  # None: the strategy's
             raise RequestInProgress(
-                retry_after=retry_after if retry_after is not None else outcome.retry_after
+                retry_after=chosen if chosen is not None else outcome.retry_after
             )
         raise AssertionError(f"unexpected outcome {outcome!r}")
 
@@ -511,11 +507,8 @@ def transient_conflict_error(
     released the key (unless the database could not be reached for that: the key is then
     taken over once its lease is stale). ``database``: the alias of the request's key
     (None: ``DATABASE``), whose connection tells a lost connection from a conflict."""
-    retry_after = conf.RETRY_AFTER
     error = classify_database_error(
-        exc,
-        connections[database or conf.DATABASE],
-        retry_after=1 if retry_after is None else retry_after,
+        exc, connections[database or conf.DATABASE], retry_after=retry_after()
     )
     if error is None:
         raise exc
@@ -563,12 +556,11 @@ def takes_part(request: HttpRequest, options: Options, key: KeyFunc | None = Non
     and a key is required, or may be there (the header, a JSON body with ``KEY_BODY_FIELD``
     set, or a view with its own ``key`` hook). Reads the request line and headers only (no
     body, no database, no ``request.user``), so it is safe on the event loop."""
-    ensure_valid()
+    conf.ensure_valid()
     if not options.applies_to(request.method):
         return False
-    required = options.required if options.required is not None else conf.REQUIRED
     return (
-        required
+        options.resolve().required
         or key is not None
         or header_value(request, conf.HEADER) is not None
         or may_carry_body_key(request)

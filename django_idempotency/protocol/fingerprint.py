@@ -6,57 +6,40 @@ from __future__ import annotations
 
 import hashlib
 import json
-from contextlib import suppress
-from io import BytesIO
 from json.encoder import encode_basestring_ascii
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
-from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.core.files.uploadedfile import UploadedFile
 from django.core.files.uploadhandler import FileUploadHandler
 from django.http import HttpRequest, QueryDict
-from django.http.multipartparser import MultiPartParser, MultiPartParserError
 from django.http.request import RawPostDataException
 from django.utils.datastructures import MultiValueDict
 
 from ..conf import conf
-from ..errors import InvalidBody, RequestTooLarge
-from .body import parse_form, read_body
+from .body import (
+    Body,
+    Number,
+    Object,
+    is_json,
+    is_multipart,
+    is_object,
+    load,
+    parse_form,
+    parse_multipart,
+    parsed_by_django,
+)
 from .negotiation import format_parameter
 
 #: JSON nested deeper than this is fingerprinted by its bytes, not canonicalised.
 MAX_JSON_DEPTH = 64
 
 
-def is_json(content_type: str) -> bool:
-    """Whether ``content_type`` (a header value, parameters and all) is JSON: ``application/json``
-    or a ``+json`` type."""
-    media = content_type.split(";", 1)[0].strip().lower()
-    return media == "application/json" or media.endswith("+json")
-
-
-class _Number(str):
-    """A JSON number, kept as the text it was sent as (``19.990`` is not ``19.99``)."""
-
-    __slots__ = ()
-
-
-class _Object(list[tuple[str, Any]]):
-    """A JSON object: its members in the order they were sent, repeated names too."""
-
-    __slots__ = ()
-
-
 class _TooDeep(Exception):
     pass
 
 
-# One decoder for every request: numbers keep their text, objects all their members.
-_JSON_DECODER = json.JSONDecoder(
-    object_pairs_hook=_Object, parse_float=_Number, parse_int=_Number, parse_constant=_Number
-)
 _name = itemgetter(0)
 #: ``json.dumps(..., separators=(",", ":"))`` without building an encoder on every call.
 _PAIRS_ENCODER = json.JSONEncoder(separators=(",", ":"))
@@ -68,12 +51,12 @@ def _write_json(value: Any, out: list[str], depth: int) -> None:
     kind = type(value)
     if kind is str:
         out.append(encode_basestring_ascii(value))  # escapes lone surrogates too
-    elif kind is _Number:
+    elif kind is Number:
         out.append(value)
-    elif kind is _Object or kind is list:
+    elif kind is Object or kind is list:
         if depth >= MAX_JSON_DEPTH:
             raise _TooDeep
-        if kind is _Object:
+        if kind is Object:
             out.append("{")
             # Stable: members that repeat a name keep their order.
             for i, (name, member) in enumerate(sorted(value, key=_name)):
@@ -98,27 +81,15 @@ def _write_json(value: Any, out: list[str], depth: int) -> None:
         out.append("false")
 
 
-def parse_json(body: bytes) -> Any:
-    """The JSON value of ``body`` (UTF-8), its objects as lists of ``(name, value)`` pairs in
-    the order they were sent, repeated names too; numbers as the text they were sent as.
-    ``ValueError`` (or ``RecursionError``, nested too deep for Python) when it is not JSON."""
-    return _JSON_DECODER.decode(body.decode("utf-8"))
-
-
-def is_object(value: Any) -> bool:
-    """Whether ``value`` (from :func:`parse_json`) is a JSON object."""
-    return type(value) is _Object
-
-
-def canonical_json(body: bytes, without: str | None = None) -> bytes | None:
+def canonical_json(body: bytes | Body, without: str | None = None) -> bytes | None:
     """``body`` with object members sorted by name and no whitespace, numbers and
     strings as they were meant; None when it cannot be canonicalised: not UTF-8,
     not JSON, or nested deeper than ``MAX_JSON_DEPTH``. ``without`` names a member of the
     top-level object that is left out (the key's field, ``KEY_BODY_FIELD``)."""
     try:
-        parsed = parse_json(body)
+        parsed = (body if isinstance(body, Body) else Body(body)).json()
         if without is not None and is_object(parsed):
-            parsed = _Object(member for member in parsed if member[0] != without)
+            parsed = Object(member for member in parsed if member[0] != without)
         out: list[str] = []
         _write_json(parsed, out, 0)
     except (ValueError, RecursionError, _TooDeep):
@@ -137,7 +108,7 @@ def _canonical_pairs(encoded: str, without: str | None = None) -> bytes:
     return _PAIRS_ENCODER.encode(pairs).encode()
 
 
-def canonical_body(content_type: str, body: bytes, without: str | None = None) -> bytes:
+def canonical_body(content_type: str, body: bytes | Body, without: str | None = None) -> bytes:
     """Bytes that differ only when the body's meaning differs.
 
     JSON is re-serialised with sorted object members and no whitespace, keeping
@@ -146,40 +117,16 @@ def canonical_body(content_type: str, body: bytes, without: str | None = None) -
     values. Anything else, and JSON that cannot be canonicalised, is taken byte for byte.
     """
     media = content_type.split(";", 1)[0].strip().lower()
-    if body and is_json(media):
+    raw = body.raw if isinstance(body, Body) else body
+    if raw and is_json(media):
         canonical = canonical_json(body, without=without)
-        return body if canonical is None else canonical
-    if body and media == "application/x-www-form-urlencoded":
+        return raw if canonical is None else canonical
+    if raw and media == "application/x-www-form-urlencoded":
         try:
-            return _canonical_pairs(body.decode("utf-8"))
+            return _canonical_pairs(raw.decode("utf-8"))
         except UnicodeDecodeError:
-            return body
-    return body
-
-
-def _is_multipart(request: HttpRequest) -> bool:
-    return _multipart_type(request.META.get("CONTENT_TYPE", ""))
-
-
-def _multipart_type(content_type: str) -> bool:
-    return content_type.lower().startswith("multipart/")
-
-
-def _parsed_by_django(request: HttpRequest) -> bool:
-    """Django parses multipart bodies into ``request.POST`` and ``FILES`` for POST only,
-    streaming the files to its upload handlers; other methods are read whole."""
-    return request.method == "POST" and _is_multipart(request)
-
-
-def preload_body(request: HttpRequest) -> None:
-    """Read the body into memory before a framework parses the stream, so the
-    fingerprint can still see it. Multipart POST bodies are left to Django's form
-    parser. Raises RequestTooLarge (413) past ``DATA_UPLOAD_MAX_MEMORY_SIZE``, IncompleteBody
-    (400) when it is shorter than its ``Content-Length``."""
-    if _parsed_by_django(request):
-        return
-    with suppress(RawPostDataException):
-        read_body(request)
+            return raw
+    return raw
 
 
 if TYPE_CHECKING:
@@ -234,16 +181,9 @@ def _form_digest(post: QueryDict, files: MultiValueDict[str, UploadedFile[Any]])
 
 
 def _multipart_digest(request: HttpRequest, body: bytes) -> bytes:
-    """Parse a copy of a multipart body that Django does not parse (any method but
-    POST); the request's own body and stream are left for the view's parsers."""
-    meta = {"CONTENT_TYPE": request.META.get("CONTENT_TYPE", ""), "CONTENT_LENGTH": len(body)}
-    try:
-        parser = MultiPartParser(meta, BytesIO(body), [_DigestingUploadHandler()], request.encoding)
-        post, files = parser.parse()
-    except RequestDataTooBig as exc:
-        raise RequestTooLarge() from exc
-    except (MultiPartParserError, SuspiciousOperation) as exc:
-        raise InvalidBody() from exc
+    """The digest of a multipart body that Django does not parse (any method but POST),
+    parsed from a copy: the request's own body and stream are left for the view's parsers."""
+    post, files = parse_multipart(request, body, [_DigestingUploadHandler()])
     return _form_digest(post, files)
 
 
@@ -251,19 +191,18 @@ def _body_digest(django_request: HttpRequest) -> bytes:
     """The body's part of the fingerprint; ``django_request`` is Django's request (not
     DRF's, whose parsers may have consumed the stream)."""
     content_type = django_request.META.get("CONTENT_TYPE", "")
-    multipart = _multipart_type(content_type)
-    if multipart and django_request.method == "POST":
-        # Boundaries differ between retries (Django parses multipart POST bodies, see
-        # _parsed_by_django): fingerprint the parsed form and files.
+    if parsed_by_django(django_request):
+        # Boundaries differ between retries (Django parses multipart POST bodies): fingerprint
+        # the parsed form and files.
         parse_form(django_request)
         return _form_digest(django_request.POST, django_request.FILES)
     try:
-        body = read_body(django_request)
+        body = load(django_request)
     except RawPostDataException:
         parse_form(django_request)
         return _form_digest(django_request.POST, django_request.FILES)
-    if multipart:
-        return _multipart_digest(django_request, body)
+    if is_multipart(content_type):
+        return _multipart_digest(django_request, body.raw)
     return hashlib.sha256(canonical_body(content_type, body, conf.KEY_BODY_FIELD)).digest()
 
 

@@ -1,5 +1,6 @@
-"""Keys derived from a request's key: the (scope, key) digest, and downstream keys for
-outside services (see docs/how-it-works.md, "Derived downstream keys").
+"""Keys derived from a request's key: downstream keys for outside services (see
+docs/how-it-works.md, "Derived downstream keys"). The (scope, key) digest is
+:mod:`django_idempotency.values.keys`'s, named here too.
 """
 
 from __future__ import annotations
@@ -7,11 +8,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 
+from ..values.keys import key_digest
 
-def key_digest(scope: str, key: str) -> str:
-    """The digest of ``(scope, key)``: one name for one key in places that take a short
-    fixed-size name (the waiters' channels, Redis record names)."""
-    return hashlib.sha256(scope.encode() + b"\x00" + key.encode()).hexdigest()[:32]
+__all__ = ["downstream_key", "key_digest"]
 
 
 def downstream_key(secret: str, scope: str, key: str, name: str = "default") -> str:

@@ -17,8 +17,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ..conf import conf
 from ..errors import InvalidBody, InvalidKey
-from .body import read_body
-from .fingerprint import is_json, is_object, parse_json
+from .body import Body, is_json, is_object, load
 from .header import MAX_KEY_LENGTH, header_value, parse_key
 
 if TYPE_CHECKING:
@@ -65,10 +64,10 @@ def body_key(request: HttpRequest, field: str, *, readable: bool = True) -> str 
     ``InvalidBody`` when ``readable`` (no other key was sent: whether this one carries a key
     cannot be told), else it has none."""
     body = _body(request)
-    if not body:
+    if not body.raw:
         return None
     try:
-        parsed = parse_json(body)
+        parsed = body.json()
     except (ValueError, RecursionError):
         if not readable:
             return None
@@ -94,15 +93,13 @@ def body_key(request: HttpRequest, field: str, *, readable: bool = True) -> str 
     return check_key(values[0], field)
 
 
-def _body(request: HttpRequest) -> bytes:
-    """The request's body (read into memory, and kept there for the fingerprint and the
-    view); ``RequestTooLarge`` past ``DATA_UPLOAD_MAX_MEMORY_SIZE``, ``IncompleteBody`` when
-    shorter than its ``Content-Length``. A body that something read as a stream before the
-    key could be is an ``InvalidBody``: nothing can be told about its key, nor can it be
+def _body(request: HttpRequest) -> Body:
+    """The request's body (:func:`body.load`: read and parsed once, for the key, the
+    fingerprint and the view). A body that something read as a stream before the key could
+    be is an ``InvalidBody``: nothing can be told about its key, nor can it be
     fingerprinted."""
-    django_request: HttpRequest = getattr(request, "_request", request)
     try:
-        return read_body(django_request)
+        return load(request)
     except RawPostDataException as exc:
         raise InvalidBody(
             _(

@@ -34,8 +34,9 @@ from django.db import DatabaseError, connections, transaction
 from django.utils.translation import gettext_lazy as _
 
 from ..errors import DatabaseMisconfigured, LeaseLost, StoreUnavailable
-from ..store.sql import commits_in_statement, features_of
 from ..store.sql.deadline import bounded
+from ..store.sql.postgresql import commits_in_statement
+from ..store.sql.statements import features_of
 from ..strategies.base import Attempt, Claim, Delegate, Outcome, Strategy
 from . import testcase, transactions, writeguard
 

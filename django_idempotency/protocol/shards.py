@@ -48,12 +48,6 @@ def key_database(request: HttpRequest) -> str:
     return str(alias)
 
 
-def key_databases(using: str | None = None) -> list[str]:
-    """The databases an operation on every key runs on (the purge, the drain): ``using``
-    alone when given, else every one of ``KEY_DATABASES``."""
-    return [using] if using else list(conf.KEY_DATABASES)
-
-
 def _routed(routing: str, request: HttpRequest) -> object:
     if routing == ROUTER:
         from django.db import router

@@ -35,7 +35,7 @@ from ..errors import DatabaseMisconfigured
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
-    from ..strategies.base import Attempt
+    from ..values.attempt import Attempt
 
 logger = logging.getLogger("django_idempotency")
 

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from .sql import dialect_for
 from .sql.mysql import MySQLDialect
+from .sql.statements import dialect_for
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper

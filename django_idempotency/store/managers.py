@@ -19,14 +19,15 @@ from .errors import is_transient, no_partition
 from .partitions import log_no_partition
 from .purge import PurgeQuerySet
 from .records import ClaimResult, ClaimState, KeyRow, kept_ttl
-from .sql import Statement, Statements, database, statements
 from .sql.partitioned import lock_name
+from .sql.statement import Statement
+from .sql.statements import Statements, database, statements
 from .status import IN_PROGRESS
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
-    from ..protocol.replay import StoredResponse
+    from ..values.response import StoredResponse
 
 logger = logging.getLogger("django_idempotency")
 

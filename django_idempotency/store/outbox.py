@@ -17,11 +17,14 @@ from django.db import NotSupportedError, OperationalError, connections, models, 
 from .clock import database_now, database_time
 from .errors import is_transient
 from .records import DrainResult, KeyRecord
-from .sql import OUTBOX_ADD_COLUMNS, STORE_COLUMNS, Statement, database, statements
+from .sql.completed import STORE_COLUMNS
+from .sql.outbox import OUTBOX_ADD_COLUMNS
+from .sql.statement import Statement
+from .sql.statements import database, statements
 from .status import COMPLETED
 
 if TYPE_CHECKING:
-    from ..protocol.replay import StoredResponse
+    from ..values.response import StoredResponse
 
 #: How many times a drain transaction is taken again after a deadlock or a lock timeout.
 DRAIN_ATTEMPTS = 5

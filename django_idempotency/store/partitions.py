@@ -24,7 +24,7 @@ from django.db import DatabaseError, connections, transaction
 from ..conf import conf
 from .purge import check_older_than
 from .sql import partitions as ddl
-from .sql import statements
+from .sql.statements import statements
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper

@@ -18,7 +18,8 @@ from django.utils import timezone
 from ..conf import conf
 from .clock import DatabaseNow
 from .errors import is_transient
-from .sql import Statement, clock_in_sql, database, features_of, statements
+from .sql.statement import Statement
+from .sql.statements import clock_in_sql, database, features_of, statements
 from .status import IN_PROGRESS
 
 

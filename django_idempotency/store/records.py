@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from django.utils import timezone
 
-from ..protocol.replay import StoredResponse
+from ..values.response import StoredResponse
 from .status import COMPLETED
 
 

@@ -19,13 +19,13 @@ from django.db.utils import OperationalError
 
 from ..errors import LeaseLost, StoreUnavailable
 from ..models import IdempotencyKey
-from ..protocol import waiting
-from ..protocol.replay import StoredResponse
 from ..store.errors import retry_after
 from ..store.partitions import holds_expiry, log_no_partition
 from ..store.sql.deadline import bounded
 from ..store.sql.partitioned import LOCK_SQL, lock_name
 from ..store.status import COMPLETED
+from ..values.response import StoredResponse
+from . import waiting
 from .base import (
     Attempt,
     Claim,

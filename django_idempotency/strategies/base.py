@@ -10,6 +10,10 @@ returns an outcome:
 * :class:`Mismatch` — the key was used for a different request (422);
 * :class:`Delegate` — another strategy handles this attempt (a fallback).
 
+The attempt and the outcomes that are values (``InProgress``, ``Replay``, ``Mismatch``)
+live in :mod:`django_idempotency.values`, which every layer shares; they are named here
+too, where a strategy's author looks for them.
+
 ``protocol.lifecycle.Lifecycle`` owns everything else, once for all strategies: the
 transaction around the view, when the claim stores and when it gives the key back. See
 docs/how-it-works.md and docs/api.md ("Writing a strategy").
@@ -25,40 +29,15 @@ from typing import TYPE_CHECKING
 from django.db import DatabaseError, transaction
 from django.utils.translation import gettext_lazy as _
 
-from ..protocol.replay import StoredResponse
 from ..store.errors import is_connection_lost, is_transient, store_unavailable
+from ..values.attempt import Attempt
+from ..values.outcomes import InProgress, Mismatch, Outcome, Replay
+from ..values.response import StoredResponse
 
 if TYPE_CHECKING:
-    from ..protocol.waiting import Listener
+    from .waiting import Listener
 
 logger = logging.getLogger("django_idempotency")
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """Everything a strategy needs to know about one request."""
-
-    scope: str
-    key: str
-    fingerprint: str
-    ttl: float
-    lock_timeout: float
-    method: str = ""
-    path: str = ""
-    atomic: bool = True
-    database: str = "default"
-    #: Seconds a duplicate waits for this key's answer (``WAIT``); 0: the 409 at once.
-    #: When > 0 the request that completes or releases the key also wakes its waiters.
-    wait: float = 0.0
-    #: The key's database when each request chooses one (``DATABASE_ROUTING``), else "".
-    shard: str = ""
-
-    @property
-    def redis_scope(self) -> str:
-        """The scope that names the key's record in Redis, which every key database
-        shares: the scope, preceded by the key's database when requests are routed over
-        several (a scope such as ``user:42`` may name another user on each shard)."""
-        return f"db:{self.shard}\x1f{self.scope}" if self.shard else self.scope
 
 
 #: The detail of a 503 for a response that could not be stored.
@@ -77,35 +56,6 @@ def store_failed(exc: DatabaseError, *, committing: bool) -> BaseException:
     if committing and (is_connection_lost(exc) or is_transient(exc)):
         return exc
     return store_unavailable(exc, NOT_STORED_DETAIL)
-
-
-class Outcome:
-    """What a claim found."""
-
-    @property
-    def label(self) -> str:
-        """The outcome's name in metrics and logs: ``claimed``, ``taken_over``,
-        ``in_progress``, ``replay``, ``mismatch``; ``error`` for one the engine does not
-        handle. Subclasses override it with a class attribute (unannotated: not a field),
-        or with a property where it depends on the claim."""
-        return "error"
-
-
-@dataclass(frozen=True)
-class InProgress(Outcome):
-    retry_after: int = 1
-    label = "in_progress"
-
-
-@dataclass(frozen=True)
-class Replay(Outcome):
-    response: StoredResponse
-    label = "replay"
-
-
-@dataclass(frozen=True)
-class Mismatch(Outcome):
-    label = "mismatch"
 
 
 @dataclass(frozen=True)
@@ -129,7 +79,7 @@ class Claim(Outcome, abc.ABC):
     #: Whether ``renew`` extends a lease (a heartbeat keeps it alive while the view runs).
     renewable: bool = True
     #: Whether :meth:`store` can also COMMIT the view's transaction in its own statement's
-    #: round trip (``store(commit=True)``; see ``store.sql.and_commit``).
+    #: round trip (``store(commit=True)``; see ``store.sql.postgresql.and_commit``).
     folds_commit: bool = False
 
     def __init__(self, attempt: Attempt) -> None:
@@ -210,5 +160,20 @@ class Strategy(abc.ABC):
 
     def listener(self, attempt: Attempt) -> Listener | None:
         """What wakes the duplicates waiting for ``attempt``'s key in this process
-        (see ``django_idempotency.protocol.waiting``); None: they poll. Must not raise."""
+        (see ``django_idempotency.strategies.waiting``); None: they poll. Must not raise."""
         return None
+
+
+__all__ = [
+    "NOT_STORED_DETAIL",
+    "Attempt",
+    "Claim",
+    "Delegate",
+    "InProgress",
+    "Mismatch",
+    "Outcome",
+    "Replay",
+    "StoredResponse",
+    "Strategy",
+    "store_failed",
+]

@@ -22,12 +22,12 @@ from django.db import DatabaseError, connections
 
 from ..errors import LeaseLost, TransientConflict
 from ..models import IdempotencyKey
-from ..protocol import waiting
-from ..protocol.keys import key_digest
-from ..protocol.replay import StoredResponse
 from ..store.errors import is_transient, retry_after, store_unavailable
 from ..store.records import ClaimState
-from ..store.sql import features_of
+from ..store.sql.statements import features_of
+from ..values.keys import key_digest
+from ..values.response import StoredResponse
+from . import waiting
 from .base import (
     Attempt,
     Claim,

@@ -19,8 +19,8 @@ from django.db import DatabaseError, transaction
 from ..conf import conf
 from ..errors import LeaseLost, StoreUnavailable
 from ..models import IdempotencyOutbox
-from ..protocol.replay import StoredResponse
 from ..store.records import KeyRecord
+from ..values.response import StoredResponse
 from .base import Attempt, Delegate, InProgress, Mismatch, Outcome, Replay, store_failed
 from .db import DatabaseClaim, DatabaseStrategy
 from .redis.store import (
@@ -29,6 +29,7 @@ from .redis.store import (
     RedisStore,
     RedisUnavailable,
     get_store,
+    redis_scope,
     to_ms,
 )
 from .redis.strategy import RedisClaim, RedisStrategy, ours, redis_claim
@@ -103,7 +104,7 @@ class OutboxDatabaseClaim(DatabaseClaim):
         super().after_commit()
         # Committed in PostgreSQL only: Redis's hot path looks the key up there while it lives.
         a = self.attempt
-        suspects.add(a.redis_scope, a.key, a.ttl)
+        suspects.add(redis_scope(a), a.key, a.ttl)
         self.strategy.parent.request_drain()
 
 
@@ -144,7 +145,7 @@ class HybridClaim(RedisClaim):
         lease lapsed looks the key up in the database)."""
         a = self.attempt
         return self.redis.renew(
-            a.redis_scope, a.key, self.token, to_ms(a.lock_timeout), held_ms=self.held_ms
+            redis_scope(a), a.key, self.token, to_ms(a.lock_timeout), held_ms=self.held_ms
         )
 
     def settled(self) -> Outcome | None:
@@ -178,7 +179,7 @@ class HybridClaim(RedisClaim):
             # is the key's, whoever holds the key in Redis now (a claim made after our lease
             # expired cannot commit: the outbox refuses it, and it refills Redis from there).
             self.redis.put_completed(
-                attempt.redis_scope,
+                redis_scope(attempt),
                 attempt.key,
                 attempt.fingerprint,
                 response,
@@ -187,7 +188,7 @@ class HybridClaim(RedisClaim):
             )
         except RedisUnavailable:
             self.redis.verify_due = True
-            suspects.add(attempt.redis_scope, attempt.key, attempt.ttl)
+            suspects.add(redis_scope(attempt), attempt.key, attempt.ttl)
             logger.warning(
                 "idempotency key %s (scope %s) committed, but Redis could not be updated; "
                 "it will be refilled from the database",
@@ -299,7 +300,7 @@ class HybridStrategy(RedisStrategy):
             store, attempt, lambda token: HybridClaim(self, store, attempt, token), claim
         )
         if isinstance(outcome, HybridClaim):
-            if suspects.holds(attempt.redis_scope, attempt.key):
+            if suspects.holds(redis_scope(attempt), attempt.key):
                 outcome.check_db = True
             elif claim is None:
                 outcome.check_db = self._must_check_db(store, attempt)
@@ -352,7 +353,7 @@ class HybridStrategy(RedisStrategy):
         assert found.response is not None
         try:
             store.put_completed(
-                attempt.redis_scope,
+                redis_scope(attempt),
                 attempt.key,
                 found.fingerprint,
                 found.response,
@@ -416,7 +417,7 @@ class HybridStrategy(RedisStrategy):
         keys = (
             store.loss_keys()
             if attempt is None
-            else store.loss_keys_for(attempt.redis_scope, attempt.key)
+            else store.loss_keys_for(redis_scope(attempt), attempt.key)
         )
         try:
             check = store.loss_suspected(keys, self._window_ms(ttl), to_ms(self._interval(store)))
@@ -478,7 +479,7 @@ class HybridStrategy(RedisStrategy):
         """As the ``redis`` strategy; a key handed to the ``db`` strategy is remembered
         (``suspects``) for as long as its claim and record may live."""
         outcome = super().unavailable(attempt, exc)
-        suspects.add(attempt.redis_scope, attempt.key, attempt.ttl + attempt.lock_timeout)
+        suspects.add(redis_scope(attempt), attempt.key, attempt.ttl + attempt.lock_timeout)
         return outcome
 
     # -- the drain ------------------------------------------------------------------------

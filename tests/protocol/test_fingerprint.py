@@ -12,7 +12,8 @@ from django.test import Client, RequestFactory, override_settings
 from django.test.client import BOUNDARY, MULTIPART_CONTENT, encode_multipart
 
 from django_idempotency.errors import InvalidBody, RequestTooLarge
-from django_idempotency.protocol.fingerprint import canonical_body, fingerprint, preload_body
+from django_idempotency.protocol.body import preload as preload_body
+from django_idempotency.protocol.fingerprint import canonical_body, fingerprint
 from django_idempotency.protocol.replay import REPLAYED_HEADER
 
 from ..testapp.models import SideEffect

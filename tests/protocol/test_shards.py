@@ -40,10 +40,11 @@ from django_idempotency import tasks
 from django_idempotency.decorators import idempotent
 from django_idempotency.mixins import IdempotencyMixin
 from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
-from django_idempotency.protocol import shards, waiting
+from django_idempotency.protocol import shards
 from django_idempotency.protocol.keys import key_digest
 from django_idempotency.protocol.replay import REPLAYED_HEADER
 from django_idempotency.store.status import COMPLETED
+from django_idempotency.strategies import waiting
 from tests.testapp.models import SideEffect
 from tests.testapp.tenants import TENANTS, tenant, tenant_of, tenant_scope
 

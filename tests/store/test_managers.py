@@ -16,7 +16,7 @@ from django.utils import timezone
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.store.records import ClaimResult, ClaimState, KeyRow
-from django_idempotency.store.sql import statements
+from django_idempotency.store.sql.statements import statements
 
 from ..support.factories import (
     CompletedKeyFactory,

@@ -29,7 +29,7 @@ from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
 from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.store import partitions
 from django_idempotency.store.records import ClaimResult, ClaimState
-from django_idempotency.store.sql import statements
+from django_idempotency.store.sql.statements import statements
 
 from ..support.partitions import AHEAD, INTERVAL, partitioned_table, past_partition
 from ..support.partitions import SMALL as SETTINGS

@@ -26,9 +26,9 @@ def mysql_statements(alias: str = "mariadb") -> Iterator[None]:
     claim without ``RETURNING``, as on MySQL 8, whose server these tests do not have."""
     from django.db import connections
 
-    from django_idempotency.store.sql import statements as statements_module
     from django_idempotency.store.sql.mysql import MySQLDialect
     from django_idempotency.store.sql.statements import Statements, _statements
+    from django_idempotency.store.sql.statements import statements as statements_module
 
     connection = connections[alias]
     cache_key = (alias, connection.vendor, False)

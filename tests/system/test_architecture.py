@@ -1,7 +1,11 @@
 """What a newcomer relies on: docs/architecture.md's module map names every module of the
-package, and only those; Django's transaction internals are read in one module; no import
-cycle, no function body over 60 lines nor above a cyclomatic complexity of 15; the tests
-mirror the package."""
+package, and only those; its layers are :data:`LAYERS`, and no import points up one or makes
+a cycle, between folders or between modules; Django's transaction internals are read in one
+module; no function body over 60 lines nor above a cyclomatic complexity of 15; the tests
+mirror the package.
+
+``python tests/system/test_architecture.py [ROOT]`` prints the import graph's figures (the
+upward arrows and the cycles) for this tree or the one at ROOT."""
 
 from __future__ import annotations
 
@@ -119,14 +123,17 @@ def test_the_store_does_not_import_the_models() -> None:
     assert importing == []
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def _module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def _imports(path: Path, name: str, modules: set[str]) -> set[str]:
     """The package's modules ``path`` imports anywhere in it: at the top, in a function, or
-    under ``TYPE_CHECKING`` (each is a dependency a reader follows)."""
+    under ``TYPE_CHECKING`` (each is a dependency a reader follows). ``from P import n``
+    imports ``P``, whose ``__init__`` runs and may hand ``n`` on (a re-export is an import
+    of the package), and also ``P.n`` when that is a module; the top package, which Python
+    runs before any of its modules, only when ``n`` is a name it defines."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -136,7 +143,9 @@ def _imports(path: Path, name: str, modules: set[str]) -> set[str]:
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*anchor, *([node.module] if node.module else [])])
-            targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
+            submodules = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in modules]
+            top = base == "django_idempotency" and len(submodules) == len(node.names)
+            targets = [*([] if top else [base]), *submodules]
         elif isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         for target in targets:
@@ -144,39 +153,160 @@ def _imports(path: Path, name: str, modules: set[str]) -> set[str]:
                 target = target.rpartition(".")[0]
             if target and target != name:
                 found.add(target)
-                break
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
     """Module -> the package's modules it imports (migrations aside)."""
+    package = root / "django_idempotency"
     paths = {
-        _module_name(path): path for path in PACKAGE.rglob("*.py") if "migrations" not in path.parts
+        _module_name(path, root): path
+        for path in package.rglob("*.py")
+        if "migrations" not in path.parts
     }
     modules = set(paths)
     return {name: _imports(path, name, modules) for name, path in paths.items()}
 
 
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every elementary cycle of ``graph``, each once: from its smallest node, back to it."""
+    found: list[list[str]] = []
+
+    def visit(start: str, trail: list[str]) -> None:
+        for following in sorted(graph.get(trail[-1], ())):
+            if following == start:
+                found.append([*trail, start])
+            elif following > start and following not in trail:
+                visit(start, [*trail, following])
+
+    for start in sorted(graph):
+        visit(start, [start])
+    return found
+
+
 def test_no_import_cycle() -> None:
-    """No module reaches itself through the package's imports, counting deferred imports and
-    those under ``TYPE_CHECKING``: each layer can be read, and changed, from the bottom up."""
-    graph = import_graph()
-    cycles: list[list[str]] = []
-    done: set[str] = set()
+    """No module reaches itself through the package's imports, counting deferred imports,
+    those under ``TYPE_CHECKING`` and re-exports: each layer can be read, and changed, from
+    the bottom up."""
+    assert cycles(import_graph()) == []
 
-    def visit(module: str, trail: list[str]) -> None:
-        if module in trail:
-            cycles.append([*trail[trail.index(module) :], module])
-            return
-        if module in done:
-            return
-        for imported in sorted(graph[module]):
-            visit(imported, [*trail, module])
-        done.add(module)
 
-    for module in sorted(graph):
-        visit(module, [])
-    assert cycles == []
+# -- the layers (docs/architecture.md, "Layers") ---------------------------------------------
+
+#: The package's layers, top to bottom, each a few of its top-level modules and folders (a
+#: folder is one node, whatever it holds; the migrations aside). A node imports nodes of its
+#: own layer or of the layers below, never one above; no two nodes import each other, even
+#: through others. docs/architecture.md's "Layers" block is this list, line for line.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "entry points",
+        ("__init__.py", "apps.py", "admin.py", "management/", "testing/", "contrib/", "metrics.py"),
+    ),
+    ("checks", ("checks/",)),
+    (
+        "adapters",
+        (
+            "drf.py",
+            "middleware.py",
+            "decorators.py",
+            "mixins.py",
+            "browsable.py",
+            "idempotent_tasks.py",
+        ),
+    ),
+    ("protocol", ("protocol/",)),
+    ("strategies", ("strategies/",)),
+    ("tasks", ("tasks.py",)),
+    ("models", ("models.py",)),
+    ("store", ("store/",)),
+    ("values", ("values/",)),
+    ("settings", ("errors.py", "signals.py", "conf.py")),
+)
+
+
+def folder_of(module: str, root: Path = ROOT) -> str:
+    """The node ``module`` belongs to: its top-level folder (``store/``) or module
+    (``conf.py``); ``__init__.py`` for the package itself."""
+    parts = module.split(".")[1:]
+    if not parts:
+        return "__init__.py"
+    if (root / "django_idempotency" / parts[0]).is_dir():
+        return parts[0] + "/"
+    return parts[0] + ".py"
+
+
+def folder_graph(root: Path = ROOT) -> dict[str, dict[str, list[str]]]:
+    """Node -> the nodes it imports -> the imports behind each arrow (``module -> module``)."""
+    graph: dict[str, dict[str, list[str]]] = {}
+    for module, imported in import_graph(root).items():
+        here = folder_of(module, root)
+        arrows = graph.setdefault(here, {})
+        for target in sorted(imported):
+            there = folder_of(target, root)
+            if there != here:
+                arrows.setdefault(there, []).append(f"{module} -> {target}")
+    return graph
+
+
+def upward_arrows(root: Path = ROOT) -> list[str]:
+    """The imports from a node to a node of a higher layer (or of no layer)."""
+    level = {node: index for index, (_name, nodes) in enumerate(LAYERS) for node in nodes}
+    up: list[str] = []
+    for here, arrows in sorted(folder_graph(root).items()):
+        for there, imports in sorted(arrows.items()):
+            if level.get(there, -1) < level.get(here, len(LAYERS)):
+                up.extend(f"{here} -> {there}: {line}" for line in imports)
+    return up
+
+
+def layer_report(root: Path = ROOT) -> str:
+    """The figures of the import graph, for a tree at ``root``: ``python
+    tests/system/test_architecture.py [ROOT]`` prints them."""
+    graph = folder_graph(root)
+    folder_cycles = cycles({node: set(arrows) for node, arrows in graph.items()})
+    up = upward_arrows(root)
+    arrows = {line.split(":")[0] for line in up}
+    lines = [
+        f"upward arrows (node -> node): {len(arrows)}, imports behind them: {len(up)}",
+        *(f"  {line}" for line in up),
+        f"cycles between folders and top-level modules: {len(folder_cycles)}",
+        *(f"  {' -> '.join(cycle)}" for cycle in folder_cycles),
+        f"cycles between modules: {len(cycles(import_graph(root)))}",
+    ]
+    return "\n".join(lines)
+
+
+def test_every_node_has_its_layer() -> None:
+    nodes = {folder_of(module) for module in import_graph()}
+    placed = [node for _name, layer in LAYERS for node in layer]
+    assert sorted(nodes - set(placed)) == []
+    assert sorted(set(placed) - nodes) == []
+    assert len(placed) == len(set(placed))
+
+
+def test_no_import_points_up_a_layer() -> None:
+    assert upward_arrows() == []
+
+
+def test_no_cycle_between_folders() -> None:
+    graph = folder_graph()
+    assert cycles({node: set(arrows) for node, arrows in graph.items()}) == []
+
+
+def test_the_architecture_page_lists_the_layers() -> None:
+    """docs/architecture.md's "Layers" block: one line per layer, top first, its name then
+    its nodes, as :data:`LAYERS` has them."""
+    markdown = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    block = markdown.split("## Layers", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    listed: list[tuple[str, tuple[str, ...]]] = []
+    for line in block.splitlines():
+        if line.startswith(" ") and listed:  # a layer's nodes go on over several lines
+            layer, nodes = listed.pop()
+            listed.append((layer, (*nodes, *line.split())))
+        elif line.strip():
+            layer, _colon, names = line.partition(":")
+            listed.append((layer.strip(), tuple(names.split())))
+    assert listed == list(LAYERS)
 
 
 #: Django's transaction internals: read only through protocol/transactions.py, whose tests
@@ -306,3 +436,9 @@ def test_every_folder_of_tests_is_a_package_and_mirrors_one() -> None:
         )
     ]
     assert strays == []
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(layer_report(Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else ROOT))

@@ -259,3 +259,116 @@ def test_the_capacity_counts_are_what_each_strategy_sends(tmp_path: Path) -> Non
 def pick(row: dict[str, Any]) -> tuple[float, ...]:
     names = ("statements", "COMMIT sent", "write transactions", "key table row versions")
     return tuple(row[name] for name in names)
+
+
+def test_the_budget_skips_every_function_but_the_parts_and_the_bottom_of_the_stack() -> None:
+    from fnmatch import fnmatchcase
+
+    from benchmarks.measures.budget.callgrind import KEEP, loader_entry, skip_patterns
+
+    patterns = skip_patterns()
+    assert not any("?" in p[:-1] or "*" in p[:-1] for p in patterns)  # no wildcard inside
+
+    def skipped(name: str) -> bool:
+        return any(fnmatchcase(name, pattern) for pattern in patterns)
+
+    # A function without a symbol is named by its address: skipped, but for the loader's entry.
+    for name in ("_PyEval_EvalFrameDefault", "PyObject_Call", "malloc", "memcpy", "pq_exec",
+                 "budget_hook", "_stat", "x", "0x00000000000fe120"):  # fmt: skip
+        assert skipped(name), name
+    for name in ("budget_part_7", "budget_part_root", "_start", "(below main)", loader_entry(),
+                 "_dl_runtime_resolve_xsave", "__libc_start_main", "main"):  # fmt: skip
+        assert not skipped(name), name
+    assert all(not skipped(prefix) for prefix in KEEP)
+    assert loader_entry().startswith("0x") and len(loader_entry()) == 18
+
+
+def test_the_budget_reads_a_part_s_own_instructions_from_a_dump(tmp_path: Path) -> None:
+    """Self cost plus the calls to unskipped functions that are not parts; a call into
+    another part is that part's."""
+    from benchmarks.measures.budget.callgrind import read_dump
+
+    dump = tmp_path / "callgrind.out.1"
+    dump.write_text(
+        "desc: Trigger: Client Request: db-replay\npositions: line\nevents: Ir\n"
+        "summary: 1000\n\n"
+        "fn=(1) budget_part_root\n0 100\ncfn=(2) budget_part_6\ncalls=1 0\n0 850\n\n"
+        "fn=(2)\n0 300\ncfn=(3) budget_part_8\ncalls=2 0\n0 500\n"
+        "cfn=(4) __libc_calloc\ncalls=1 0\n0 50\n\n"
+        "fn=(3)\n+2 500\n\nfn=(5) (below main)\n0 7\ntotals: 1000\n"
+    )
+    trigger, total, parts = read_dump(dump)
+    assert (trigger, total) == ("db-replay", 1000)
+    assert parts == {0: 100, 6: 350, 8: 500, -1: 50}
+
+
+CALLGRIND_SCRIPT = """
+import sys
+sys.path[:0] = [{root!r}, {tmp!r}]
+from benchmarks.measures.budget.native import load
+import light, heavy
+
+parts = load()
+parts.install(lambda code: {{"light": (2, 2), "heavy": (4, 4)}}.get(
+    code.co_filename.rsplit("/", 1)[-1][:-3], (-1, -1)), (2, 3, 4))
+parts.run(light.work)  # each code object's part is asked once, before the counting
+parts.collect()
+parts.run(light.work)
+parts.collect()
+parts.dump("work")
+"""
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="needs valgrind (make valgrind)")
+def test_callgrind_files_each_frame_under_its_part(tmp_path: Path) -> None:
+    """The evaluator and the skipped functions, end to end on a known workload: ``light``
+    calls ``heavy`` ten times, which loops ten times longer than ``light`` does itself."""
+    from benchmarks.measures.budget import callgrind
+
+    (tmp_path / "light.py").write_text(
+        "import heavy\n\ndef work():\n    s = 0\n    for i in range(2000):\n        s += i\n"
+        "    for _ in range(10):\n        s += heavy.work()\n    return s\n"
+    )
+    (tmp_path / "heavy.py").write_text(
+        "def work():\n    s = 0\n    for i in range(2000):\n        s += i\n    return s\n"
+    )
+    script = tmp_path / "script.py"
+    script.write_text(CALLGRIND_SCRIPT.format(root=str(ROOT), tmp=str(tmp_path)))
+    out = tmp_path / "callgrind.out"
+    subprocess.run(
+        [*callgrind.options(str(out)), sys.executable, str(script)],
+        check=True, capture_output=True, timeout=900,
+    )  # fmt: skip
+    dumps = [callgrind.read_dump(path) for path in tmp_path.glob("callgrind.out.*")]
+    ((_trigger, total, parts),) = [dump for dump in dumps if dump[0] == "work"]
+    light, heavy = parts.get(2, 0), parts.get(4, 0)
+    assert light > 0 and 8 < heavy / light < 12, parts
+    # Nearly everything is filed under a part: what is not is the calls into the parts.
+    assert light + heavy + parts.get(0, 0) > 0.95 * total, parts
+
+
+def test_a_tiny_budget_runs_and_files_every_route_under_its_parts(tmp_path: Path) -> None:
+    """The budget command end to end, in its smallest run, the CPU side (what it measures
+    is not asserted: the machine's speed is not the test's; the callgrind side, which takes
+    minutes under valgrind for Django's start-up alone, is the test above on a small
+    workload)."""
+    out = tmp_path / "budget.json"
+    result = benchmarks(
+        "budget", "--quick", "--no-instructions", "--strategies", "db", "--rounds", "1",
+        "--requests", "2", "--json", str(out), timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    tables = json.loads(out.read_text())["tables"]
+    assert [t["title"].split(",")[:2] for t in tables] == [
+        ["Client CPU per request", " new key (µs"], ["Client CPU per request", " replay (µs"],
+    ]  # fmt: skip
+    new_key = {row["part"]: row for row in tables[0]["rows"]}
+    assert list(tables[0]["rows"][0]) == [
+        "part", "plain", "db", "hand-db", "hand-redis",
+    ]  # fmt: skip
+    # The library's parts are the library's: the plain view has none of them.
+    assert new_key["fingerprint"]["plain"] == 0 and new_key["fingerprint"]["db"] > 0
+    assert new_key["the same work by hand"]["hand-db"] > 0
+    assert new_key["ratio plain ÷ route"]["plain"] == "1.00 (1.00-1.00)"
+    replay = {row["part"]: row for row in tables[1]["rows"]}
+    assert replay["driver calls (psycopg, redis-py)"]["db"] > 0

@@ -32,7 +32,8 @@ from django_idempotency import signals, strategies
 from django_idempotency.decorators import idempotent
 from django_idempotency.mixins import IdempotencyMixin
 from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
-from django_idempotency.store.sql import NOT_STORED_MARKER, commits_in_statement, not_stored
+from django_idempotency.store.sql.postgresql import commits_in_statement
+from django_idempotency.store.sql.statement import NOT_STORED_MARKER, not_stored
 from django_idempotency.store.status import COMPLETED
 
 from ..support.api import replayed, token_client

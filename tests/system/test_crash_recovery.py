@@ -37,7 +37,7 @@ import psycopg
 import pytest
 from django.db import connections
 
-from django_idempotency.store.sql import statements
+from django_idempotency.store.sql.statements import statements
 
 from ..support.databases import count_rows, pg_admin, query_scalar
 from ..support.example import ExampleServer, example_server, is_replay, manage, request

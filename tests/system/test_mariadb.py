@@ -29,8 +29,8 @@ from django_idempotency.protocol.engine import handle
 from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.store.errors import is_connection_lost, is_transient
 from django_idempotency.store.records import ClaimResult, ClaimState
-from django_idempotency.store.sql import statements
 from django_idempotency.store.sql.mysql import MariaDBDialect, MySQLDialect
+from django_idempotency.store.sql.statements import statements
 
 from ..support.assertions import assert_problem
 from ..support.mariadb import database_url_of, mysql_connect, mysql_statements

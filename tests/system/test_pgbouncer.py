@@ -28,9 +28,9 @@ from django.db import connections
 from django.http import HttpResponse
 from django.test import override_settings
 
-from django_idempotency.protocol import waiting
 from django_idempotency.protocol.engine import handle
 from django_idempotency.protocol.replay import REPLAYED_HEADER
+from django_idempotency.strategies import waiting
 from tests.testapp.models import SideEffect
 
 from ..protocol.test_engine import request

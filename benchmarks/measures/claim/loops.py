@@ -95,7 +95,7 @@ def statements(alias: str) -> Any:
     """The manager's statements for ``alias`` (the raw loops send the same SQL text)."""
     from django.db import connections
 
-    from django_idempotency.store.sql import statements as compiled
+    from django_idempotency.store.sql.statements import statements as compiled
 
     return compiled(connections[alias])
 

@@ -32,7 +32,7 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("completion statement / script (+ COMMIT)", ("Lifecycle.complete",)),
     ("Django's COMMIT, after-commit", ("Lifecycle.__exit__",)),
     ("BEGIN, on_commit, settle", ("Lifecycle._settle_and_begin",)),
-    ("header, scope, fingerprint", ("IdempotentRequest.from_request", "preload_body")),
+    ("header, scope, fingerprint", ("IdempotentRequest.from_request", "preload")),
     ("response capture", ("capture",)),
     (
         "events, lease",

@@ -135,7 +135,7 @@ def _renew(store: Any, key: str, token: str) -> None:
 
 
 def _complete(store: Any, key: str, token: str) -> None:
-    from ...protocol.replay import StoredResponse
+    from ...values.response import StoredResponse
 
     response = StoredResponse(status=201, headers={}, body=b"{}")
     _expect(store.complete(PROBE_SCOPE, key, token, response, 10_000))
@@ -156,7 +156,7 @@ def _release(store: Any, key: str, token: str) -> None:
 
 
 def _refill(store: Any, key: str, token: str) -> None:
-    from ...protocol.replay import StoredResponse
+    from ...values.response import StoredResponse
 
     response = StoredResponse(status=201, headers={}, body=b"{}")
     store.put_completed(PROBE_SCOPE, key, "probe", response, 10_000, token=token)
@@ -209,7 +209,7 @@ def _probe_loss_keys(store: Any, key: str) -> tuple[str, str, str]:
     """Loss keys of the probe's own, in its record's Cluster slot (never the real ones)."""
     from redis.crc import key_slot
 
-    from ...protocol.keys import key_digest
+    from ...values.keys import key_digest
     from .store import slot_tag
 
     tag = "hybrid-check"

@@ -36,9 +36,10 @@ from redis.retry import Retry
 
 from ...conf import conf
 from ...errors import RedisNotConfigured
-from ...protocol.keys import key_digest
-from ...protocol.replay import StoredResponse
 from ...store.status import COMPLETED, IN_PROGRESS
+from ...values.attempt import Attempt
+from ...values.keys import key_digest
+from ...values.response import StoredResponse
 from .outcome import RedisUnavailable as RedisUnavailable  # re-exported: the name callers know
 from .outcome import failure
 
@@ -178,6 +179,13 @@ _json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode
 
 
 _plain = re.compile(r"[A-Za-z0-9_.:\-]*\Z").match
+
+
+def redis_scope(attempt: Attempt) -> str:
+    """The scope that names ``attempt``'s record in Redis, which every key database
+    shares: the scope, preceded by the key's database when requests are routed over
+    several (a scope such as ``user:42`` may name another user on each shard)."""
+    return f"db:{attempt.shard}\x1f{attempt.scope}" if attempt.shard else attempt.scope
 
 
 def _string(value: str) -> str:

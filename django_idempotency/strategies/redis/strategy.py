@@ -14,9 +14,10 @@ from functools import partial
 
 from ...conf import conf
 from ...errors import LeaseLost, StoreUnavailable
-from ...protocol import waiting
-from ...protocol.keys import key_digest
-from ...protocol.replay import StoredResponse
+from ...store.errors import retry_after
+from ...values.keys import key_digest
+from ...values.response import StoredResponse
+from .. import waiting
 from ..base import (
     NOT_STORED_DETAIL,
     Attempt,
@@ -32,7 +33,15 @@ from ..db import DatabaseStrategy
 from .discards import discards
 from .health import monitor
 from .outcome import RedisOutcomeUnknown, resend_once
-from .store import RedisRecord, RedisStore, RedisUnavailable, get_store, new_token, to_ms
+from .store import (
+    RedisRecord,
+    RedisStore,
+    RedisUnavailable,
+    get_store,
+    new_token,
+    redis_scope,
+    to_ms,
+)
 
 logger = logging.getLogger("django_idempotency")
 
@@ -50,14 +59,14 @@ class RedisClaim(Claim):
 
     def renew(self) -> bool:
         a = self.attempt
-        return self.redis.renew(a.redis_scope, a.key, self.token, to_ms(a.lock_timeout))
+        return self.redis.renew(redis_scope(a), a.key, self.token, to_ms(a.lock_timeout))
 
     def store(self, response: StoredResponse, *, commit: bool) -> None:
         a = self.attempt
         try:
             stored = resend_once(
                 lambda: self.redis.complete(
-                    a.redis_scope, a.key, self.token, response, to_ms(a.ttl)
+                    redis_scope(a), a.key, self.token, response, to_ms(a.ttl)
                 ),
                 "completion",
             )
@@ -94,11 +103,11 @@ class RedisClaim(Claim):
     ) -> bool:
         a = self.attempt
         try:
-            deleted = operation(a.redis_scope, a.key, self.token)
+            deleted = operation(redis_scope(a), a.key, self.token)
         except RedisUnavailable:
             later = "it will expire after the lock timeout"
             if remember:  # a completion may be there (applied late, by a hung server)
-                discards.add(a.redis_scope, a.key, self.token, a.ttl)
+                discards.add(redis_scope(a), a.key, self.token, a.ttl)
                 later = "it is deleted before this process's next claim"
             logger.warning(
                 "could not release idempotency key in Redis; %s",
@@ -146,7 +155,7 @@ def redis_claim(
     for _ in range(CLAIM_ATTEMPTS):
         token = new_token()
         won, record = resend_once(
-            partial(call, attempt.redis_scope, attempt.key, attempt.fingerprint, token, lease),
+            partial(call, redis_scope(attempt), attempt.key, attempt.fingerprint, token, lease),
             "claim",
         )
         if won or (record is not None and ours(record, token)):
@@ -174,7 +183,7 @@ class RedisStrategy(Strategy):
     def claim(self, attempt: Attempt) -> Outcome:
         try:
             store = get_store()
-            if discards.due(attempt.redis_scope, attempt.key):
+            if discards.due(redis_scope(attempt), attempt.key):
                 discards.flush(store)
             outcome, _record = redis_claim(
                 store, attempt, lambda token: RedisClaim(store, attempt, token)
@@ -209,8 +218,7 @@ class RedisStrategy(Strategy):
                     "idempotency_strategy": self.name,
                 },
             )
-            retry_after = conf.RETRY_AFTER
-            raise StoreUnavailable(retry_after=1 if retry_after is None else retry_after) from exc
+            raise StoreUnavailable(retry_after=retry_after()) from exc
         if conf.REDIS_FAILURE_MODE != "db":
             raise StoreUnavailable() from exc
         logger.warning(

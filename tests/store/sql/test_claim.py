@@ -26,7 +26,8 @@ from django_idempotency import strategies
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.store.records import ClaimState
-from django_idempotency.store.sql import ASYNC_COMMIT, statements
+from django_idempotency.store.sql.postgresql import ASYNC_COMMIT
+from django_idempotency.store.sql.statements import statements
 
 from ...support.api import token_client
 from ...support.factories import UserFactory

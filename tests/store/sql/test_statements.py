@@ -23,9 +23,10 @@ import pytest
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.utils import ConnectionHandler
 
-from django_idempotency.store.sql import Statement, Statements
 from django_idempotency.store.sql.base import BaseDialect
 from django_idempotency.store.sql.mysql import MariaDBDialect, MySQLDialect
+from django_idempotency.store.sql.statement import Statement
+from django_idempotency.store.sql.statements import Statements
 
 SNAPSHOTS = Path(__file__).resolve().parents[2] / "snapshots" / "sql"
 UPDATE = os.environ.get("UPDATE_SNAPSHOTS", "").lower() not in {"", "0", "false", "no"}

@@ -1,4 +1,4 @@
-"""WAIT in the engine and its wake-ups (django_idempotency.protocol.waiting), in one process.
+"""WAIT in the engine and its wake-ups (django_idempotency.strategies.waiting), in one process.
 
 The gunicorn races are in tests/system/test_wait_race.py; here: no wait for a mismatch, the waiter
 bound, the timeout, a release taken over by one waiter, and the listeners delivering a
@@ -21,15 +21,14 @@ from django.test import override_settings
 
 from django_idempotency import signals
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.protocol import waiting
 from django_idempotency.protocol.engine import handle
 from django_idempotency.protocol.keys import key_digest
 from django_idempotency.protocol.options import Options
 from django_idempotency.protocol.replay import REPLAYED_HEADER
+from django_idempotency.strategies import waiting
+from tests.protocol.test_engine import request
 from tests.support.waiting import wait_until
 from tests.testapp.models import SideEffect
-
-from .test_engine import request
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -27,8 +27,8 @@ from typing import Any
 from django.db import connections
 
 from ..conf import conf
-from ..store.sql import features_of
-from .keys import key_digest
+from ..store.sql.statements import features_of
+from ..values.keys import key_digest
 
 logger = logging.getLogger("django_idempotency")
 
