@@ -351,11 +351,17 @@ class IdempotencyKeyAdmin(KeyDatabaseAdmin):
             {"fields": ("response_status", "stored_headers", "stored_body")},
         ),
         (
+            _("Steps"),
+            {"fields": ("recovery_point", "steps_done")},
+        ),
+        (
             _("Times"),
             {"fields": ("created_at", "age", "locked_at", "completed_at", "expires_at", "expires")},
         ),
     )
     readonly_fields = (
+        "recovery_point",
+        "steps_done",
         "scope",
         "key",
         "status",
@@ -437,6 +443,29 @@ class IdempotencyKeyAdmin(KeyDatabaseAdmin):
         if obj.response_body is None and obj.response_status is None:
             return "-"
         return body_html(obj.response_body, obj.response_headers)
+
+    @admin.display(description=_("steps done"))
+    def steps_done(self, obj: IdempotencyKey) -> SafeString | str:
+        """The steps of a view that runs in steps, in order: each one's kind, name and
+        stored result (docs/steps.md); "-" for a key without steps."""
+        done = obj.steps.get("done") if isinstance(obj.steps, dict) else None
+        if not done:
+            return "-"
+        return format_html(
+            "<ol>{}</ol>",
+            format_html_join(
+                "",
+                "<li>{} <strong>{}</strong>: <code>{}</code></li>",
+                (
+                    (
+                        step.get("kind", ""),
+                        step.get("name", ""),
+                        json.dumps(step.get("result"), ensure_ascii=False)[:500],
+                    )
+                    for step in done
+                ),
+            ),
+        )
 
     # -- actions --------------------------------------------------------------------------
 

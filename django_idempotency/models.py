@@ -37,6 +37,24 @@ class IdempotencyKey(models.Model):
     created_at = models.DateTimeField(_("created at"), default=timezone.now)
     completed_at = models.DateTimeField(_("completed at"), null=True, blank=True)
     expires_at = models.DateTimeField(_("expires at"))
+    #: The last step of a view declared with ``steps=True`` whose work committed (see
+    #: docs/steps.md); null for a view without steps and before its first step.
+    # Nullable: the claim's hand-written INSERT does not name it (and NULL is no step yet).
+    recovery_point = models.CharField(  # noqa: DJ001
+        _("recovery point"),
+        max_length=255,
+        null=True,
+        blank=True,
+        help_text=_("The last step that committed, for a view that runs in steps."),
+    )
+    #: The steps done, in order: ``{"fingerprint": ..., "done": [{"name", "kind",
+    #: "result"}, ...]}``; written with ``recovery_point``, fenced by ``claim_token``.
+    steps = models.JSONField(
+        _("steps"),
+        null=True,
+        blank=True,
+        help_text=_("The steps done and their stored results, in order."),
+    )
 
     objects = IdempotencyKeyManager()
 

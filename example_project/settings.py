@@ -197,6 +197,7 @@ PSP_DELAY_MS = int(os.environ.get("PSP_DELAY_MS", "0"))
 PSP_FAIL_MARKER = os.environ.get("PSP_FAIL_MARKER", "")
 PSP_CALL_LOG = os.environ.get("PSP_CALL_LOG", "")
 PSP_HOLD_MARKER = os.environ.get("PSP_HOLD_MARKER", "")
+PSP_LEDGER = os.environ.get("PSP_LEDGER", "")
 EXAMPLE_BASELINE_ROUTES = env_flag("EXAMPLE_BASELINE_ROUTES")
 
 LOGGING = {

@@ -9,6 +9,7 @@ urlpatterns = [
     path("api-auth/", include("rest_framework.urls")),
     path("api/charges/", views.ChargeView.as_view(), name="charges"),
     path("api/refunds/", views.refund, name="refunds"),
+    path("api/stepped/charges/", views.stepped_charge, name="stepped-charges"),
     path("api/async/charges/", async_views.async_charge, name="async-charges"),
     path("api/middleware/charges/", async_views.middleware_charge, name="middleware-charges"),
     path(

@@ -12,6 +12,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, register
+from django.core.exceptions import ImproperlyConfigured
 
 from ..conf import DEFAULTS, conf, validate_with
 from ..errors import STRATEGY_HINT
@@ -83,6 +84,7 @@ def view_option_errors(
     lock_timeout: Any = None,
     strategy: Any = None,
     wait: Any = None,
+    steps: Any = None,
 ) -> list[CheckMessage]:
     """The checks of the settings, applied to the options a view declares (``None``: the
     setting's, checked with the settings). ``where`` names the view in the messages."""
@@ -98,7 +100,40 @@ def view_option_errors(
         messages += wait_errors(f"{where}: wait={wait!r}", wait)
     if strategy is not None:
         messages += _view_strategy_errors(strategy)
+    if steps is not None:
+        messages += boolean_errors(f"{where}: steps", steps)
+        if steps is True and strategy is not None:
+            messages += _steps_strategy_errors(where, strategy)
     return messages
+
+
+def _steps_strategy_errors(where: str, name: Any) -> list[CheckMessage]:
+    """E090 for a view with steps that declares a strategy that does not run them; only
+    once the app registry is ready, as for E006. (Under the setting's strategy, which may
+    change after the view is declared, its requests are answered 503.)"""
+    from django.apps import apps
+
+    if not isinstance(name, str) or not apps.ready:
+        return []
+    from ..strategies import load_strategy
+    from ..strategies.stepped import STEP_STRATEGIES, stepped
+
+    try:
+        runs_steps = stepped(load_strategy(name)) is not None
+    except ImproperlyConfigured:
+        return []  # E006 says why
+    if runs_steps:
+        return []
+    return [
+        Error(
+            f"{where}: steps=True, but the strategy {name!r} does not run a view in steps.",
+            hint=(
+                f"Use one of {', '.join(STEP_STRATEGIES)} for this view (strategy=...), "
+                "or drop steps=True; see docs/steps.md."
+            ),
+            id=ID + "E090",
+        )
+    ]
 
 
 def _view_strategy_errors(strategy: Any) -> list[CheckMessage]:

@@ -21,6 +21,7 @@ from django.db import DatabaseError, InterfaceError, connections
 from django.dispatch import Signal
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
+from django.utils.translation import gettext_lazy as _
 
 from .. import signals
 from ..conf import conf
@@ -32,11 +33,13 @@ from ..errors import (
     ReplayNotAcceptable,
     RequestInProgress,
     ResponseNotStored,
+    StoreUnavailable,
     TransientConflict,
 )
 from ..store.errors import DATABASE_ERRORS, classify_database_error, retry_after
 from ..strategies import get_strategy, waiting
 from ..strategies.base import Attempt, Claim, InProgress, Mismatch, Outcome, Replay, Strategy
+from ..strategies.stepped import STEP_STRATEGIES, StepClaim, stepped
 from .body import preload
 from .fingerprint import fingerprint
 from .header import header_value
@@ -50,8 +53,14 @@ from .problems import problem_response
 from .replay import NotStorable, StoredResponse, capture
 from .scope import bounded_scope, default_scope
 from .shards import key_database
+from .steps import Steps
 
 logger = logging.getLogger("django_idempotency")
+
+#: The detail of the 503 for a view with steps under a strategy that does not run them.
+STEPS_UNSUPPORTED = _(
+    "This endpoint is configured to run in steps under a strategy that cannot run them."
+)
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,8 @@ class RequestIdempotency:
     key: str
     fingerprint: str
     replayed: bool = False
+    #: The steps of a view declared with ``steps=True`` (docs/steps.md), else None.
+    steps: Steps | None = None
 
     def downstream_key(self, name: str = "default") -> str:
         """A key for an outside service (e.g. a payment provider's Idempotency-Key),
@@ -96,6 +107,8 @@ class IdempotentRequest:
         # heartbeat has stopped before the lifecycle commits or gives the key back.
         self._stack = ExitStack()
         self._lease: Keeping | None = None
+        #: The steps of a claimed view with steps.
+        self.steps: Steps | None = None
 
     # -- key -> scope -> fingerprint ---------------------------------------------------------
 
@@ -135,6 +148,8 @@ class IdempotentRequest:
         bounded = bounded_scope(scope(request))
         resolved = options.resolve()
         strategy = get_strategy(resolved.strategy)
+        if options.steps:
+            strategy = steps_strategy(strategy)
         # DRF's Request hands method and path over from Django's: ask Django's.
         django_request: HttpRequest = getattr(request, "_request", request)
         routed = conf.DATABASE_ROUTING is not None
@@ -163,7 +178,9 @@ class IdempotentRequest:
     def __enter__(self) -> Outcome:
         try:
             outcome = self._claim()
-            info = RequestIdempotency(self.scope, self.key, self.fingerprint)
+            info = RequestIdempotency(
+                self.scope, self.key, self.fingerprint, steps=self._steps(outcome)
+            )
             self.request.idempotency = info  # type: ignore[attr-defined]
             if isinstance(outcome, Claim):
                 self._keep(outcome)
@@ -174,6 +191,14 @@ class IdempotentRequest:
             self.__exit__(type(exc), exc, exc.__traceback__)
             raise
         return outcome
+
+    def _steps(self, outcome: Outcome) -> Steps | None:
+        """The steps of a claim of a view with steps (its claim records them)."""
+        if not isinstance(outcome, StepClaim):
+            return None
+        assert self.lifecycle is not None
+        self.steps = Steps(self.lifecycle, outcome, self.scope, self.key)
+        return self.steps
 
     def _claim(self) -> Outcome:
         """Claim through a lifecycle, waiting for a key in progress when the attempt's
@@ -371,6 +396,8 @@ class IdempotentRequest:
         """Store a storable response under the key, or release the key."""
         lifecycle = self.lifecycle
         assert lifecycle is not None and lifecycle.claimed
+        if self.steps is not None:
+            self.steps.flush()  # a remote step's result is durable whatever comes next
         if self._lease is not None:
             self._lease.stop()  # the view is done: no more renewals
         if response.status_code >= 500 and not conf.STORE_SERVER_ERRORS:
@@ -437,6 +464,22 @@ class IdempotentRequest:
             strategy=self.strategy.name,
             **more,
         )
+
+
+def steps_strategy(strategy: Strategy) -> Strategy:
+    """The strategy that runs a view with steps in place of ``strategy``;
+    ``StoreUnavailable`` (a 503, logged) under one that cannot (a view's own strategy is
+    refused when it is declared, check E090; this is the ``STRATEGY`` setting's)."""
+    found = stepped(strategy)
+    if found is not None:
+        return found
+    logger.error(
+        "a view declared with steps=True runs under the strategy %r, which does not run "
+        "steps (%s do); refused with a 503 (see docs/steps.md)",
+        strategy.name,
+        ", ".join(STEP_STRATEGIES),
+    )
+    raise StoreUnavailable(STEPS_UNSUPPORTED)
 
 
 #: What an entry point answers with a problem (:func:`problem_for`) instead of a 500.

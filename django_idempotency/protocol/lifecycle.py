@@ -23,12 +23,15 @@ docs/how-it-works.md.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
+from collections.abc import Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections, transaction
+from django.utils.translation import gettext_lazy as _
 
 from ..errors import DatabaseMisconfigured, LeaseLost, StoreUnavailable
 from ..store.sql.deadline import bounded
@@ -42,6 +45,19 @@ if TYPE_CHECKING:
     from .writeguard import WriteGuard
 
 logger = logging.getLogger("django_idempotency")
+
+#: The detail of the 503 for a view with steps inside a transaction of the project's.
+STEPS_NEED_COMMITS = _(
+    "This view runs in steps, each committed on its own, but it was called inside a "
+    "transaction (ATOMIC_REQUESTS or an atomic block) that would hold them all back."
+)
+
+
+#: The detail of the 503 for a step whose transaction was marked for rollback.
+STEP_ROLLED_BACK = _(
+    "A step of this request was rolled back instead of committed. Retry with the same "
+    "Idempotency-Key: the steps that committed are not run again."
+)
 
 
 class State(enum.Enum):
@@ -285,6 +301,53 @@ class Lifecycle:
         else:
             self._move(State.COMPLETED)
         return None
+
+    @contextlib.contextmanager
+    def phase(self) -> Iterator[None]:
+        """One step of a view that runs in steps (docs/steps.md): the ``with`` block's
+        writes, and the record of the step the block ends with, COMMIT at its end, in a
+        transaction of their own. In the view's transaction (the usual case) the block is
+        a savepoint in it: an error rolls the step back alone; at its end the view's
+        transaction COMMITs and a new one begins for what follows. Refused
+        (``StoreUnavailable``) inside a transaction of the project's, which would make
+        the step durable only at its own COMMIT."""
+        if self._inner is not None:
+            with self._inner.phase():
+                yield
+            return
+        assert self.state is State.RUNNING, self.state
+        connection, database = self._connection_of(), self.attempt.database
+        if self._atomic is None:
+            own = transactions.starts_transaction(connection) or (
+                transactions.only_testcase_blocks(connection)
+            )
+        else:
+            own = transactions.innermost_block(connection) is self._atomic and (
+                self._outermost or transactions.only_testcase_outside(connection)
+            )
+        if not own:
+            raise StoreUnavailable(STEPS_NEED_COMMITS)
+        with transaction.atomic(using=database):
+            yield
+            # A block marked for rollback would roll the step back at its end, silently,
+            # its record with it, while the view goes on as if it were done.
+            if transactions.marked_for_rollback(connection):
+                raise StoreUnavailable(STEP_ROLLED_BACK)
+        if self._atomic is None:
+            return  # the block above was the transaction: committed
+        if self._guard is not None:
+            self._guard.check()
+        if transactions.marked_for_rollback(connection):
+            raise StoreUnavailable(STEP_ROLLED_BACK)
+        atomic, self._atomic = self._atomic, None
+        with bounded(connection):  # DATABASE_TIMEOUT: a COMMIT not answered is unknown
+            atomic.__exit__(None, None, None)  # COMMIT (in a TestCase: RELEASE SAVEPOINT)
+        self._begin()
+
+    def _connection_of(self) -> Any:
+        if self._connection is None:
+            self._connection = connections[self.attempt.database]
+        return self._connection
 
     def release(self) -> None:
         """Roll the view's writes back; the key is given back once the transaction has

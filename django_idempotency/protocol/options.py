@@ -27,6 +27,7 @@ class ViewOptions(TypedDict, total=False):
     lock_timeout: float | None
     strategy: str | None
     wait: float | None
+    steps: bool | None
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,9 @@ class Options:
     strategy: str | None = None
     #: Seconds a duplicate waits for the first request's answer; ``WAIT``.
     wait: float | None = None
+    #: The view runs in steps with recovery points (``request.idempotency.steps``,
+    #: docs/steps.md); no setting: False unless a view says so.
+    steps: bool | None = None
 
     def __post_init__(self) -> None:
         methods: Any = self.methods

@@ -61,6 +61,18 @@ def only_testcase_outside(connection: Any) -> bool:
     return bool(outer) and all(from_testcase(block) for block in outer)
 
 
+def only_testcase_blocks(connection: Any) -> bool:
+    """Whether blocks are open and every one is a ``TestCase``'s."""
+    blocks = connection.atomic_blocks
+    return bool(blocks) and all(from_testcase(block) for block in blocks)
+
+
+def innermost_block(connection: Any) -> Any | None:
+    """The innermost open ``Atomic`` block, or None."""
+    blocks = connection.atomic_blocks
+    return blocks[-1] if blocks else None
+
+
 def testcase_commit_point(connection: Any) -> str | None:
     """The savepoint of the outermost block of the project's inside a ``TestCase``'s blocks,
     when the current point is in one and that block has a savepoint; else None."""

@@ -140,8 +140,10 @@ class AdvisoryLockStrategy(Strategy):
     claims_in_transaction = True
     waits_in_claim = True  # with WAIT set, the lock wait is bounded by it
 
-    def claim(self, attempt: Attempt) -> Outcome:
-        """Lock, then read, in the transaction the lifecycle has opened."""
+    @staticmethod
+    def lock(attempt: Attempt) -> InProgress | None:
+        """Take the key's lock (:func:`lock`); ``InProgress`` when another request held it
+        past the lock timeout (or no waiter slot was free), None once it is this one's."""
         try:
             lock(attempt)
         except NoWaiterSlot:
@@ -151,6 +153,13 @@ class AdvisoryLockStrategy(Strategy):
                 # lock_not_available: another request has held the key past the lock timeout
                 return InProgress()
             raise StoreUnavailable() from exc
+        return None
+
+    def claim(self, attempt: Attempt) -> Outcome:
+        """Lock, then read, in the transaction the lifecycle has opened."""
+        busy = self.lock(attempt)
+        if busy is not None:
+            return busy
         try:
             row = IdempotencyKey.objects.read(
                 attempt.scope, attempt.key, live=True, using=attempt.database

@@ -3,6 +3,7 @@ as real providers do with the idempotency key they are handed."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import threading
 import time
@@ -47,5 +48,24 @@ def charge(amount: int, currency: str, *, idempotency_key: str) -> str:
             pass
         else:
             raise ProviderError("the payment provider failed (PSP_FAIL_MARKER)")
+    ledger = getattr(settings, "PSP_LEDGER", "")
+    if ledger:
+        return _ledger_charge(ledger, idempotency_key)
     with _lock:
         return _seen.setdefault(idempotency_key, f"psp_{idempotency_key[:24]}")
+
+
+def _ledger_charge(path: str, idempotency_key: str) -> str:
+    """The provider's charges kept in the file ``path`` (PSP_LEDGER), one line per key, so
+    that the provider remembers a key across the processes of a test (a killed worker's
+    charge too): a key seen before gets its first answer, and no second charge."""
+    with open(path, "a+") as ledger:
+        fcntl.flock(ledger, fcntl.LOCK_EX)
+        ledger.seek(0)
+        for line in ledger:
+            seen, _, reference = line.strip().partition(" ")
+            if seen == idempotency_key:
+                return reference
+        reference = f"psp_{idempotency_key[:24]}"
+        ledger.write(f"{idempotency_key} {reference}\n")
+        return reference

@@ -15,7 +15,7 @@ from django_idempotency.decorators import idempotent
 from django_idempotency.mixins import IdempotencyMixin
 
 from . import psp
-from .models import Charge, Refund
+from .models import Charge, ProviderAnswer, Receipt, Refund
 from .serializers import ChargeSerializer
 
 
@@ -81,3 +81,45 @@ def refund(request: HttpRequest) -> JsonResponse:
         return JsonResponse({"detail": "Amount out of range."}, status=400)
     refund = Refund.objects.create(charge=charge, amount=amount)
     return JsonResponse({"id": refund.pk, "charge": charge.pk, "amount": amount}, status=201)
+
+
+# -- a charge in steps (docs/steps.md) ---------------------------------------------------------
+
+
+def _create_charge(user_id: int, amount: int, currency: str) -> int:
+    return Charge.objects.create(user_id=user_id, amount=amount, currency=currency).pk
+
+
+def _call_provider(idempotency_key: str, amount: int, currency: str) -> str:
+    return psp.charge(amount, currency, idempotency_key=idempotency_key)
+
+
+def _record_answer(charge_id: int, reference: str) -> None:
+    ProviderAnswer.objects.create(charge_id=charge_id, reference=reference)
+    Charge.objects.filter(pk=charge_id).update(psp_reference=reference)
+
+
+def _send_receipt(charge_id: int) -> int:
+    return Receipt.objects.create(charge_id=charge_id).pk
+
+
+@csrf_exempt
+@require_POST
+@api_user_required
+@idempotent(required=True, steps=True)
+def stepped_charge(request: HttpRequest) -> JsonResponse:
+    """POST {"amount": n, "currency": "EUR"}: a charge in four steps, each done once per
+    key however often the request is retried and wherever it crashed: the charge row, the
+    provider's call (with a key of its own), the provider's answer, the receipt."""
+    try:
+        payload = json.loads(request.body or b"{}")
+        amount, currency = int(payload["amount"]), str(payload["currency"])[:3]
+    except (ValueError, KeyError, TypeError):
+        return JsonResponse({"detail": 'Send {"amount": <int>, "currency": "EUR"}.'}, status=400)
+    steps = request.idempotency.steps  # type: ignore[attr-defined]
+    charge_id = steps.local("create_charge", _create_charge, request.user.pk, amount, currency)
+    reference = steps.remote("call_provider", _call_provider, amount, currency)
+    steps.local("record_answer", _record_answer, charge_id, reference)
+    receipt = steps.local("send_receipt", _send_receipt, charge_id)
+    body = {"id": charge_id, "amount": amount, "currency": currency, "psp_reference": reference}
+    return JsonResponse({**body, "receipt": receipt}, status=201)

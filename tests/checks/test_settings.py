@@ -807,3 +807,20 @@ def test_e050_wait_listen_database(value: Any, valid: bool) -> None:
     found = [m for m in run({"WAIT_LISTEN_DATABASE": value}) if m.id == "django_idempotency.E050"]
     assert (found == []) is valid
     assert all(isinstance(m, Error) and m.hint for m in found)
+
+
+def test_e090_a_view_in_steps_under_a_strategy_that_cannot_run_them() -> None:
+    from django_idempotency.checks.settings import view_option_errors
+
+    with override_settings(IDEMPOTENCY={"REDIS_URL": "redis://127.0.0.1:6379/15"}):
+        (message,) = view_option_errors("pay", steps=True, strategy="redis")
+        assert message.id == "django_idempotency.E090"
+        assert "'redis'" in message.msg and "db, advisory_lock" in (message.hint or "")
+        assert view_option_errors("pay", steps=True) == []  # the setting's: db
+        assert view_option_errors("pay", steps=False, strategy="redis") == []
+    with override_settings(IDEMPOTENCY={"STRATEGY": "hybrid", "REDIS_URL": "redis://x"}):
+        # The setting's strategy may change after the view is declared: its requests are
+        # answered 503 then (tests/protocol/test_steps.py), the declaration is not refused.
+        assert view_option_errors("pay", steps=True) == []
+    (invalid,) = view_option_errors("pay", steps="yes")
+    assert invalid.id == "django_idempotency.E015"

@@ -40,6 +40,7 @@ def test_every_option_reaches_the_engine_from_each_adapter() -> None:
         "lock_timeout": 9.0,
         "strategy": "db",
         "wait": 1.5,
+        "steps": True,
     }
     assert set(values) == set(OPTION_NAMES)
     expected = Options(**values)  # type: ignore[arg-type]

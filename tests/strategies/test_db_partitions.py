@@ -180,3 +180,26 @@ def test_a_response_stored_after_a_rollback_past_the_last_partition_is_503() -> 
     ):
         AdvisoryClaim(far).store_pending(StoredResponse(201, {}, b""))
     assert info.value.retry_after == 1
+
+
+def test_a_view_in_steps_resumes_on_the_partitioned_table(strategy: str) -> None:
+    """The key given back after a failed step is taken over into a new row (``db``) or
+    resumed in place (``advisory_lock``), with the steps that committed."""
+    views.FAIL_ONCE["parts"] = "record"
+    body = json.dumps({"label": "parts"})
+
+    def send() -> Any:
+        return Client(raise_request_exception=False).post(
+            "/t/steps/", body, content_type="application/json", HTTP_IDEMPOTENCY_KEY="s1"
+        )
+
+    assert send().status_code == 500
+    retry = send()
+    assert retry.status_code == 201, retry.content
+    assert retry.json()["resumed"] is True
+    labels = sorted(
+        SideEffect.objects.filter(label__startswith="parts:").values_list("label", flat=True)
+    )
+    assert labels == ["parts:create", "parts:receipt", "parts:record"]
+    (row,) = IdempotencyKey.objects.filter(key="s1")
+    assert row.status == "completed" and row.recovery_point == "receipt"

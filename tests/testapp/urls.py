@@ -10,6 +10,9 @@ from . import views
 urlpatterns = [
     *example_urls,
     path("t/fn/", views.function_view, name="t-fn"),
+    path("t/steps/", views.stepped, name="t-steps"),
+    path("t/steps/doomed/", views.stepped_doomed, name="t-steps-doomed"),
+    path("t/steps/drf/", views.SteppedAPIView.as_view(), name="t-steps-drf"),
     path("t/fn-required/", views.function_required, name="t-fn-required"),
     path("t/drf/", views.EchoView.as_view(), name="t-drf"),
     path("t/drf-form/", views.FormView.as_view(), name="t-drf-form"),

@@ -245,3 +245,83 @@ class OnCommitView(IdempotencyMixin, APIView):
 def on_commit_function(request: HttpRequest) -> HttpResponse:
     """The same with ``@idempotent``."""
     return JsonResponse({"n": _write_and_hook("fn-hook")}, status=201)
+
+
+# -- a view in steps (docs/steps.md) ----------------------------------------------------------
+
+#: The remote step's calls in this process: (downstream key, label), in order.
+REMOTE_CALLS: list[tuple[str, str]] = []
+#: label -> the point where the next request of that label fails once: a step's name
+#: (after its write, before its commit), "call" (before the remote call) or "after-call".
+FAIL_ONCE: dict[str, str] = {}
+
+
+class StepFailed(RuntimeError):
+    """Raised where ``FAIL_ONCE`` says (a crash of the view there)."""
+
+
+def _fails(label: str, point: str) -> None:
+    if FAIL_ONCE.get(label) == point:
+        del FAIL_ONCE[label]
+        raise StepFailed(point)
+
+
+def _remote_call(downstream: str, label: str) -> str:
+    REMOTE_CALLS.append((downstream, label))
+    _fails(label, "after-call")
+    return f"ref-{downstream[:12]}"
+
+
+def _stepped(request: HttpRequest) -> HttpResponse:
+    """Four steps, each one SideEffect row (``<label>:<step>``) but the remote call; the
+    body's ``hold`` names a step that waits for ``holds.release("<label>:<step>")``."""
+    payload = json.loads(request.body or b"{}")
+    label = str(payload.get("label", "stepped"))
+    steps = request.idempotency.steps  # type: ignore[attr-defined]
+
+    def effect(name: str) -> int:
+        if payload.get("hold") == name:
+            holds.wait(f"{label}:{name}")
+        row = SideEffect.objects.create(label=f"{label}:{name}")
+        _fails(label, name)
+        return row.pk
+
+    created = steps.local("create", effect, "create")
+    _fails(label, "call")
+    answer = steps.remote("call", _remote_call, label)
+    steps.local("record", effect, "record")
+    steps.local("receipt", effect, "receipt")
+    return JsonResponse(
+        {"created": created, "answer": answer, "resumed": steps.resumed}, status=201
+    )
+
+
+#: Under the ``STRATEGY`` setting (the tests choose ``db`` or ``advisory_lock``).
+stepped = csrf_exempt(idempotent(steps=True)(_stepped))
+
+
+class SteppedAPIView(IdempotencyMixin, APIView):
+    """The same steps in a DRF view (``idempotency_steps``)."""
+
+    permission_classes = [AllowAny]
+    idempotency_steps = True
+
+    def post(self, request: Request) -> Response:
+        response = _stepped(request)
+        return Response(json.loads(response.content), status=response.status_code)
+
+
+@csrf_exempt
+@idempotent(steps=True)
+def stepped_doomed(request: HttpRequest) -> HttpResponse:
+    """A step whose block is marked for rollback (the view caught an error in it)."""
+    steps = request.idempotency.steps  # type: ignore[attr-defined]
+    steps.local("create", lambda: SideEffect.objects.create(label="doomed:create").pk)
+
+    def doomed() -> int:
+        row = SideEffect.objects.create(label="doomed:record")
+        transaction.set_rollback(True)
+        return row.pk
+
+    steps.local("record", doomed)
+    return JsonResponse({}, status=201)

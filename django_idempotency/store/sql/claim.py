@@ -51,8 +51,14 @@ def take_over(s: Schema, commit_mode: str) -> list[Part]:
     ``old_token``, it is still free (stale or expired, on the database's clock) and the
     outbox holds no live completion of its key."""
     col = s.col
+    # First, while ``status`` is still the old row's (MySQL assigns left to right): a stale
+    # claim keeps the steps it committed (its retry resumes them, docs/steps.md); an
+    # expired completed key starts again without them.
+    kept = f"CASE WHEN {col('status')} = '{IN_PROGRESS}' THEN {{}} ELSE NULL END"
     return [
-        f"UPDATE {s.table} SET {col('claim_token')} = ",
+        f"UPDATE {s.table} SET {col('recovery_point')} = "
+        f"{kept.format(col('recovery_point'))}, {col('steps')} = {kept.format(col('steps'))}, "
+        f"{col('claim_token')} = ",
         Param("token"),
         f", {col('fingerprint')} = ",
         Param("fingerprint"),

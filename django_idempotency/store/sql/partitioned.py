@@ -96,6 +96,10 @@ def _also_from(commit_mode: str) -> str:
     return commit_mode.replace(" FROM ", ", ", 1)
 
 
+#: The columns of a view that runs in steps, which a takeover of a stale claim carries over.
+STEP_COLUMNS = ("recovery_point", "steps")
+
+
 def take_over(s: Schema, commit_mode: str) -> list[Part]:
     """The row ``pk`` deleted while its token is ``old_token``, it is free and the outbox
     holds no live completion of its key, and a new claim of its key inserted in its place;
@@ -112,12 +116,20 @@ def take_over(s: Schema, commit_mode: str) -> list[Part]:
         "created_at": Now(),
         "expires_at": Now("ttl"),
     }
+    # A stale claim's steps go over to the new row (its retry resumes them, docs/steps.md);
+    # an expired completed key's do not.
+    kept = [
+        f"CASE WHEN gone.{col('status')} = '{IN_PROGRESS}' THEN gone.{col(n)} END"
+        for n in STEP_COLUMNS
+    ]
+    columns = [*plain_claim.CLAIM_COLUMNS, *STEP_COLUMNS]
     return [
         f"WITH gone AS (DELETE FROM {s.table}",
         *s.takeover_where(),
-        f" RETURNING {col('scope')}, {col('key')}) ",
-        f"INSERT INTO {s.table} ({', '.join(col(n) for n in plain_claim.CLAIM_COLUMNS)}) SELECT ",
+        f" RETURNING {', '.join(col(n) for n in ('scope', 'key', 'status', *STEP_COLUMNS))}) ",
+        f"INSERT INTO {s.table} ({', '.join(col(n) for n in columns)}) SELECT ",
         *joined([stamped.get(name, Param(name)) for name in plain_claim.CLAIM_COLUMNS]),
+        f", {', '.join(kept)}",
         f" FROM gone{_also_from(commit_mode)} ON CONFLICT DO NOTHING RETURNING {col('id')}",
     ]
 

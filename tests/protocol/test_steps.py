@@ -1,0 +1,205 @@
+"""Steps with recovery points (docs/steps.md), in whole requests on the real PostgreSQL
+server, under ``db`` and ``advisory_lock``: a view that fails at each step resumes on the
+retry after the steps that committed, with one effect per step; a step of a claim that was
+taken over is refused and rolled back; fingerprint, replay and unsupported strategies."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connections, transaction
+from django.test import Client, override_settings
+from django.urls import reverse
+
+from django_idempotency.decorators import idempotent
+from django_idempotency.errors import InvalidConfiguration
+from django_idempotency.models import IdempotencyKey
+
+from ..support.assertions import assert_problem
+from ..support.factories import ExpiredKeyFactory, StaleKeyFactory
+from ..support.services import REDIS_URL
+from ..testapp import holds, views
+from ..testapp.models import SideEffect
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+URL = "/t/steps/"
+STEPS = ["create", "call", "record", "receipt"]
+
+
+@pytest.fixture(params=["db", "advisory_lock"])
+def strategy(request: pytest.FixtureRequest) -> Iterator[str]:
+    # A lease that lapses at once: a retry after an exception takes the key over at once
+    # either way (the key is given back), and a test that makes the lease lapse need not wait.
+    with override_settings(IDEMPOTENCY={"STRATEGY": request.param, "LOCK_TIMEOUT": 30}):
+        views.REMOTE_CALLS.clear()
+        yield str(request.param)
+
+
+def post(key: str, url: str = URL, **payload: Any) -> Any:
+    client = Client(raise_request_exception=False)
+    return client.post(
+        url, json.dumps(payload), content_type="application/json", HTTP_IDEMPOTENCY_KEY=key
+    )
+
+
+def effects(label: str) -> Counter[str]:
+    return Counter(
+        name.split(":", 1)[1]
+        for name in SideEffect.objects.filter(label__startswith=label + ":").values_list(
+            "label", flat=True
+        )
+    )
+
+
+def row(key: str) -> IdempotencyKey:
+    return IdempotencyKey.objects.get(key=key)
+
+
+def names(key: str) -> list[str]:
+    """The steps the key's row records, in order."""
+    steps = row(key).steps
+    assert isinstance(steps, dict)
+    return [step["name"] for step in steps["done"]]
+
+
+def test_a_view_in_steps_runs_each_once_and_replays(strategy: str) -> None:
+    first = post("k1", label="a")
+    assert first.status_code == 201, first.content
+    assert effects("a") == {"create": 1, "record": 1, "receipt": 1}
+    assert len(views.REMOTE_CALLS) == 1
+    key = row("k1")
+    assert key.status == "completed" and key.recovery_point == "receipt"
+    assert names("k1") == STEPS
+    replay = post("k1", label="a")
+    assert replay.status_code == 201 and replay.content == first.content
+    assert effects("a") == {"create": 1, "record": 1, "receipt": 1}
+
+
+@pytest.mark.parametrize("fail", ["create", "call", "after-call", "record", "receipt"])
+def test_a_retry_after_a_failed_step_resumes_after_the_steps_that_committed(
+    strategy: str, fail: str
+) -> None:
+    views.FAIL_ONCE["b"] = fail
+    failed = post("k1", label="b")
+    assert failed.status_code == 500
+    done = row("k1").steps if IdempotencyKey.objects.filter(key="k1").exists() else None
+    retry = post("k1", label="b")
+    assert retry.status_code == 201, retry.content
+    # The failed step's writes rolled back; each step took effect once, in order.
+    assert effects("b") == {"create": 1, "record": 1, "receipt": 1}
+    downstream = {call[0] for call in views.REMOTE_CALLS}
+    assert len(downstream) == 1, "the remote step had one downstream key on every attempt"
+    assert names("k1") == STEPS
+    body = retry.json()
+    assert body["resumed"] is (done is not None and bool(done["done"]))
+    assert SideEffect.objects.get(label="b:create").pk == body["created"]
+
+
+def test_a_step_of_a_claim_taken_over_is_refused_and_rolled_back(strategy: str) -> None:
+    label = f"c-{strategy}"  # a hold of its own for each run (a released hold stays open)
+
+    def take_over() -> None:
+        # Another execution took the key over while the view ran its second local step.
+        wait_for_key()
+        IdempotencyKey.objects.filter(key="k1").update(claim_token=uuid.uuid4())
+        connections.close_all()
+        holds.release(f"{label}:record")
+
+    thief = threading.Thread(target=take_over)
+    thief.start()
+    response = post("k1", label=label, hold="record")
+    thief.join()
+    assert_problem(response, 409, "lease-lost")
+    assert effects(label) == {"create": 1}, "the refused step rolled back"
+    assert row("k1").recovery_point == "create"
+
+
+def wait_for_key() -> None:
+    from ..support.waiting import wait_until
+
+    wait_until(lambda: IdempotencyKey.objects.filter(key="k1", recovery_point="create").exists())
+    connections.close_all()
+
+
+def test_another_request_with_a_used_key_is_refused_after_a_crash(strategy: str) -> None:
+    views.FAIL_ONCE["d"] = "record"
+    assert post("k1", label="d").status_code == 500
+    assert_problem(post("k1", label="other"), 422, "key-reused")
+    retry = post("k1", label="d")
+    assert retry.status_code == 201, retry.content
+    assert effects("d") == {"create": 1, "record": 1, "receipt": 1}
+
+
+def test_a_strategy_that_cannot_run_steps_is_a_503_not_a_500() -> None:
+    # Valid settings whose strategy keeps its claims in Redis (nothing is sent to it).
+    with override_settings(IDEMPOTENCY={"STRATEGY": "redis", "REDIS_URL": REDIS_URL}):
+        response = post("k1", label="e")
+    assert_problem(response, 503, "store-unavailable")
+    assert effects("e") == Counter()
+
+
+def test_a_view_with_steps_under_redis_is_refused_at_declaration() -> None:
+    with pytest.raises(InvalidConfiguration, match="E090"):
+        idempotent(steps=True, strategy="redis")(views._stepped)
+
+
+def test_a_drf_view_with_idempotency_steps_resumes_too(strategy: str) -> None:
+    views.FAIL_ONCE["f"] = "record"
+    assert post("k1", "/t/steps/drf/", label="f").status_code == 500
+    retry = post("k1", "/t/steps/drf/", label="f")
+    assert retry.status_code == 201, retry.content
+    assert retry.json()["resumed"] is True
+    assert effects("f") == {"create": 1, "record": 1, "receipt": 1}
+    assert names("k1") == STEPS
+    replay = post("k1", "/t/steps/drf/", label="f")
+    assert replay.status_code == 201 and replay.content == retry.content
+
+
+STORED = {"fingerprint": "f" * 64, "done": [{"name": "create", "kind": "local", "result": 7}]}
+
+
+def test_a_takeover_keeps_a_stale_claims_steps_and_clears_an_expired_keys() -> None:
+    stale = StaleKeyFactory(fingerprint="f" * 64, recovery_point="create", steps=STORED)
+    expired = ExpiredKeyFactory(fingerprint="f" * 64, recovery_point="create", steps=STORED)
+    for found in (stale, expired):
+        claimed = IdempotencyKey.objects.claim(
+            found.scope, found.key, "f" * 64, ttl=60, lock_timeout=30
+        )
+        assert claimed.taken_over and claimed.pk == found.pk
+    stale.refresh_from_db()
+    expired.refresh_from_db()
+    assert (stale.recovery_point, stale.steps) == ("create", STORED)
+    assert (expired.recovery_point, expired.steps) == (None, None)
+
+
+def test_the_admin_shows_a_keys_recovery_point_and_steps(admin_client: Client) -> None:
+    key = StaleKeyFactory(recovery_point="create", steps=STORED)
+    page = admin_client.get(
+        reverse("admin:django_idempotency_idempotencykey_change", args=[key.pk])
+    ).content.decode()
+    assert "Recovery point" in page and ">create<" in page
+    assert "<li>local <strong>create</strong>: <code>7</code></li>" in page
+
+
+def test_steps_inside_a_transaction_of_the_projects_are_a_503(strategy: str) -> None:
+    """Its steps would commit only with that transaction: refused at the first step, with
+    nothing of it kept."""
+    with transaction.atomic():
+        response = post("k1", label="g")
+    assert_problem(response, 503, "store-unavailable")
+    assert effects("g") == Counter()
+    assert not IdempotencyKey.objects.filter(key="k1").exists()
+
+
+def test_a_step_marked_for_rollback_is_a_503_and_not_recorded(strategy: str) -> None:
+    response = post("k1", "/t/steps/doomed/")
+    assert_problem(response, 503, "store-unavailable")
+    assert effects("doomed") == {"create": 1}
+    assert names("k1") == ["create"]  # kept for the retry, without the rolled-back step
