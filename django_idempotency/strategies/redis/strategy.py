@@ -112,11 +112,12 @@ class RedisClaim(Claim):
                 "confirmation",
             )
         except RedisUnavailable:
-            # Committed all the same: a retry finds the record prepared and asks the
-            # database, which says committed (where it can tell).
+            # Committed all the same: confirmed before this process's next claim; a retry
+            # that finds the record prepared first asks the database (where it can tell).
+            discards.add(a.redis_scope, a.key, self.token, a.ttl, confirm=True)
             logger.warning(
                 "idempotency key %s (scope %s) committed, but its record in Redis could not "
-                "be confirmed; a retry settles it with the database",
+                "be confirmed yet; it is confirmed before this process's next claim",
                 a.key,
                 a.scope,
                 exc_info=True,

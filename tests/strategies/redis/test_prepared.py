@@ -10,11 +10,14 @@ database cannot tell is a 503 with ``Retry-After``, never a replay or a run.
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
+import redis
+from rest_framework.test import APIClient
 
 from django_idempotency.errors import StoreUnavailable
 from django_idempotency.protocol.replay import StoredResponse
@@ -24,6 +27,8 @@ from django_idempotency.strategies.redis.store import get_store, new_token, to_m
 from django_idempotency.strategies.redis.strategy import RedisClaim, RedisStrategy
 
 from ...support import services
+from ...support.api import post_json
+from ...support.redis_servers import RedisServer
 from ...support.waiting import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -148,3 +153,33 @@ def test_the_transaction_outcome_on_postgresql(other_session: psycopg.Connection
     assert xact.transaction_outcome(connection, rolled_back) == xact.ABORTED
     assert xact.transaction_outcome(connection, _xid(other_session, None)) == xact.IN_PROGRESS
     assert xact.transaction_outcome(connection, None) == xact.UNKNOWN
+
+
+def _calls(client: redis.Redis) -> Counter[str]:
+    stats = client.info("commandstats")
+    return Counter({name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()})
+
+
+@pytest.mark.parametrize("wait", [0, 2])
+def test_what_a_new_key_costs_in_redis(
+    api: APIClient, redis_settings: Any, running_private_redis: RedisServer, wait: float
+) -> None:
+    """A new key: three round trips, the claim (``SET``), the prepared completion and its
+    confirmation (two ``EVALSHA``); with ``WAIT``, the confirmation publishes the wake-up in
+    its script (no round trip of its own). Counted by the private server (``INFO
+    commandstats``), which counts the scripts' own commands too: the completion's ``GET``
+    and ``SET``, the confirmation's ``GET``, ``PTTL`` and ``SET`` (and ``PUBLISH``)."""
+    redis_settings(running_private_redis.url, WAIT=wait)
+    client = redis.Redis.from_url(running_private_redis.url)
+    assert post_json(api, uuid.uuid4().hex, {"amount": 1}).status_code == 201  # scripts loaded
+    client.config_resetstat()
+    assert post_json(api, uuid.uuid4().hex, {"amount": 1}).status_code == 201
+    calls = _calls(client)
+    calls.pop("info", None)  # ours
+    calls.pop("config|resetstat", None)
+    commands = {name: n for name, n in calls.items() if not name.startswith(("client", "hello"))}
+    in_scripts = {"get": 2, "set": 2, "pttl": 1, **({"publish": 1} if wait else {})}
+    sent = Counter(commands) - Counter(in_scripts)
+    assert sent == {"set": 1, "evalsha": 2}, calls
+    assert Counter(commands) - sent == in_scripts, calls
+    client.close()
