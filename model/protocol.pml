@@ -355,11 +355,14 @@ inline redis_claim(k, id, res, ex) {
         :: atomic { redis_up -> redis_set_nx(k, id, res, ex); DECIDED(k) }
         fi
     :: else
-    fi;
+    fi
+#if STRATEGY == REDIS  /* only the redis strategy writes prepared records */
+    ;
     if
     :: res == O_PREP -> settle_prepared(k, id, res, ex)
     :: else
     fi
+#endif
 }
 
 /* A prepared record found by a claim: its owner's transaction asked of the database, in a
