@@ -297,24 +297,24 @@ return 1
 """
 
 # KEYS[1] record; ARGV[1] token tail; ARGV[2] a channel to PUBLISH ARGV[3] on ("": none).
-# A prepared record under this token becomes completed, with the time to live it has left;
-# 1 when the record is (now) completed under this token, else 0 (gone, or another's).
+# A prepared record under this token becomes completed, with the time to live it has left
+# (KEEPTTL, Redis 6: no command beyond those of the ACL docs/redis.md lists); 1 when the
+# record is (now) completed under this token, else 0 (gone, or another's).
 CONFIRM_LUA = """
 local v = redis.call('GET', KEYS[1])
 local done = 0
 if v and string.sub(v, -#ARGV[1]) == ARGV[1] then
   local head = '{"s":"prepared",'
   if string.sub(v, 1, #head) == head then
-    local ttl = redis.call('PTTL', KEYS[1])
-    if ttl > 0 then
-      redis.call('SET', KEYS[1], '{"s":"completed",' .. string.sub(v, #head + 1), 'PX', ttl)
-      done = 1
-    end
+    redis.call('SET', KEYS[1], '{"s":"completed",' .. string.sub(v, #head + 1), 'KEEPTTL')
+    done = 1
   elseif string.sub(v, 1, 17) == '{"s":"completed",' then
     done = 1
   end
 end
-if ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
+-- After the write, so through pcall: a refused PUBLISH leaves the waiters to poll, never the
+-- confirmation undone or the script failed halfway.
+if ARGV[2] ~= '' then redis.pcall('PUBLISH', ARGV[2], ARGV[3]) end
 return done
 """
 

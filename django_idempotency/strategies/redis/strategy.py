@@ -104,8 +104,6 @@ class RedisClaim(Claim):
                 self.wake()
             return
         a = self.attempt
-        if a.wait > 0:
-            waiting.hub.wake(key_digest(a.scope, a.key))
         try:
             resend_once(
                 lambda: self.redis.confirm(a.redis_scope, a.key, self.token, notify=a.wait > 0),
@@ -122,6 +120,8 @@ class RedisClaim(Claim):
                 a.scope,
                 exc_info=True,
             )
+        if a.wait > 0:  # this process's waiters (after the confirmation: they find it)
+            waiting.hub.wake(key_digest(a.scope, a.key))
 
     def commit_unknown(self) -> None:
         """COMMIT was sent and its answer never came (``DATABASE_TIMEOUT``, a connection
