@@ -66,6 +66,7 @@
 #define NONE 0
 #define INPROG 1
 #define DONE 2
+#define PREP 3      /* a redis-strategy completion written before its COMMIT ("prepared") */
 
 /* What a claim found (strategies.base): */
 #define O_CLAIM 1     /* Claim: the view runs */
@@ -75,6 +76,12 @@
 #define O_FALLBACK 5  /* Delegate to the db strategy (hybrid's fallback) */
 #define O_UNKNOWN 6   /* the reply of a store call was lost: it may have been applied */
 #define O_REFUSED 7   /* Redis refused the connection: nothing was sent */
+#define O_PREP 8      /* a prepared record was found (ex: its owner), to settle */
+#define O_ABORTED 9   /* its owner's transaction did not commit: delete it, claim again */
+
+/* What the database says of a request's transaction (store.sql.xact): */
+#define XC 1          /* committed */
+#define XA 2          /* rolled back, or its session ended before COMMIT */
 
 /* The reply of a store call. */
 #define R_OK 0
@@ -108,6 +115,8 @@ byte crashes = CRASHES;
 byte unknowns = UNKNOWNS;
 byte outages = OUTAGES;
 byte losses = LOSSES;
+/* Each request's transaction as the database's commit log tells it (0: open, or none). */
+byte xact[NREQ + 1];
 
 /* The ghost state the invariants read: which execution's completion committed last for
  * the key, which one was delivered last, and each execution's expiry (executions are
@@ -138,14 +147,11 @@ byte own[NREQ + 1];
 #define BODY_STARTS(k) assert(!LIVE_DONE(g_win[k]) && !LIVE_DONE(g_deliv[k]))
 /* (c): what a client receives for the key while a delivered completion is live is that
  * completion. An answer that reaches its client after its own record expired protects
- * nothing, and is not checked. With CHECK_PHANTOM, also: no replay of an execution that
- * never committed (the redis strategy has one: a worker killed between its completion in
- * Redis and its COMMIT; docs/how-it-works.md, "What the model proves"). */
-#ifdef CHECK_PHANTOM
+ * nothing, and is not checked. Also: no replay of an execution that never committed
+ * (BUG_PHANTOM models the redis strategy before its prepared completion, and the model finds
+ * it: a worker killed between its completion in Redis and its COMMIT was replayed;
+ * docs/how-it-works.md, "What the model proves"). */
 #define PHANTOM(e) assert(g_exp[e] != 0)
-#else
-#define PHANTOM(e) skip
-#endif
 #define DELIVER(k, e) \
     PHANTOM(e); \
     if \
@@ -300,6 +306,7 @@ inline redis_set_nx(k, id, res, ex) {
         HOLD(k)
 #endif
     :: rd[k].st == DONE -> res = O_REPLAY; ex = rd[k].ex
+    :: rd[k].st == PREP -> res = O_PREP; ex = rd[k].ex  /* its owner, whose token it holds */
     :: rd[k].st == INPROG && rd[k].tok != id -> res = O_BUSY
     fi
 }
@@ -347,6 +354,53 @@ inline redis_claim(k, id, res, ex) {
         :: res = O_UNAVAIL
         :: atomic { redis_up -> redis_set_nx(k, id, res, ex); DECIDED(k) }
         fi
+    :: else
+    fi
+#if STRATEGY == REDIS  /* only the redis strategy writes prepared records */
+    ;
+    if
+    :: res == O_PREP -> settle_prepared(k, id, res, ex)
+    :: else
+    fi
+#endif
+}
+
+/* A prepared record found by a claim: its owner's transaction asked of the database, in a
+ * statement of its own (a lost reply is a 503). Committed: confirmed and replayed; open:
+ * in progress; rolled back: deleted on its owner's token, and the key claimed again (a
+ * record found prepared again is answered as busy).
+ * code: strategies.redis.prepared.settle_prepared, store.sql.xact.transaction_outcome,
+ * strategies.redis.store.RedisStore.confirm, strategies.redis.store.RedisStore.discard */
+inline settle_prepared(k, id, res, ex) {
+    atomic {
+        reply(r);
+        if
+        :: r != R_OK -> res = O_UNAVAIL; ex = 0
+        :: r == R_OK && xact[ex] == XC ->
+            if
+            :: redis_up && rd[k].st == PREP && rd[k].tok == ex -> rd[k].st = DONE
+            :: else
+            fi;
+            res = O_REPLAY
+        :: r == R_OK && xact[ex] == 0 -> res = O_BUSY; ex = 0
+        :: r == R_OK && xact[ex] == XA -> res = O_ABORTED
+        fi
+    }
+    if
+    :: res == O_ABORTED ->
+        redis_delete(k, ex, true);
+        atomic {
+            if
+            :: redis_up ->
+                redis_set_nx(k, id, res, ex);
+                if
+                :: res == O_PREP -> res = O_BUSY; ex = 0
+                :: else
+                fi;
+                DECIDED(k)
+            :: else -> res = O_UNAVAIL; ex = 0
+            fi
+        }
     :: else
     fi
 }
@@ -785,9 +839,10 @@ proctype Request(byte id; byte k) {
     :: true
     :: redis_delete(k, id, false); goto done  /* released */
     fi;
-    /* The completed record by compare-and-set on the token, before COMMIT.
+    /* The response by compare-and-set on the token, before COMMIT: prepared, naming the
+     * transaction (BUG_PHANTOM: completed, as coded before).
      * code: strategies.redis.strategy.RedisClaim.store, strategies.redis.store.RedisStore.complete,
-     * strategies.redis.store.COMPLETE_LUA */
+     * strategies.redis.store.COMPLETE_LUA, store.sql.xact.transaction_id */
     atomic {
         res = O_UNAVAIL;
         if
@@ -795,7 +850,12 @@ proctype Request(byte id; byte k) {
             reply(r);
             if
             :: r != R_LOST && rd[k].st == INPROG && rd[k].tok == id ->
-                rd[k].st = DONE; rd[k].exp = now + TTL; rd[k].ex = id; x = now + TTL;
+#ifdef BUG_PHANTOM
+                rd[k].st = DONE;
+#else
+                rd[k].st = PREP;
+#endif
+                rd[k].exp = now + TTL; rd[k].ex = id; x = now + TTL;
                 res = O_CLAIM; frozen++
             :: r != R_LOST && !(rd[k].st == INPROG && rd[k].tok == id) -> res = O_BUSY
             :: else
@@ -808,17 +868,56 @@ proctype Request(byte id; byte k) {
         fi
     }
     if
-    :: res == O_UNAVAIL -> redis_delete(k, id, true); goto answered  /* discard */
+    :: res == O_UNAVAIL -> xact[id] = XA; redis_delete(k, id, true); goto answered  /* discard */
     :: res == O_BUSY -> goto answered
     :: else
     fi;
     if
-    :: crashes > 0 -> crashes--; frozen--; goto crashed  /* a phantom: completed in Redis only */
+    :: crashes > 0 -> crashes--; frozen--; goto crashed  /* in Redis only: rolled back */
     :: true
     fi;
-    /* COMMIT of the view's transaction (its outcome is known: a COMMIT whose reply is lost
-     * is left out under redis, docs/how-it-works.md). code: protocol.lifecycle.Lifecycle._end */
-    atomic { COMMITTED(k, id, x); frozen-- };
+    /* COMMIT of the view's transaction. Its answer may be lost (DATABASE_TIMEOUT cuts it,
+     * the connection drops) after or before it was applied: a 503, and the prepared record
+     * is kept for a retry to settle (BUG_PHANTOM: every COMMIT answered).
+     * code: protocol.lifecycle.Lifecycle._end, protocol.lifecycle.Lifecycle._settle,
+     * strategies.redis.strategy.RedisClaim.commit_unknown */
+    atomic {
+#ifdef BUG_PHANTOM
+        r = R_OK;
+#else
+        reply(r);
+#endif
+        if
+        :: r != R_LOST -> COMMITTED(k, id, x); xact[id] = XC
+        :: else -> xact[id] = XA
+        fi;
+        frozen--;
+        if
+        :: r != R_OK -> res = O_UNAVAIL
+        :: else
+        fi
+    };
+    if
+    :: res == O_UNAVAIL -> goto answered
+    :: else
+    fi;
+    CRASH_POINT;
+#ifndef BUG_PHANTOM
+    /* After COMMIT: the record confirmed (a failure leaves it prepared, for a retry to settle).
+     * code: strategies.redis.strategy.RedisClaim.after_commit, strategies.redis.store.RedisStore.confirm,
+     * strategies.redis.store.CONFIRM_LUA */
+    atomic {
+        if
+        :: redis_up ->
+            reply(r);
+            if
+            :: r != R_LOST && rd[k].st == PREP && rd[k].tok == id -> rd[k].st = DONE
+            :: else
+            fi
+        :: else
+        fi
+    };
+#endif
     ex = id;
 #endif
 
@@ -838,6 +937,12 @@ answered:
 
 crashed:
     atomic {
+#if STRATEGY == REDIS
+        if
+        :: xact[id] == 0 -> xact[id] = XA  /* its session ends: PostgreSQL rolls it back */
+        :: else
+        fi;
+#endif
 #if STRATEGY == ADV
         if
         :: lk[k] == id -> lk[k] = 0

@@ -16,6 +16,7 @@ the record again once COMMIT has returned::
        '--the key is settled elsewhere (another store's record)--> SETTLED
     PENDING --stored after the rollback--> COMMITTED, or LOST / SUPERSEDED / GIVEN_BACK
     COMPLETED --nested in the project's transaction--> AWAITING_OUTER_COMMIT
+    COMPLETED --COMMIT sent, its answer never came--> UNKNOWN
 
 :data:`TRANSITIONS` is that picture as data; every move is checked against it. See
 docs/how-it-works.md.
@@ -34,6 +35,7 @@ from django.db import DatabaseError, connections, transaction
 from django.utils.translation import gettext_lazy as _
 
 from ..errors import DatabaseMisconfigured, LeaseLost, StoreUnavailable
+from ..store.errors import is_connection_lost
 from ..store.sql.deadline import bounded
 from ..store.sql.postgresql import commits_in_statement
 from ..store.sql.statements import features_of
@@ -89,6 +91,9 @@ class State(enum.Enum):
     SUPERSEDED = "superseded"
     #: The key was known elsewhere before the view ran (``settled()``): it never ran.
     SETTLED = "settled"
+    #: COMMIT was sent and its answer never came (the connection was lost, or cut by
+    #: ``DATABASE_TIMEOUT``): the writes and the response may be durable or not.
+    UNKNOWN = "unknown"
 
 
 S = State
@@ -96,7 +101,7 @@ S = State
 TRANSITIONS: dict[State, frozenset[State]] = {
     S.CLAIMED: frozenset({S.RUNNING, S.SETTLED, S.GIVEN_BACK}),
     S.RUNNING: frozenset({S.COMPLETED, S.COMMITTED, S.PENDING, S.RELEASED, S.GIVEN_BACK, S.LOST}),
-    S.COMPLETED: frozenset({S.COMMITTED, S.AWAITING_OUTER_COMMIT, S.GIVEN_BACK, S.LOST}),
+    S.COMPLETED: frozenset({S.COMMITTED, S.AWAITING_OUTER_COMMIT, S.GIVEN_BACK, S.LOST, S.UNKNOWN}),
     S.PENDING: frozenset({S.COMMITTED, S.LOST, S.SUPERSEDED, S.GIVEN_BACK}),
     S.RELEASED: frozenset({S.GIVEN_BACK, S.LOST}),
     S.COMMITTED: frozenset(),
@@ -105,6 +110,7 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     S.LOST: frozenset(),
     S.SUPERSEDED: frozenset(),
     S.SETTLED: frozenset(),
+    S.UNKNOWN: frozenset(),
 }
 
 
@@ -143,6 +149,8 @@ class Lifecycle:
         self._pending: StoredResponse | None = None
         #: An ``on_commit`` hook's error after a folded COMMIT, raised at the exit.
         self._hook_error: BaseException | None = None
+        #: Whether the COMMIT failed without an answer: its outcome is unknown.
+        self._commit_unknown = False
         self._guard: WriteGuard | None = None
 
     # -- the state machine ---------------------------------------------------------------
@@ -424,6 +432,10 @@ class Lifecycle:
         elif isinstance(error, LeaseLost):
             self._move(State.LOST)
             claim.lost()
+        elif self._commit_unknown and state is State.COMPLETED:
+            # Not given back: the transaction may have committed (the claim decides).
+            self._move(State.UNKNOWN)
+            claim.commit_unknown()
         elif error is not None:
             self._move(State.GIVEN_BACK)
             claim.discard()
@@ -491,8 +503,11 @@ class Lifecycle:
         try:
             with bounded(connection):  # DATABASE_TIMEOUT: a COMMIT not answered is unknown
                 atomic.__exit__(exc_type, exc, tb)  # COMMIT or ROLLBACK
-        except BaseException:
-            hooks.clear()  # the COMMIT failed and was rolled back: Django drops the hooks
+        except BaseException as raised:
+            hooks.clear()  # the COMMIT failed or was cut: Django drops the hooks
+            # No answer to the COMMIT (a lost connection, DATABASE_TIMEOUT's cut): it may
+            # have committed; an error the server answered rolled it back.
+            self._commit_unknown = commits and is_connection_lost(raised)
             raise
         if not commits:
             return

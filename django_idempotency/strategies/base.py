@@ -129,6 +129,13 @@ class Claim(Outcome, abc.ABC):
         (a completion written to another store before COMMIT) and give the key back."""
         self.release()
 
+    def commit_unknown(self) -> None:
+        """COMMIT was sent and its answer never came (a lost connection, ``DATABASE_TIMEOUT``):
+        the transaction may have committed. The default is :meth:`discard`, right for a
+        claim whose record commits with the transaction (it gives back only a claim still
+        in progress); a claim that wrote outside it keeps what a retry must settle."""
+        self.discard()
+
     def after_commit(self) -> None:
         """Runs once the completion is durable, even when an ``on_commit`` hook of the
         view raised (publishing to a cache, queueing work). Must not raise."""

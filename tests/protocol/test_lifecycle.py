@@ -56,6 +56,7 @@ def test_every_state_is_reached_from_claimed_and_every_path_ends() -> None:
         State.LOST,
         State.SUPERSEDED,
         State.SETTLED,
+        State.UNKNOWN,
     } == FINAL
 
 

@@ -20,9 +20,10 @@ from rest_framework.test import APIClient
 
 from django_idempotency import strategies
 from django_idempotency.store.sql.deadline import watchdog
+from django_idempotency.strategies.redis.strategy import RedisClaim
 from tests.testapp.models import SideEffect
 
-from ..support import faults
+from ..support import faults, services
 from ..support.api import replayed
 from ..support.assertions import problem_slug
 from ..support.faults import Requester, settle
@@ -43,13 +44,19 @@ TIMEOUT = 1
 
 @pytest.fixture
 def proxied(
-    settings: Any, api: APIClient, monkeypatch: pytest.MonkeyPatch
+    settings: Any, api: APIClient, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> Iterator[tuple[FaultProxy, Requester]]:
-    """The db strategy with ``DATABASE_TIMEOUT`` = 1 s and a short lease; persistent
-    connections with libpq's ``connect_timeout`` (as docs/operations.md recommends),
-    through a proxy; and a requester connected through it."""
+    """The db strategy (or the one of an indirect parameter, ``redis`` on the shared Redis)
+    with ``DATABASE_TIMEOUT`` = 1 s and a short lease; persistent connections with libpq's
+    ``connect_timeout`` (as docs/operations.md recommends), through a proxy; and a requester
+    connected through it."""
     api.raise_request_exception = False
-    settings.IDEMPOTENCY = {"STRATEGY": "db", "DATABASE_TIMEOUT": TIMEOUT, "LOCK_TIMEOUT": 3}
+    strategy = getattr(request, "param", "db")
+    settings.IDEMPOTENCY = {"STRATEGY": strategy, "DATABASE_TIMEOUT": TIMEOUT, "LOCK_TIMEOUT": 3}
+    if strategy == "redis":
+        settings.IDEMPOTENCY.update(
+            REDIS_URL=services.REDIS_URL, REDIS_KEY_PREFIX=request.getfixturevalue("redis_prefix")
+        )
     strategies.reset()
     faults.reset()
     database = connections["default"].settings_dict
@@ -115,6 +122,39 @@ def test_a_completion_that_meets_a_silent_database(
     assert "replayed" in first.json()["detail"]
     assert duplicate.status_code in (409, 503), duplicate.content
     assert problem_slug(duplicate) in {"request-in-progress", *DOCUMENTED_503}
+    final = settle(requester, key)
+    assert final.status_code == 201 and replayed(final), final.content
+    assert faults.runs[key] == 1 and committed(key) == 1
+    assert faults.body_of(final)["effect"] == SideEffect.objects.get(label=key).pk
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("proxied", ["redis"], indirect=True)
+def test_a_redis_commit_cut_by_the_timeout_is_unknown_not_discarded(
+    proxied: tuple[FaultProxy, Requester], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under ``redis`` the response is in Redis (prepared) before COMMIT; the network falls
+    silent just then, and the COMMIT is cut after DATABASE_TIMEOUT: its outcome is unknown,
+    so the prepared record is kept (before, it was deleted as if the COMMIT had failed). The
+    COMMIT reaches the server once the network heals: the retry learns from the database
+    that it committed and replays the one run of the view (before: it ran again, and a
+    second effect committed)."""
+    proxy, requester = proxied
+    key = faults.new_key()
+    store, once = RedisClaim.store, threading.Event()
+
+    def prepared_then_silent(self: RedisClaim, response: Any, *, commit: bool) -> None:
+        store(self, response, commit=commit)
+        if self.attempt.key == key and not once.is_set():
+            once.set()
+            proxy.silence()
+
+    monkeypatch.setattr(RedisClaim, "store", prepared_then_silent)
+    cut = watchdog.cut
+    first = requester.ask(key)
+    proxy.heal()
+    assert first.status_code == 503 and problem_slug(first) == "database-unavailable"
+    assert watchdog.cut > cut, "the COMMIT was cut"
     final = settle(requester, key)
     assert final.status_code == 201 and replayed(final), final.content
     assert faults.runs[key] == 1 and committed(key) == 1

@@ -1,9 +1,8 @@
 """A gunicorn worker killed between its COMMIT and the Redis publication, for real.
 
 The example payments API runs under gunicorn with the ``hybrid`` strategy and the default
-``HYBRID_DB_CHECK = "after_loss"`` on a private ``redis-server``. A gunicorn config file of
-the test's own (``GUNICORN_CMD_ARGS``) wraps ``HybridClaim.publish`` in the worker: while a
-flag file exists, the worker sends itself SIGKILL there, right after the view's COMMIT and
+``HYBRID_DB_CHECK = "after_loss"`` on a private ``redis-server``. The worker is killed
+(``tests/support/crash.py``) at ``HybridClaim.publish``, right after the view's COMMIT and
 before the completed record reaches Redis. Redis lost nothing and no fallback episode was
 noted; the claim's in-progress record lapses with its lease. The retry, served by the worker
 gunicorn starts in its place, must be replayed from PostgreSQL: the payment provider's calls
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from ..support.crash import in_progress, kill_hook
 from ..support.databases import count_rows
 from ..support.example import example_server, is_replay, request, scratch_database
 from ..support.redis_servers import RedisServer
@@ -33,34 +33,6 @@ pytestmark = [
 
 CHARGE = {"amount": 1999, "currency": "EUR"}
 
-HOOK = """
-import os
-import signal
-from pathlib import Path
-
-FLAG = Path(os.environ["KILL_AFTER_COMMIT_FLAG"])
-
-
-def post_worker_init(worker):
-    from django_idempotency.strategies.hybrid import HybridClaim
-
-    publish = HybridClaim.publish
-
-    def killed_after_commit(self, response):
-        if FLAG.exists():
-            FLAG.unlink()
-            os.kill(os.getpid(), signal.SIGKILL)
-        publish(self, response)
-
-    HybridClaim.publish = killed_after_commit
-"""
-
-
-def _in_progress(client: redis.Redis) -> int:
-    """How many in-progress records the server holds."""
-    values = [client.get(name) for name in client.scan_iter(match="*:rec")]
-    return sum(1 for v in values if isinstance(v, bytes) and v.startswith(b'{"s":"in_progress"'))
-
 
 def _quiet(client: redis.Redis) -> None:
     """No suspicion window: a server that lost nothing (the first claim found no marker)."""
@@ -71,8 +43,7 @@ def _quiet(client: redis.Redis) -> None:
 def test_a_worker_killed_after_its_commit_leaves_a_replay_not_a_second_charge(
     tmp_path: Path,
 ) -> None:
-    hook, flag, calls = tmp_path / "hook.py", tmp_path / "kill", tmp_path / "calls.log"
-    hook.write_text(HOOK)
+    flag, calls = tmp_path / "kill", tmp_path / "calls.log"
     calls.touch()
     with (
         RedisServer().start() as redis_server,
@@ -86,8 +57,7 @@ def test_a_worker_killed_after_its_commit_leaves_a_replay_not_a_second_charge(
             env={
                 "REDIS_URL": redis_server.url,
                 "PSP_CALL_LOG": str(calls),
-                "KILL_AFTER_COMMIT_FLAG": str(flag),
-                "GUNICORN_CMD_ARGS": f"--config {hook}",
+                **kill_hook(tmp_path, "strategies.hybrid.HybridClaim.publish"),
             },
         ) as server,
     ):
@@ -103,7 +73,7 @@ def test_a_worker_killed_after_its_commit_leaves_a_replay_not_a_second_charge(
         assert count_rows(db, "payments_charge") == 2, "the killed worker's charge committed"
         assert len(calls.read_text().splitlines()) == 2
         # Its claim, in progress, lapses with its lease (LOCK_TIMEOUT 1 s).
-        wait_until(lambda: _in_progress(client) == 0, timeout=15)
+        wait_until(lambda: in_progress(client) == 0, timeout=15)
 
         retry = request(url, key="pay-1", body=CHARGE, timeout=30)
         assert retry[0] == 201 and is_replay(retry), (retry, server.log())

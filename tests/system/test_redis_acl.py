@@ -23,6 +23,7 @@ from django_idempotency.store.status import IN_PROGRESS
 from django_idempotency.strategies.redis import store as redis_store
 from django_idempotency.strategies.redis.health import monitor
 from django_idempotency.strategies.redis.store import (
+    PREPARED,
     RedisRecord,
     RedisStore,
     RedisUnavailable,
@@ -90,6 +91,13 @@ def _seed_held(store: RedisStore, admin: redis.Redis, key: str) -> None:
 
 RESPONSE = StoredResponse(status=201, headers={}, body=b"{}")
 
+
+def _seed_prepared(store: RedisStore, admin: redis.Redis, key: str) -> None:
+    """The redis strategy's completion before its COMMIT."""
+    record = RedisRecord(PREPARED, "f" * 64, TOKEN, RESPONSE)
+    admin.set(store.record_key(SCOPE, key), encode_record(record), px=100_000)
+
+
 #: Per script constant of redis_store: (prepare the state it acts on, run it).
 SCRIPT_RUNS: dict[str, tuple[Callable[..., None], Callable[[RedisStore, str], object]]] = {
     # hybrid's renewal, which extends the held mark too (the redis strategy's has none)
@@ -98,6 +106,7 @@ SCRIPT_RUNS: dict[str, tuple[Callable[..., None], Callable[[RedisStore, str], ob
         _seed_in_progress,
         lambda s, k: s.complete(SCOPE, k, TOKEN, RESPONSE, 60_000),
     ),
+    "CONFIRM_LUA": (_seed_prepared, lambda s, k: s.confirm(SCOPE, k, TOKEN, notify=True)),
     "RELEASE_LUA": (_seed_in_progress, lambda s, k: s.release(SCOPE, k, TOKEN)),
     "DISCARD_LUA": (_seed_in_progress, lambda s, k: s.discard(SCOPE, k, TOKEN)),
     "LOSS_LUA": (lambda *a: None, lambda s, k: s.loss_suspected(s.loss_keys(), 60_000, 10)),

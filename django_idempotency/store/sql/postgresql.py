@@ -45,6 +45,9 @@ class PostgreSQLDialect(BaseDialect):
     commits_in_statement = True
     fences_in_outbox_add = True
     moves_in_statement = True
+    # PostgreSQL 10+; txid_status() answers from the commit log (pg_xact) of the cluster.
+    transaction_id_sql = "SELECT txid_current()"
+    transaction_status_sql = "SELECT txid_status(%s)"
 
 
 def and_commit(write: list[Part], cte: list[Part] | None = None) -> list[Part]:

@@ -160,18 +160,31 @@ def reset_clients() -> None:
 # -- records -------------------------------------------------------------------------------
 
 
+#: The ``redis`` strategy's completion written before the view's transaction commits, with
+#: that transaction's id: confirmed (``completed``) once COMMIT has returned. A record found
+#: prepared is replayed only once the database says that transaction committed
+#: (``strategies.redis.prepared``).
+PREPARED = "prepared"
+
+
 @dataclass(frozen=True)
 class RedisRecord:
     """What Redis holds for one (scope, key)."""
 
-    status: str  # IN_PROGRESS or COMPLETED
+    status: str  # IN_PROGRESS, PREPARED or COMPLETED
     fingerprint: str
     token: str
     response: StoredResponse | None
+    #: A prepared record's transaction id (None: the database cannot tell its outcome).
+    xid: int | None = None
 
     @property
     def completed(self) -> bool:
         return self.status == COMPLETED
+
+    @property
+    def prepared(self) -> bool:
+        return self.status == PREPARED
 
 
 #: One encoder for every value (``json.dumps`` with options builds a new one per call).
@@ -232,11 +245,13 @@ def decode_record(raw: bytes | str) -> RedisRecord | None:
                 headers={str(k): str(v) for k, v in dict(response_data.get("h") or {}).items()},
                 body=base64.b64decode(response_data.get("b") or ""),
             )
+        xid = payload.get("x")
         return RedisRecord(
             status=str(payload["s"]),
             fingerprint=str(payload["f"]),
             token=str(payload["t"]),
             response=response,
+            xid=None if xid is None else int(xid),
         )
     except (ValueError, TypeError, KeyError, AttributeError, binascii.Error):
         return None
@@ -264,26 +279,51 @@ if KEYS[2] then redis.call('SET', KEYS[2], '1', 'PX', ARGV[3]) end
 return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 """
 
-# KEYS[1] record; ARGV[1] token tail; ARGV[2] the response as JSON; ARGV[3] ttl in ms.
-# The completed record keeps the fingerprint and the token of the claim. A record already
-# completed under the same token answers 1 as well: a completion sent again because the
-# first one's reply never came (its outcome unknown) finds its own work done.
+# KEYS[1] record; ARGV[1] token tail; ARGV[2] the response as JSON; ARGV[3] ttl in ms;
+# ARGV[4] (optional) the status written, "completed" unless given ("prepared"); ARGV[5]
+# (optional) what follows the response (',"x":<transaction id>'). The record keeps the
+# fingerprint and the token of the claim. A record already completed or prepared under the
+# same token answers 1 as well: a completion sent again because the first one's reply never
+# came (its outcome unknown) finds its own work done.
 COMPLETE_LUA = """
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
 local tail = ARGV[1]
 if string.sub(v, -#tail) ~= tail then return 0 end
-local done = '{"s":"completed",'
-if string.sub(v, 1, #done) == done then return 1 end
+if string.sub(v, 1, 17) == '{"s":"completed",' or string.sub(v, 1, 16) == '{"s":"prepared",' then
+  return 1
+end
 local head = '{"s":"in_progress",'
 if string.sub(v, 1, #head) ~= head then return 0 end
 local middle = string.sub(v, #head + 1, #v - #tail)
 local empty = ',"r":null'
 if string.sub(middle, -#empty) ~= empty then return 0 end
 local fingerprint = string.sub(middle, 1, #middle - #empty)
-redis.call('SET', KEYS[1],
-  '{"s":"completed",' .. fingerprint .. ',"r":' .. ARGV[2] .. tail, 'PX', ARGV[3])
+redis.call('SET', KEYS[1], '{"s":"' .. (ARGV[4] or 'completed') .. '",' .. fingerprint
+  .. ',"r":' .. ARGV[2] .. (ARGV[5] or '') .. tail, 'PX', ARGV[3])
 return 1
+"""
+
+# KEYS[1] record; ARGV[1] token tail; ARGV[2] a channel to PUBLISH ARGV[3] on ("": none).
+# A prepared record under this token becomes completed, with the time to live it has left
+# (KEEPTTL, Redis 6: no command beyond those of the ACL docs/redis.md lists); 1 when the
+# record is (now) completed under this token, else 0 (gone, or another's).
+CONFIRM_LUA = """
+local v = redis.call('GET', KEYS[1])
+local done = 0
+if v and string.sub(v, -#ARGV[1]) == ARGV[1] then
+  local head = '{"s":"prepared",'
+  if string.sub(v, 1, #head) == head then
+    redis.call('SET', KEYS[1], '{"s":"completed",' .. string.sub(v, #head + 1), 'KEEPTTL')
+    done = 1
+  elseif string.sub(v, 1, 17) == '{"s":"completed",' then
+    done = 1
+  end
+end
+-- After the write, so through pcall: a refused PUBLISH leaves the waiters to poll, never the
+-- confirmation undone or the script failed halfway.
+if ARGV[2] ~= '' then redis.pcall('PUBLISH', ARGV[2], ARGV[3]) end
+return done
 """
 
 # KEYS[1] record; ARGV[1] token tail. Deletes the caller's own record while it is in
@@ -510,6 +550,7 @@ class RedisStore:
         self.prefix = prefix
         self._renew = client.register_script(RENEW_LUA)
         self._complete = client.register_script(COMPLETE_LUA)
+        self._confirm = client.register_script(CONFIRM_LUA)
         self._release = client.register_script(RELEASE_LUA)
         self._discard = client.register_script(DISCARD_LUA)
         self._loss = client.register_script(LOSS_LUA)
@@ -705,15 +746,34 @@ class RedisStore:
             raise failure(exc) from exc
 
     def complete(
-        self, scope: str, key: str, token: str, response: StoredResponse, ttl_ms: int
+        self,
+        scope: str,
+        key: str,
+        token: str,
+        response: StoredResponse,
+        ttl_ms: int,
+        *,
+        prepared: bool = False,
+        xid: int | None = None,
     ) -> bool:
         """Store ``response`` for ``ttl_ms``, only while ``token`` holds the key in progress.
 
-        The completed record keeps the fingerprint and the token (so that the
-        owner can still ``release`` it, e.g. when its database commit fails).
+        The record keeps the fingerprint and the token (so that the owner can still
+        ``discard`` it, e.g. when its database commit fails). ``prepared``: written as
+        :data:`PREPARED`, with the transaction id ``xid``, for :meth:`confirm` after COMMIT.
         """
-        payload = encode_response(response)
-        return self._run(self._complete, scope, key, [token_tail(token), payload, _ms(ttl_ms)])
+        args: list[Any] = [token_tail(token), encode_response(response), _ms(ttl_ms)]
+        if prepared:
+            args += [PREPARED, "" if xid is None else f',"x":{int(xid)}']
+        return self._run(self._complete, scope, key, args)
+
+    def confirm(self, scope: str, key: str, token: str, *, notify: bool = False) -> bool:
+        """The prepared record of ``token`` made completed (its COMMIT landed), and with
+        ``notify`` the key's waiters woken (:meth:`notify`) in the same script: one round
+        trip. Whether the record is completed under ``token`` now."""
+        channel = self.wake_channel if notify else ""
+        args = [token_tail(token), channel, key_digest(scope, key)]
+        return self._run(self._confirm, scope, key, args)
 
     def release(self, scope: str, key: str, token: str) -> bool:
         """Delete the record, only while it is in progress under ``token``."""

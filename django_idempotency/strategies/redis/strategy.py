@@ -1,8 +1,10 @@
 """The ``redis`` strategy: the key lives in Redis, the view's writes in the database.
 
 A claim is one ``SET NX PX`` (see :mod:`django_idempotency.strategies.redis.store`), the response
-is stored by a compare-and-set on the claim token as the last step before COMMIT, and
-``REDIS_FAILURE_MODE`` decides what a request does while Redis is down. A key is only as
+is stored *prepared* by a compare-and-set on the claim token as the last step before COMMIT
+(with the transaction's id), and confirmed once COMMIT has returned; a record found prepared
+is settled by the database (:mod:`.prepared`). ``REDIS_FAILURE_MODE`` decides what a request
+does while Redis is down. A key is only as
 durable as Redis makes it: not for payments. See docs/redis.md.
 """
 
@@ -12,9 +14,13 @@ import logging
 from collections.abc import Callable
 from functools import partial
 
+from django.db import DatabaseError, connections
+
 from ...conf import conf
 from ...errors import LeaseLost, StoreUnavailable
 from ...store.errors import retry_after
+from ...store.sql import xact
+from ...store.status import IN_PROGRESS
 from ...values.keys import key_digest
 from ...values.response import StoredResponse
 from .. import waiting
@@ -28,11 +34,13 @@ from ..base import (
     Outcome,
     Replay,
     Strategy,
+    store_failed,
 )
 from ..db import DatabaseStrategy
 from .discards import discards
 from .health import monitor
 from .outcome import RedisOutcomeUnknown, resend_once
+from .prepared import settle_prepared
 from .store import (
     RedisRecord,
     RedisStore,
@@ -56,17 +64,39 @@ class RedisClaim(Claim):
         super().__init__(attempt)
         self.redis = redis
         self.token = token
+        #: Whether the response went to Redis prepared, to be confirmed after COMMIT (the
+        #: view ran in a transaction); else it was stored completed.
+        self.prepared = False
 
     def renew(self) -> bool:
         a = self.attempt
         return self.redis.renew(redis_scope(a), a.key, self.token, to_ms(a.lock_timeout))
 
     def store(self, response: StoredResponse, *, commit: bool) -> None:
+        """The response into Redis, as the last step before COMMIT: *prepared*, with the
+        id of the view's transaction (one statement more on PostgreSQL), so that a retry
+        that finds it before its confirmation asks the database whether it committed
+        (:mod:`.prepared`). Without a transaction (the view's writes are durable already)
+        it is stored completed."""
         a = self.attempt
+        connection = connections[a.database]
+        self.prepared = connection.in_atomic_block
+        xid = None
+        if self.prepared:
+            try:
+                xid = xact.transaction_id(connection)
+            except DatabaseError as exc:
+                raise store_failed(exc, committing=False) from exc
         try:
             stored = resend_once(
                 lambda: self.redis.complete(
-                    redis_scope(a), a.key, self.token, response, to_ms(a.ttl)
+                    redis_scope(a),
+                    a.key,
+                    self.token,
+                    response,
+                    to_ms(a.ttl),
+                    prepared=self.prepared,
+                    xid=xid,
                 ),
                 "completion",
             )
@@ -76,9 +106,47 @@ class RedisClaim(Claim):
             raise LeaseLost()
 
     def after_commit(self) -> None:
-        # Only now: a waiter woken before COMMIT would replay a response not yet durable.
-        if self.attempt.wait > 0:
-            self.wake()
+        """COMMIT returned: the prepared record confirmed, and the waiters woken (only now:
+        a waiter woken before COMMIT would find the response not yet durable)."""
+        if not self.prepared:
+            if self.attempt.wait > 0:
+                self.wake()
+            return
+        a = self.attempt
+        try:
+            resend_once(
+                lambda: self.redis.confirm(redis_scope(a), a.key, self.token, notify=a.wait > 0),
+                "confirmation",
+            )
+        except RedisUnavailable:
+            # Committed all the same: confirmed before this process's next claim; a retry
+            # that finds the record prepared first asks the database (where it can tell).
+            discards.add(redis_scope(a), a.key, self.token, a.ttl, confirm=True)
+            logger.warning(
+                "idempotency key %s (scope %s) committed, but its record in Redis could not "
+                "be confirmed yet; it is confirmed before this process's next claim",
+                a.key,
+                a.scope,
+                exc_info=True,
+            )
+        if a.wait > 0:  # this process's waiters (after the confirmation: they find it)
+            waiting.hub.wake(key_digest(a.scope, a.key))
+
+    def commit_unknown(self) -> None:
+        """COMMIT was sent and its answer never came (``DATABASE_TIMEOUT``, a connection
+        lost): the writes may be durable. The prepared record stays, for a retry to settle
+        with the database (:mod:`.prepared`); deleting it would run the view again."""
+        if not self.prepared:
+            self.discard()
+            return
+        a = self.attempt
+        logger.warning(
+            "idempotency key %s (scope %s): the outcome of the view's COMMIT is unknown; "
+            "its prepared record in Redis is kept, for a retry to settle with the database",
+            a.key,
+            a.scope,
+            extra={"idempotency_scope": a.scope, "idempotency_key": a.key},
+        )
 
     def wake(self) -> None:
         """Wake the key's waiting duplicates (in every process through Redis); never raises."""
@@ -133,7 +201,7 @@ def outcome_for(record: RedisRecord, attempt: Attempt) -> Outcome:
 def ours(record: RedisRecord, token: str) -> bool:
     """Whether ``record`` is the claim this request made under ``token`` (one sent again,
     by us or by a Cluster client's own retry, finds the first one applied)."""
-    return record.token == token and not record.completed
+    return record.token == token and record.status == IN_PROGRESS
 
 
 #: ``(scope, key, fingerprint, token, lease_ms) -> (won, record)``, as ``RedisStore.claim``.
@@ -148,8 +216,11 @@ def redis_claim(
 ) -> tuple[Outcome, RedisRecord | None]:
     """One claim in Redis (``store.claim``, or ``claim``): ``make(token)`` when won, else
     the outcome of the record found (and the record). A claim whose outcome is unknown is
-    sent once more with the same token: a record that holds that token is ours. Raises
-    ``RedisUnavailable`` (``RedisOutcomeUnknown`` when the key may be claimed)."""
+    sent once more with the same token: a record that holds that token is ours. A record
+    found prepared is settled with the database (:func:`.prepared.settle_prepared`; one
+    whose transaction did not commit is deleted, and the key claimed again). Raises
+    ``RedisUnavailable`` (``RedisOutcomeUnknown`` when the key may be claimed), and
+    ``StoreUnavailable`` while a prepared record's outcome is unknown."""
     lease = to_ms(attempt.lock_timeout)
     call = claim or store.claim
     for _ in range(CLAIM_ATTEMPTS):
@@ -160,6 +231,11 @@ def redis_claim(
         )
         if won or (record is not None and ours(record, token)):
             return make(token), None
+        if record is not None and record.prepared:
+            settled = settle_prepared(store, attempt, record)
+            if settled is None:
+                continue  # its transaction did not commit: the record is gone, claim again
+            return settled, record
         if record is not None:
             return outcome_for(record, attempt), record
     # The holder kept finishing between our SET and GET: report it as busy.

@@ -45,3 +45,22 @@ def test_a_deletion_waits_for_redis_and_spares_another_claim(
     assert store.get("s", "mine") is None
     other = store.get("s", "other")
     assert other is not None and other.token == theirs
+
+
+def test_a_confirmation_waits_for_redis_too(shared_redis_url: str, redis_prefix: str) -> None:
+    """A COMMIT that landed while Redis did not answer its confirmation: confirmed once it
+    does, never deleted."""
+    store = _store(shared_redis_url, redis_prefix)
+    token = uuid.uuid4().hex
+    store.claim("s", "paid", "fp", token, 60_000)
+    response = StoredResponse(201, {}, b"committed")
+    assert store.complete("s", "paid", token, response, 60_000, prepared=True, xid=42)
+    record = store.get("s", "paid")
+    assert record is not None and record.prepared and record.xid == 42
+    discards = Discards()
+    discards.add("s", "paid", token, 60, confirm=True)
+    assert not discards.flush(_store(closed_port_url(), redis_prefix))
+    assert discards.flush(store)
+    assert not discards.pending
+    record = store.get("s", "paid")
+    assert record is not None and record.completed and record.response == response

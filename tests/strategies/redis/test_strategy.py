@@ -231,7 +231,8 @@ def test_failed_commit_undoes_the_completion(on_shared_redis: dict[str, Any]) ->
             with connection.cursor() as cursor:
                 cursor.execute("INSERT INTO deferred_check VALUES (1), (1)")
             claim_life.complete(StoredResponse(201, {}, b"x"))
-            assert get_store().get(attempt.scope, attempt.key).completed  # type: ignore[union-attr]
+            # Prepared, until COMMIT has returned.
+            assert get_store().get(attempt.scope, attempt.key).prepared  # type: ignore[union-attr]
 
     with pytest.raises(IntegrityError):  # at COMMIT
         view()

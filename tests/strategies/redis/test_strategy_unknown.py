@@ -131,4 +131,5 @@ def test_a_completion_applied_after_the_rollback_is_deleted_before_the_next_clai
 
 
 def _completed(record: Any) -> bool:
-    return record is not None and record.completed
+    """Whether ``record`` holds a response (prepared before COMMIT, or completed)."""
+    return record is not None and (record.completed or record.prepared)
