@@ -1,153 +1,664 @@
-"""Settings, read lazily from ``settings.IDEMPOTENCY``.
+"""Settings, read lazily from ``settings.IDEMPOTENCY``, each declared once.
+
+Every setting is one :class:`Setting` in the body of :class:`IdempotencySettings`: its
+default, how its value is read (the type it is converted to, and what ``None`` stands for),
+the :class:`Rule` that checks it on its own (the check id and what the check says), the other
+checks that guard it, its one-line description and the group of the settings page it belongs
+to. From that one declaration come the typed attribute (``conf.TTL``), :data:`DEFAULTS`, the
+system checks of each value (``checks.values``) and the settings page, which
+``docs/hooks.py`` and ``tests/system/test_docs.py`` hold to it.
 
 Each value is computed on first use and kept until a setting changes (Django's
-``setting_changed`` signal, which ``override_settings`` and pytest-django's
-``settings`` fixture send), so ``override_settings(IDEMPOTENCY={...})`` takes effect
-at once, in tests too, and a request reads each value as one attribute lookup. No
-default is ever written back into ``settings``.
+``setting_changed`` signal, which ``override_settings`` and pytest-django's ``settings``
+fixture send), so ``override_settings(IDEMPOTENCY={...})`` takes effect at once, in tests
+too, and a request reads each value as one attribute lookup. No default is ever written back
+into ``settings``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from functools import cached_property
-from typing import Any
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, overload
 
 from django.conf import settings
 from django.core.signals import setting_changed
 
-#: Every key of the ``IDEMPOTENCY`` dict, with its default.
-DEFAULTS: Mapping[str, Any] = {
-    # Which strategy claims keys: "db", "advisory_lock", "redis", "hybrid",
-    # or the dotted path of a Strategy subclass.
-    "STRATEGY": "db",
-    # The database alias that holds IdempotencyKey (and the view's writes).
-    "DATABASE": "default",
-    # Every alias that holds keys when the data is sharded over several databases (DATABASE
-    # among them); None: DATABASE alone.
-    "KEY_DATABASES": None,
-    # How a request's key database is chosen among KEY_DATABASES: None (always DATABASE),
-    # "router" (DATABASE_ROUTERS' db_for_write for IdempotencyKey), or the dotted path of a
-    # callable ``(request) -> alias``.
-    "DATABASE_ROUTING": None,
-    # Other aliases a protected view may write to outside the protection (writes there
-    # commit on their own); a write to any other alias is refused (503).
-    "UNPROTECTED_DATABASES": (),
-    # The request header that carries the key.
-    "HEADER": "Idempotency-Key",
-    # A top-level field of a JSON request body that carries the key too ("idempotency_key",
-    # as Square's API takes it); None: the key is read from the header only.
-    "KEY_BODY_FIELD": None,
-    # HTTP methods that honour the header, unless a view says otherwise.
-    "METHODS": ("POST", "PATCH"),
-    # Whether a missing header is a 400 on those methods.
-    "REQUIRED": False,
-    # How long a completed key is kept and replayed, in seconds.
-    "TTL": 24 * 60 * 60,
-    # PostgreSQL only: the key table is partitioned by expiry, one partition per this many
-    # seconds (a whole number), and expired keys are purged by dropping whole partitions;
-    # None: a plain table. See docs/operations.md ("Time partitions").
-    "PARTITION_INTERVAL": None,
-    # How far (seconds) the partitions reach past the longest of TTL and LOCK_TIMEOUT: the
-    # purge creates them ahead, and must run again before they run out.
-    "PARTITION_AHEAD": 24 * 60 * 60,
-    # A lease older than this (seconds) was left by a crashed worker and may be taken over.
-    "LOCK_TIMEOUT": 60,
-    # How often (seconds) a running view renews its lease; None means LOCK_TIMEOUT / 3.
-    "HEARTBEAT_INTERVAL": None,
-    # PostgreSQL: seconds a statement of the library's may wait for the server before its
-    # connection is cut (its outcome is then unknown: a 503); None: no bound.
-    "DATABASE_TIMEOUT": 30,
-    # Seconds a duplicate waits for the first request's answer instead of a 409; 0: no wait.
-    "WAIT": 0,
-    # Duplicates that may wait at the same time in one process; the next one gets the 409.
-    "WAIT_MAX_WAITERS": 16,
-    # Seconds between a waiter's claims when no notification came (the fallback poll).
-    "WAIT_POLL_INTERVAL": 0.5,
-    # Where the waiters' listener LISTENs: a DATABASES alias or a libpq DSN/URI of a direct
-    # connection to the keys' PostgreSQL; None: the keys' database, if proven direct.
-    "WAIT_LISTEN_DATABASE": None,
-    # Retry-After (seconds) sent with a 409 for a request still in progress; None: derived.
-    "RETRY_AFTER": None,
-    # Run the view and the key's completion in one database transaction.
-    "ATOMIC": True,
-    # Store and replay 5xx responses instead of releasing the key.
-    "STORE_SERVER_ERRORS": False,
-    # Response headers that are stored and replayed (case-insensitive); all others are dropped.
-    "STORED_HEADERS": (
-        "Content-Type",
-        "Content-Language",
-        "Content-Location",
-        "Location",
-        "Cache-Control",
-        "ETag",
-        "Last-Modified",
-        "Link",
-        "Retry-After",
-    ),
-    # Headers never stored, even when listed above.
-    "NEVER_STORED_HEADERS": (
-        "Set-Cookie",
-        "Authorization",
-        "Proxy-Authorization",
-        "Proxy-Authenticate",
-        "WWW-Authenticate",
-        "Cookie",
-        "Connection",
-        "Keep-Alive",
-        "Transfer-Encoding",
-        "Upgrade",
-        "TE",
-        "Trailer",
-        "Content-Length",
-    ),
-    # Largest response body (bytes) that is stored; a larger one completes the key without it.
-    "MAX_STORED_BODY_SIZE": 1024 * 1024,
-    # Callable (dotted path) ``(request) -> str`` giving the default scope; None: per user.
-    "SCOPE_FUNCTION": None,
-    # Secret for derived downstream keys; None: settings.SECRET_KEY.
-    "DOWNSTREAM_KEY_SECRET": None,
-    # Register IdempotencyKey in the Django admin.
-    "ADMIN_ENABLED": True,
-    # Export Prometheus metrics (needs `pip install django-idempotency[prometheus]`).
-    "METRICS": False,
-    # redis / hybrid strategies: a django-redis cache alias or a URL, and timeouts.
-    "REDIS_CACHE_ALIAS": None,
-    "REDIS_URL": None,
-    "REDIS_CLUSTER": False,
-    "REDIS_KEY_PREFIX": "idem",
-    "REDIS_SOCKET_TIMEOUT": 0.25,
-    # What to do when Redis fails: "db" (fall back to the db strategy) or "fail_closed" (503).
-    "REDIS_FAILURE_MODE": "db",
-    # hybrid: check PostgreSQL for a key that is new in Redis "always" or "after_loss".
-    "HYBRID_DB_CHECK": "after_loss",
-    # hybrid: seconds a completed record stays in Redis (at most TTL); None: TTL.
-    "HYBRID_REDIS_TTL": None,
-    # hybrid: rows drained per outbox transaction.
-    "OUTBOX_BATCH_SIZE": 1000,
-    # Request headers that carry credentials: a request with one whose user is still
-    # anonymous at the claim is refused (400 credentials-not-authenticated).
-    "CREDENTIAL_HEADERS": ("Authorization",),
-    # Cookies that identify an anonymous caller, who is scoped by a keyed hash of the
-    # cookie instead of sharing "anonymous"; None: settings.SESSION_COOKIE_NAME.
-    "CREDENTIAL_COOKIES": None,
-    # Where a problem document's ``type`` URI points: this base followed by the slug.
-    "PROBLEM_BASE_URI": "https://django-idempotency.readthedocs.io/en/latest/problems/",
-    # Callable (dotted path) ``(error, request) -> HttpResponse`` that renders this app's
-    # errors in a project's own format; None: RFC 9457 application/problem+json.
-    "PROBLEM_RENDERER": None,
-    # IdempotencyMiddleware: protect the views marked @idempotency_opt_in ("opt_in"), or
-    # every view that is not marked @idempotency_exempt ("all"); never DRF views.
-    "MIDDLEWARE_DEFAULT": "opt_in",
-    # Under a test runner (the pytest plugin, ``manage.py test``), each test's Redis
-    # records under a prefix of its own (django_idempotency.testing); False: shared.
-    "TEST_ISOLATION": True,
-}
+T = TypeVar("T")
+
+#: The groups of the settings page, in its order: the settings most projects set first, then
+#: the others by feature. A setting names its group; docs/settings.md has a section for each.
+COMMON = "The settings most projects set"
+DATABASES = "Databases"
+KEYS = "Where the key is read"
+WAITING = "Duplicates that wait"
+STORED = "What is stored"
+SCOPES = "Scopes and downstream keys"
+ERRORS = "Errors"
+REDIS = "Redis and hybrid"
+PARTITIONS = "Time partitions"
+MIDDLEWARE = "The middleware"
+EXTRAS = "Admin, metrics and tests"
+GROUPS: tuple[str, ...] = (
+    *(COMMON, DATABASES, KEYS, WAITING, STORED, SCOPES),
+    *(ERRORS, REDIS, PARTITIONS, MIDDLEWARE, EXTRAS),
+)
+
+#: The methods ``METHODS`` (and a view's ``methods``) may name.
+HTTP_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE", "GET"})
+#: An HTTP field name (RFC 9110 section 5.1: a token).
+TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+#: The longest ``KEY_BODY_FIELD``.
+MAX_FIELD_NAME = 255
+
+
+# -- what a value must be ----------------------------------------------------------------------
+
+
+def finite_number(value: Any) -> float | None:
+    """``value`` as a finite float (a number, or a string of one, as the settings read it),
+    else None: ``nan`` and ``inf`` break every comparison or overflow a date."""
+    if isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _positive(value: Any) -> bool:
+    number = finite_number(value)
+    return number is not None and number > 0
+
+
+def _at_least_zero(value: Any) -> bool:
+    number = finite_number(value)
+    return number is not None and number >= 0
+
+
+def _whole(least: int) -> Callable[[Any], bool]:
+    def whole(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+    return whole
+
+
+def _methods(value: Any) -> bool:
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        return False  # a string is letters
+    names = {str(m).upper() for m in value}
+    return bool(names) and names <= HTTP_METHODS
+
+
+def _names(value: Any) -> bool:
+    return isinstance(value, list | tuple | set | frozenset) and all(
+        isinstance(v, str) and v for v in value
+    )
+
+
+def _header_name(value: Any) -> bool:
+    return isinstance(value, str) and TOKEN.fullmatch(value) is not None
+
+
+def _field_name(value: Any) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= MAX_FIELD_NAME and value.isprintable()
+
+
+def _callable_path(value: Any) -> bool:
+    from django.utils.module_loading import import_string
+
+    try:
+        return callable(import_string(value)) if isinstance(value, str) else False
+    except ImportError:
+        return False
+
+
+def _one_of(*choices: str) -> Callable[[Any], bool]:
+    return lambda value: value in choices
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A check of one setting's value on its own: its id (``E002``: the system check
+    ``django_idempotency.E002``), whether a value passes, and what the check says of one that
+    does not. ``message`` and ``hint`` are ``str.format`` templates of ``label`` (who is
+    checked: ``IDEMPOTENCY['TTL']``, or a view's option), ``value``, ``name``, ``default``,
+    ``example`` (the setting's) and ``defaults`` (:data:`DEFAULTS`)."""
+
+    id: str
+    passes: Callable[[Any], bool]
+    message: str
+    hint: str
+
+
+POSITIVE = Rule(
+    "E002", _positive, "{label} must be a positive number.", "The default is {default!r}."
+)
+METHOD_LIST = Rule(
+    "E004",
+    _methods,
+    "{label} must list HTTP methods such as POST and PATCH.",
+    "The default is ('POST', 'PATCH').",
+)
+_WAIT_HINT = (
+    "WAIT is seconds (0 turns waiting off), WAIT_POLL_INTERVAL a positive number of seconds, "
+    "WAIT_MAX_WAITERS a whole number of at least 1; the defaults are {defaults[WAIT]!r}, "
+    "{defaults[WAIT_POLL_INTERVAL]!r} and {defaults[WAIT_MAX_WAITERS]!r}."
+)
+WAIT_SECONDS = Rule("E013", _at_least_zero, "{label} is not valid.", _WAIT_HINT)
+WAIT_INTERVAL = Rule("E013", _positive, "{label} is not valid.", _WAIT_HINT)
+WAITERS = Rule("E013", _whole(1), "{label} is not valid.", _WAIT_HINT)
+BOOLEAN = Rule(
+    "E015",
+    lambda value: isinstance(value, bool),
+    "{label} must be True or False, not {value!r}.",
+    "A string such as 'False' counts as true; use the Python constants.",
+)
+NAMES = Rule(
+    "E017", _names, "{label} must be a list of names, not {value!r}.", "For example {example!r}."
+)
+CALLABLE = Rule(
+    "E018",
+    _callable_path,
+    "{label} is {value!r}, which is not the dotted path of a callable that can be imported.",
+    "Name a function as 'package.module.function', or set None.",
+)
+PARTITIONS_HINT = "See docs/operations.md, 'Time partitions'."
+
+
+class Setting(Generic[T]):
+    """One key of ``settings.IDEMPOTENCY``, declared once in :class:`IdempotencySettings`.
+
+    As an attribute of ``conf`` it is the value, converted by ``kind`` and kept on the
+    instance until the settings change (like ``cached_property``). ``nullable``: ``None`` is a
+    value of its own, taken as it is or as ``if_none`` derives it from the other settings,
+    and never checked. ``rule`` is its check on its own (run by ``checks.values``); ``checks``
+    the ids of the checks that compare it with other settings, ``DATABASES`` or the server.
+    """
+
+    name: str
+
+    def __init__(
+        self,
+        default: Any,
+        kind: Callable[[Any], T],
+        doc: str,
+        group: str,
+        *,
+        rule: Rule | None = None,
+        checks: tuple[str, ...] = (),
+        nullable: bool = False,
+        if_none: Callable[[IdempotencySettings], T] | None = None,
+        example: Any = None,
+    ) -> None:
+        self.default, self.kind, self.doc, self.group = default, kind, doc, group
+        self.rule, self.nullable, self.if_none = rule, nullable or default is None, if_none
+        self.checks = (rule.id, *checks) if rule else checks
+        if example is None and isinstance(default, tuple):
+            example = list(default)[:2]
+        self.example = example
+
+    def __set_name__(self, owner: type[Any], name: str) -> None:
+        self.name = name
+
+    def read(self, conf: IdempotencySettings) -> T:
+        """The value of the current settings, converted (not cached)."""
+        value = conf.user_settings.get(self.name, self.default)
+        if value is None and self.nullable:
+            return self.if_none(conf) if self.if_none else value  # type: ignore[return-value]
+        return self.kind(value)
+
+    @overload
+    def __get__(self, conf: None, owner: type[Any]) -> Setting[T]: ...
+    @overload
+    def __get__(self, conf: IdempotencySettings, owner: type[Any]) -> T: ...
+    def __get__(self, conf: IdempotencySettings | None, owner: type[Any]) -> T | Setting[T]:
+        if conf is None:
+            return self
+        value = conf.__dict__[self.name] = self.read(conf)  # read once, until a reload
+        return value
+
+
+def _text(value: Any) -> str:
+    return str(value)
+
+
+def _upper_set(values: Iterable[Any]) -> frozenset[str]:
+    return frozenset(str(v).upper() for v in values)
+
+
+def _lower_set(values: Iterable[Any]) -> frozenset[str]:
+    return frozenset(str(v).lower() for v in values)
+
+
+def _text_tuple(values: Iterable[Any]) -> tuple[str, ...]:
+    return tuple(str(v) for v in values)
+
+
+def _aliases(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):  # check E035; one alias, not its letters
+        return (value,)
+    return tuple(dict.fromkeys(str(alias) for alias in value))
+
+
+def _alias_set(value: Any) -> frozenset[str]:
+    if isinstance(value, str):  # check E031; one alias, not its letters
+        return frozenset({value})
+    return frozenset(str(alias) for alias in value or ())
 
 
 class IdempotencySettings:
-    """Typed, lazy access to ``settings.IDEMPOTENCY``; each value is cached on the
-    instance until :meth:`reload` (on any ``setting_changed``)."""
+    """Typed, lazy access to ``settings.IDEMPOTENCY``: every setting, declared once; each
+    value is cached on the instance until :meth:`reload` (on any ``setting_changed``)."""
+
+    # -- the settings most projects set ----------------------------------------------------
+    STRATEGY = Setting(
+        "db",
+        _text,
+        'Which strategy claims keys: "db", "advisory_lock", "redis", "hybrid", or the '
+        "dotted path of a Strategy subclass.",
+        COMMON,
+        checks=("E006", "E007", "E008", "E011", "E012"),
+    )
+    DATABASE = Setting(
+        "default",
+        _text,
+        "The database alias that holds the keys (and the protected views' writes).",
+        COMMON,
+        checks=("E005", "E030"),
+    )
+    METHODS = Setting(
+        ("POST", "PATCH"),
+        _upper_set,
+        "The HTTP methods that honour the header.",
+        COMMON,
+        rule=METHOD_LIST,
+    )
+    REQUIRED = Setting(
+        False, bool, "Whether a missing key is a 400 on those methods.", COMMON, rule=BOOLEAN
+    )
+    TTL = Setting(
+        24 * 60 * 60,
+        float,
+        "Seconds a completed key is kept and replayed.",
+        COMMON,
+        rule=POSITIVE,
+        checks=("W002", "E061"),
+    )
+    LOCK_TIMEOUT = Setting(
+        60,
+        float,
+        "Seconds after which a lease not renewed was left by a crashed worker and may be "
+        "taken over.",
+        COMMON,
+        rule=POSITIVE,
+        checks=("E003", "W002"),
+    )
+    WAIT = Setting(
+        0,
+        float,
+        "Seconds a duplicate waits for the first request's answer instead of a 409; 0: no wait.",
+        COMMON,
+        rule=WAIT_SECONDS,
+        checks=("W014",),
+    )
+    SCOPE_FUNCTION = Setting[str | None](
+        None,
+        _text,
+        "Dotted path of a callable (request) -> str giving whose key a request's is; None: "
+        "per user.",
+        COMMON,
+        rule=CALLABLE,
+    )
+
+    # -- databases -------------------------------------------------------------------------
+    KEY_DATABASES = Setting(
+        None,
+        _aliases,
+        "Every alias that holds keys when the data is sharded over several databases; None: "
+        "DATABASE alone.",
+        DATABASES,
+        checks=("E035", "E036", "W032"),
+        if_none=lambda conf: (conf.DATABASE,),
+    )
+    DATABASE_ROUTING = Setting[str | None](
+        None,
+        _text,
+        'How a request\'s key database is chosen: None (DATABASE), "router", or the dotted '
+        "path of a callable (request) -> alias.",
+        DATABASES,
+        checks=("E037", "W033"),
+    )
+    UNPROTECTED_DATABASES = Setting(
+        (),
+        _alias_set,
+        "Other aliases a protected view may write to outside the protection.",
+        DATABASES,
+        checks=("E031", "E032", "W031"),
+    )
+    ATOMIC = Setting(
+        True,
+        bool,
+        "Run the view and the key's completion in one database transaction.",
+        DATABASES,
+        rule=BOOLEAN,
+    )
+    DATABASE_TIMEOUT = Setting[float | None](
+        30,
+        float,
+        "PostgreSQL: seconds a statement of the library's may wait for the server; None: no bound.",
+        DATABASES,
+        rule=POSITIVE,
+        checks=("W015",),
+        nullable=True,
+    )
+    HEARTBEAT_INTERVAL = Setting(
+        None,
+        float,
+        "Seconds between the renewals of a running view's lease; None: LOCK_TIMEOUT / 3.",
+        DATABASES,
+        checks=("E003",),
+        if_none=lambda conf: conf.LOCK_TIMEOUT / 3,
+    )
+
+    # -- where the key is read -------------------------------------------------------------
+    HEADER = Setting(
+        "Idempotency-Key",
+        _text,
+        "The request header that carries the key.",
+        KEYS,
+        rule=Rule(
+            "E014",
+            _header_name,
+            "{label} is {value!r}, which is not an HTTP header name.",
+            "Use a name of letters, digits and dashes; the default is 'Idempotency-Key'.",
+        ),
+    )
+    KEY_BODY_FIELD = Setting[str | None](
+        None,
+        _text,
+        "A top-level field of a JSON request body that carries the key too; None: the header only.",
+        KEYS,
+        rule=Rule(
+            "E022",
+            _field_name,
+            "{label} is {value!r}, which is not the name of a JSON field.",
+            "Name a top-level field of the JSON request body, such as 'idempotency_key' "
+            f"(1 to {MAX_FIELD_NAME} printable characters), or set None to read the key "
+            "from the header only.",
+        ),
+    )
+
+    # -- duplicates that wait --------------------------------------------------------------
+    WAIT_MAX_WAITERS = Setting(
+        16,
+        int,
+        "Duplicates that may wait at the same time in one process; the next one gets the 409.",
+        WAITING,
+        rule=WAITERS,
+    )
+    WAIT_POLL_INTERVAL = Setting(
+        0.5,
+        float,
+        "Seconds between a waiter's claims when no notification came (the fallback poll).",
+        WAITING,
+        rule=WAIT_INTERVAL,
+    )
+    WAIT_LISTEN_DATABASE = Setting[str | None](
+        None,
+        _text,
+        "Where the waiters LISTEN: an alias or a libpq DSN of a direct connection; None: the "
+        "keys' database, if proven direct.",
+        WAITING,
+        checks=("E050", "W033"),
+    )
+    RETRY_AFTER = Setting[int | None](
+        None,
+        int,
+        "Retry-After (seconds) of a 409 for a key in progress and of a 503; None: the "
+        "strategy's (1 s).",
+        WAITING,
+        rule=Rule(
+            "E016",
+            _whole(0),
+            "{label} is {value!r}.",
+            "Use None (the strategy chooses) or a whole number of seconds, such as 1.",
+        ),
+    )
+
+    # -- what is stored --------------------------------------------------------------------
+    STORE_SERVER_ERRORS = Setting(
+        False,
+        bool,
+        "Store and replay 5xx responses instead of releasing the key.",
+        STORED,
+        rule=BOOLEAN,
+    )
+    STORED_HEADERS = Setting(
+        (
+            "Content-Type",
+            "Content-Language",
+            "Content-Location",
+            "Location",
+            "Cache-Control",
+            "ETag",
+            "Last-Modified",
+            "Link",
+            "Retry-After",
+        ),
+        _lower_set,
+        "Response headers that are stored and replayed (case-insensitive).",
+        STORED,
+        rule=NAMES,
+        checks=("W003",),
+    )
+    NEVER_STORED_HEADERS = Setting(
+        (
+            "Set-Cookie",
+            "Authorization",
+            "Proxy-Authorization",
+            "Proxy-Authenticate",
+            "WWW-Authenticate",
+            "Cookie",
+            "Connection",
+            "Keep-Alive",
+            "Transfer-Encoding",
+            "Upgrade",
+            "TE",
+            "Trailer",
+            "Content-Length",
+        ),
+        _lower_set,
+        "Headers never stored, even when STORED_HEADERS lists them.",
+        STORED,
+        rule=NAMES,
+        checks=("W003",),
+    )
+    MAX_STORED_BODY_SIZE = Setting(
+        1024 * 1024,
+        int,
+        "Largest response body (bytes) that is stored; a larger one completes the key without it.",
+        STORED,
+        rule=POSITIVE,
+    )
+
+    # -- scopes and downstream keys --------------------------------------------------------
+    CREDENTIAL_HEADERS = Setting(
+        ("Authorization",),
+        _text_tuple,
+        "Request headers that carry credentials: with one, an anonymous user at the claim is "
+        "a 400.",
+        SCOPES,
+        rule=NAMES,
+    )
+    CREDENTIAL_COOKIES = Setting(
+        None,
+        _text_tuple,
+        "Cookies that identify an anonymous caller, scoped by a keyed hash of the cookie; "
+        "None: SESSION_COOKIE_NAME.",
+        SCOPES,
+        rule=NAMES,
+        if_none=lambda conf: (str(settings.SESSION_COOKIE_NAME),),
+        example=["sessionid"],
+    )
+    DOWNSTREAM_KEY_SECRET = Setting(
+        None,
+        _text,
+        "Secret of the derived downstream keys; None: SECRET_KEY.",
+        SCOPES,
+        if_none=lambda conf: str(settings.SECRET_KEY),
+    )
+
+    # -- errors ----------------------------------------------------------------------------
+    PROBLEM_BASE_URI = Setting(
+        "https://django-idempotency.readthedocs.io/en/latest/problems/",
+        _text,
+        "The base of a problem document's type URI, followed by the slug.",
+        ERRORS,
+    )
+    PROBLEM_RENDERER = Setting[str | None](
+        None,
+        _text,
+        "Dotted path of a callable (error, request) -> HttpResponse; None: RFC 9457 "
+        "application/problem+json.",
+        ERRORS,
+        rule=CALLABLE,
+    )
+
+    # -- redis and hybrid ------------------------------------------------------------------
+    REDIS_CACHE_ALIAS = Setting[str | None](
+        None,
+        _text,
+        "A Redis cache of CACHES whose connection the redis and hybrid strategies use.",
+        REDIS,
+        checks=("E011", "E012", "E080", "E081", "W080"),
+    )
+    REDIS_URL = Setting[str | None](
+        None, _text, "A Redis URL, used when no cache alias is given.", REDIS, checks=("E011",)
+    )
+    REDIS_CLUSTER = Setting(
+        False, bool, "REDIS_URL names a node of a Redis Cluster.", REDIS, rule=BOOLEAN
+    )
+    REDIS_KEY_PREFIX = Setting(
+        "idem", _text, "The prefix of every Redis key this app writes.", REDIS
+    )
+    REDIS_SOCKET_TIMEOUT = Setting(
+        0.25, float, "Seconds to wait for Redis before treating it as failed.", REDIS, rule=POSITIVE
+    )
+    REDIS_FAILURE_MODE = Setting(
+        "db",
+        _text,
+        'When Redis fails: "db" (the db strategy instead) or "fail_closed" (503).',
+        REDIS,
+        rule=Rule(
+            "E009",
+            _one_of("db", "fail_closed"),
+            "{label} must be 'db' or 'fail_closed'.",
+            "'db' falls back to the database strategy; 'fail_closed' answers 503.",
+        ),
+    )
+    HYBRID_DB_CHECK = Setting(
+        "after_loss",
+        _text,
+        'hybrid: look a key new in Redis up in the database "always" or "after_loss".',
+        REDIS,
+        rule=Rule(
+            "E010",
+            _one_of("always", "after_loss"),
+            "{label} must be 'always' or 'after_loss'.",
+            "'always' never double-charges after a Redis data loss.",
+        ),
+    )
+    HYBRID_REDIS_TTL = Setting[float | None](
+        None,
+        float,
+        "hybrid: seconds a completed record stays in Redis (at most TTL); None: TTL.",
+        REDIS,
+        rule=Rule(
+            "E060",
+            _positive,
+            "{label} is {value!r}, which is neither None nor a positive number of seconds.",
+            "None keeps completed records in Redis for TTL seconds.",
+        ),
+        checks=("E061",),
+    )
+    OUTBOX_BATCH_SIZE = Setting(
+        1000,
+        int,
+        "hybrid: rows drained per outbox transaction.",
+        REDIS,
+        rule=Rule(
+            "E019",
+            _whole(1),
+            "{label} is {value!r}.",
+            "Use a whole number of at least 1; the default is {default!r}.",
+        ),
+        checks=("W077",),
+    )
+
+    # -- time partitions -------------------------------------------------------------------
+    PARTITION_INTERVAL = Setting[int | None](
+        None,
+        int,
+        "PostgreSQL: the key table is partitioned by expiry, one partition per this many "
+        "seconds; None: a plain table.",
+        PARTITIONS,
+        rule=Rule(
+            "E071",
+            _whole(1),
+            "{label} is {value!r}.",
+            "Use None (a plain table) or a whole number of seconds of at least 1, for instance "
+            "6 * 3600. " + PARTITIONS_HINT,
+        ),
+        checks=("E070", "W073", "W074", "E075"),
+    )
+    PARTITION_AHEAD = Setting(
+        24 * 60 * 60,
+        float,
+        "Seconds past the longest of TTL and LOCK_TIMEOUT that the purge creates partitions ahead.",
+        PARTITIONS,
+        rule=Rule(
+            "E076",
+            _positive,
+            "{label} is {value!r}.",
+            "Use a positive number of seconds, longer than the time between two runs of the "
+            "purge; the default is a day. " + PARTITIONS_HINT,
+        ),
+        checks=("W073",),
+    )
+
+    # -- the middleware --------------------------------------------------------------------
+    MIDDLEWARE_DEFAULT = Setting(
+        "opt_in",
+        _text,
+        'IdempotencyMiddleware protects the views marked @idempotency_opt_in ("opt_in"), or '
+        'every view not exempt ("all").',
+        MIDDLEWARE,
+        checks=("E101",),
+    )
+
+    # -- admin, metrics and tests ----------------------------------------------------------
+    ADMIN_ENABLED = Setting(
+        True, bool, "Register IdempotencyKey in the Django admin.", EXTRAS, rule=BOOLEAN
+    )
+    METRICS = Setting(
+        False,
+        bool,
+        "Export Prometheus metrics (the [prometheus] extra).",
+        EXTRAS,
+        rule=BOOLEAN,
+        checks=("W004",),
+    )
+    TEST_ISOLATION = Setting(
+        True,
+        bool,
+        "Under a test runner, each test's Redis records under a prefix of its own.",
+        EXTRAS,
+        rule=BOOLEAN,
+    )
 
     def reload(self) -> None:
         """Forget every cached value (they are computed again on next use), and whether
@@ -162,222 +673,26 @@ class IdempotencySettings:
     def mark_validated(self) -> None:
         self.__dict__["_valid"] = True
 
-    def _get(self, name: str) -> Any:
-        user = getattr(settings, "IDEMPOTENCY", None) or {}
-        if name in user:
-            return user[name]
-        return DEFAULTS[name]
-
     @property
     def user_settings(self) -> Mapping[str, Any]:
         value = getattr(settings, "IDEMPOTENCY", None)
         return value if isinstance(value, Mapping) else {}
 
-    @cached_property
-    def STRATEGY(self) -> str:
-        return str(self._get("STRATEGY"))
-
-    @cached_property
-    def DATABASE(self) -> str:
-        return str(self._get("DATABASE"))
-
-    @cached_property
-    def KEY_DATABASES(self) -> tuple[str, ...]:
-        value = self._get("KEY_DATABASES")
-        if value is None:
-            return (self.DATABASE,)
-        if isinstance(value, str):  # check E035; one alias, not its letters
-            return (value,)
-        return tuple(dict.fromkeys(str(alias) for alias in value))
-
-    @cached_property
-    def DATABASE_ROUTING(self) -> str | None:
-        value = self._get("DATABASE_ROUTING")
-        return None if value is None else str(value)
-
-    @cached_property
-    def UNPROTECTED_DATABASES(self) -> frozenset[str]:
-        value = self._get("UNPROTECTED_DATABASES")
-        if isinstance(value, str):  # check E031; one alias, not its letters
-            return frozenset({value})
-        return frozenset(str(alias) for alias in value or ())
-
-    @cached_property
-    def HEADER(self) -> str:
-        return str(self._get("HEADER"))
-
-    @cached_property
-    def KEY_BODY_FIELD(self) -> str | None:
-        value = self._get("KEY_BODY_FIELD")
-        return None if value is None else str(value)
-
-    @cached_property
-    def METHODS(self) -> frozenset[str]:
-        return frozenset(str(m).upper() for m in self._get("METHODS"))
-
-    @cached_property
-    def REQUIRED(self) -> bool:
-        return bool(self._get("REQUIRED"))
-
-    @cached_property
-    def TTL(self) -> float:
-        return float(self._get("TTL"))
-
-    @cached_property
-    def LOCK_TIMEOUT(self) -> float:
-        return float(self._get("LOCK_TIMEOUT"))
-
-    @cached_property
-    def HEARTBEAT_INTERVAL(self) -> float:
-        value = self._get("HEARTBEAT_INTERVAL")
-        if value is None:
-            return self.LOCK_TIMEOUT / 3
-        return float(value)
-
-    @cached_property
-    def DATABASE_TIMEOUT(self) -> float | None:
-        value = self._get("DATABASE_TIMEOUT")
-        return None if value is None else float(value)
-
-    @cached_property
-    def WAIT(self) -> float:
-        return float(self._get("WAIT"))
-
-    @cached_property
-    def WAIT_MAX_WAITERS(self) -> int:
-        return int(self._get("WAIT_MAX_WAITERS"))
-
-    @cached_property
-    def WAIT_POLL_INTERVAL(self) -> float:
-        return float(self._get("WAIT_POLL_INTERVAL"))
-
-    @cached_property
-    def WAIT_LISTEN_DATABASE(self) -> str | None:
-        value = self._get("WAIT_LISTEN_DATABASE")
-        return None if value is None else str(value)
-
-    @cached_property
-    def RETRY_AFTER(self) -> int | None:
-        value = self._get("RETRY_AFTER")
-        return None if value is None else int(value)
-
-    @cached_property
-    def ATOMIC(self) -> bool:
-        return bool(self._get("ATOMIC"))
-
-    @cached_property
-    def STORE_SERVER_ERRORS(self) -> bool:
-        return bool(self._get("STORE_SERVER_ERRORS"))
-
-    @cached_property
-    def STORED_HEADERS(self) -> frozenset[str]:
-        return _lower_set(self._get("STORED_HEADERS"))
-
-    @cached_property
-    def NEVER_STORED_HEADERS(self) -> frozenset[str]:
-        return _lower_set(self._get("NEVER_STORED_HEADERS"))
-
-    @cached_property
-    def MAX_STORED_BODY_SIZE(self) -> int:
-        return int(self._get("MAX_STORED_BODY_SIZE"))
-
-    @cached_property
-    def SCOPE_FUNCTION(self) -> str | None:
-        value = self._get("SCOPE_FUNCTION")
-        return None if value is None else str(value)
-
-    @cached_property
-    def DOWNSTREAM_KEY_SECRET(self) -> str:
-        value = self._get("DOWNSTREAM_KEY_SECRET")
-        return str(settings.SECRET_KEY if value is None else value)
-
-    @cached_property
-    def ADMIN_ENABLED(self) -> bool:
-        return bool(self._get("ADMIN_ENABLED"))
-
-    @cached_property
-    def METRICS(self) -> bool:
-        return bool(self._get("METRICS"))
-
-    @cached_property
-    def REDIS_CACHE_ALIAS(self) -> str | None:
-        value = self._get("REDIS_CACHE_ALIAS")
-        return None if value is None else str(value)
-
-    @cached_property
-    def REDIS_URL(self) -> str | None:
-        value = self._get("REDIS_URL")
-        return None if value is None else str(value)
-
-    @cached_property
-    def REDIS_CLUSTER(self) -> bool:
-        return bool(self._get("REDIS_CLUSTER"))
-
-    @cached_property
-    def REDIS_KEY_PREFIX(self) -> str:
-        return str(self._get("REDIS_KEY_PREFIX"))
-
-    @cached_property
-    def REDIS_SOCKET_TIMEOUT(self) -> float:
-        return float(self._get("REDIS_SOCKET_TIMEOUT"))
-
-    @cached_property
-    def REDIS_FAILURE_MODE(self) -> str:
-        return str(self._get("REDIS_FAILURE_MODE"))
-
-    @cached_property
-    def HYBRID_DB_CHECK(self) -> str:
-        return str(self._get("HYBRID_DB_CHECK"))
-
-    @cached_property
-    def HYBRID_REDIS_TTL(self) -> float | None:
-        value = self._get("HYBRID_REDIS_TTL")
-        return None if value is None else float(value)
-
-    @cached_property
-    def PARTITION_INTERVAL(self) -> int | None:
-        value = self._get("PARTITION_INTERVAL")
-        return None if value is None else int(value)
-
-    @cached_property
-    def PARTITION_AHEAD(self) -> float:
-        return float(self._get("PARTITION_AHEAD"))
-
-    @cached_property
-    def OUTBOX_BATCH_SIZE(self) -> int:
-        return int(self._get("OUTBOX_BATCH_SIZE"))
-
-    @cached_property
-    def CREDENTIAL_HEADERS(self) -> tuple[str, ...]:
-        return tuple(str(h) for h in self._get("CREDENTIAL_HEADERS"))
-
-    @cached_property
-    def CREDENTIAL_COOKIES(self) -> tuple[str, ...]:
-        value = self._get("CREDENTIAL_COOKIES")
-        if value is None:
-            return (str(settings.SESSION_COOKIE_NAME),)
-        return tuple(str(c) for c in value)
-
-    @cached_property
-    def PROBLEM_BASE_URI(self) -> str:
-        return str(self._get("PROBLEM_BASE_URI"))
-
-    @cached_property
-    def PROBLEM_RENDERER(self) -> str | None:
-        value = self._get("PROBLEM_RENDERER")
-        return None if value is None else str(value)
-
-    @cached_property
-    def MIDDLEWARE_DEFAULT(self) -> str:
-        return str(self._get("MIDDLEWARE_DEFAULT"))
-
-    @cached_property
-    def TEST_ISOLATION(self) -> bool:
-        return bool(self._get("TEST_ISOLATION"))
+    def raw(self, name: str) -> Any:
+        """Setting ``name`` as given (not converted), or its default."""
+        return self.user_settings.get(name, SETTINGS[name].default)
 
 
-def _lower_set(values: Sequence[str]) -> frozenset[str]:
-    return frozenset(str(v).lower() for v in values)
+#: Every setting, by name, in the order of the settings page.
+SETTINGS: Mapping[str, Setting[Any]] = {
+    setting.name: setting
+    for group in GROUPS
+    for setting in vars(IdempotencySettings).values()
+    if isinstance(setting, Setting) and setting.group == group
+}
+
+#: Every key of the ``IDEMPOTENCY`` dict, with its default.
+DEFAULTS: Mapping[str, Any] = {name: setting.default for name, setting in SETTINGS.items()}
 
 
 conf = IdempotencySettings()

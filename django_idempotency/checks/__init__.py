@@ -3,7 +3,8 @@
 
 * :mod:`.settings`: the validators of ``settings.IDEMPOTENCY`` behind the system check and
   the start-up enforcement (``ensure_valid``), and a view's own options;
-* :mod:`.values`: each setting's value on its own;
+* :mod:`.values`: each setting's value on its own, by the rule its declaration in
+  ``conf`` gives it, and the settings against each other;
 * :mod:`.stores`: the strategy against the keys' database and Redis;
 * :mod:`.partitions`: ``PARTITION_INTERVAL``, and the key table it says is partitioned;
 * :mod:`.routing`: the database router against the keys' database;

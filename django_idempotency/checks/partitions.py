@@ -1,12 +1,13 @@
 """The checks of ``PARTITION_INTERVAL``, the key table partitioned by expiry (E070-W077).
 
 The settings' own (validators, run at start-up, never connecting): E070 the interval is
-set on a database that is not PostgreSQL, E071 it is not a whole number of seconds, W073
-the partitions a claim looks in are many, E076 ``PARTITION_AHEAD`` is not a positive number
-of seconds. The table's (``manage.py check --deploy`` only, which connects, on each key
-database): W074 the setting is on and the table is plain yet, E075 the table is
-partitioned and the setting is off, W075 the database could not be asked, W077 a
-hybrid drain batch's locks would hold more than a quarter of the server's lock table.
+set on a database that is not PostgreSQL, W073 the partitions a claim looks in are many
+(E071, the interval not a whole number of seconds, and E076, ``PARTITION_AHEAD`` not a
+positive number of seconds, are the rules of their declarations in ``conf``). The
+table's (``manage.py check --deploy`` only, which connects, on each key database): W074
+the setting is on and the table is plain yet, E075 the table is partitioned and the
+setting is off, W075 the database could not be asked, W077 a hybrid drain batch's locks
+would hold more than a quarter of the server's lock table.
 """
 
 from __future__ import annotations
@@ -17,47 +18,17 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
-from ..conf import conf
+from ..conf import PARTITIONS_HINT, conf
 from . import ID
-from .values import _number, _raw
+from .values import _number, _raw, value_errors
 
 #: A claim looks for its key in every partition: past this many, say so (W073).
 MANY_PARTITIONS = 200
-HINT = "See docs/operations.md, 'Time partitions'."
+HINT = PARTITIONS_HINT
 
 
 def _interval() -> Any:
     return _raw("PARTITION_INTERVAL")
-
-
-def _check_interval() -> list[CheckMessage]:
-    """E071: None or a whole number of seconds of at least 1."""
-    value = _interval()
-    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-        return []
-    return [
-        Error(
-            f"IDEMPOTENCY['PARTITION_INTERVAL'] is {value!r}.",
-            hint="Use None (a plain table) or a whole number of seconds of at least 1, "
-            "for instance 6 * 3600. " + HINT,
-            id=ID + "E071",
-        )
-    ]
-
-
-def _check_ahead() -> list[CheckMessage]:
-    """E076: PARTITION_AHEAD a positive number of seconds."""
-    value = _number(_raw("PARTITION_AHEAD"))
-    if value is not None and value > 0:
-        return []
-    return [
-        Error(
-            f"IDEMPOTENCY['PARTITION_AHEAD'] is {_raw('PARTITION_AHEAD')!r}.",
-            hint="Use a positive number of seconds, longer than the time between two runs "
-            "of the purge; the default is a day. " + HINT,
-            id=ID + "E076",
-        )
-    ]
 
 
 def _check_database() -> list[CheckMessage]:
@@ -90,7 +61,7 @@ def _check_count() -> list[CheckMessage]:
     from ..store.partitions import ahead_seconds
 
     interval = _number(_interval())
-    if interval is None or interval < 1 or _check_interval() or _check_ahead():
+    if interval is None or value_errors("PARTITION_INTERVAL") or value_errors("PARTITION_AHEAD"):
         return []
     count = int(ahead_seconds() // interval)
     if count <= MANY_PARTITIONS:
@@ -199,8 +170,6 @@ def _table_messages(alias: str, partitioned: bool, wanted: bool) -> list[CheckMe
 
 #: This module's validators of the settings (see ``settings.SETTINGS_VALIDATORS``).
 VALIDATORS: list[Callable[[], list[CheckMessage]]] = [
-    _check_interval,
-    _check_ahead,
     _check_database,
     _check_count,
 ]

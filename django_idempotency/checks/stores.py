@@ -1,5 +1,5 @@
 """The checks of the strategy against where it keeps its keys: the keys' database
-(E005-E008, E033, E034), the outbox (E018), Redis (E011, E012), waiting (E019, E050)."""
+(E005-E008, E033, E034), Redis (E011, E012), waiting (E050, W014), a hung database (W015)."""
 
 from __future__ import annotations
 
@@ -9,25 +9,10 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning
 
-from ..conf import DEFAULTS, conf
+from ..conf import conf
 from ..errors import STRATEGY_HINT, ImproperlyConfiguredStrategy
 from . import ID
 from .values import _number, _raw
-
-
-def _check_outbox() -> list[CheckMessage]:
-    """E019: OUTBOX_BATCH_SIZE is a whole number of at least 1 (0 would never drain)."""
-    size = _raw("OUTBOX_BATCH_SIZE")
-    if isinstance(size, int) and not isinstance(size, bool) and size >= 1:
-        return []
-    return [
-        Error(
-            f"IDEMPOTENCY['OUTBOX_BATCH_SIZE'] is {size!r}.",
-            hint="Use a whole number of at least 1; the default is "
-            f"{DEFAULTS['OUTBOX_BATCH_SIZE']!r}.",
-            id=ID + "E019",
-        )
-    ]
 
 
 def _check_database_and_strategy() -> list[CheckMessage]:
@@ -275,7 +260,6 @@ def _check_database_timeout() -> list[CheckMessage]:
 #: This module's validators of the settings (see ``settings.SETTINGS_VALIDATORS``).
 VALIDATORS: list[Callable[[], list[CheckMessage]]] = [
     _check_database_and_strategy,
-    _check_outbox,
     _check_advisory_wait,
     _check_database_timeout,
     _check_wait_listen_database,

@@ -1,47 +1,36 @@
-"""The checks of each setting's value on its own: numbers, methods, names, booleans,
-callables, choices (E002-E004, E009-E017, E022, W001-W004)."""
+"""The checks of each setting's value: on its own, as its declaration in ``conf`` says
+(its :class:`~django_idempotency.conf.Rule`: E002, E004, E009, E010, E013-E019, E022, E060,
+E071, E076), and against the other settings (E003, E061, W001-W004)."""
 
 from __future__ import annotations
 
 import difflib
-import math
-import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from django.core.checks import CheckMessage, Error, Warning
-from django.utils.module_loading import import_string
 
-from ..conf import DEFAULTS, conf
+from ..conf import (
+    BOOLEAN,
+    CALLABLE,
+    DEFAULTS,
+    METHOD_LIST,
+    NAMES,
+    POSITIVE,
+    SETTINGS,
+    WAIT_SECONDS,
+    Rule,
+    Setting,
+    conf,
+    finite_number,
+)
 from . import ID
 
-#: The methods ``METHODS`` (and a view's ``methods``) may name.
-HTTP_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE", "GET"})
-
-
-#: An HTTP field name (RFC 9110 section 5.1: a token).
-TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-
-
 #: Settings that are True or False (E015).
-BOOLEAN_SETTINGS = (
-    "REQUIRED",
-    "ATOMIC",
-    "STORE_SERVER_ERRORS",
-    "ADMIN_ENABLED",
-    "METRICS",
-    "REDIS_CLUSTER",
-    "TEST_ISOLATION",
-)
-
+BOOLEAN_SETTINGS = tuple(name for name, s in SETTINGS.items() if s.rule is BOOLEAN)
 
 #: Settings that are lists of header or cookie names (E017).
-NAME_LIST_SETTINGS = (
-    "STORED_HEADERS",
-    "NEVER_STORED_HEADERS",
-    "CREDENTIAL_HEADERS",
-    "CREDENTIAL_COOKIES",
-)
+NAME_LIST_SETTINGS = tuple(name for name, s in SETTINGS.items() if s.rule is NAMES)
 
 
 def _check_unknown_keys() -> list[CheckMessage]:
@@ -66,108 +55,78 @@ def _unknown_hint(name: object) -> str:
 
 def _raw(name: str) -> Any:
     """The value of setting ``name`` as given (not converted), or its default."""
-    return conf.user_settings.get(name, DEFAULTS[name])
+    return conf.raw(name)
 
 
-def _number(value: Any) -> float | None:
-    """``value`` as a finite float (a number, or a string of one, as ``conf`` reads it),
-    else None: ``nan`` and ``inf`` break every comparison or overflow a date."""
-    if isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
+_number = finite_number
+
+
+def importable_callable(path: Any) -> bool:
+    """Whether ``path`` is the dotted path of a callable that can be imported."""
+    return CALLABLE.passes(path)
+
+
+def rule_errors(
+    rule: Rule, label: str, value: Any, setting: Setting[Any] | None = None, **fields: Any
+) -> list[CheckMessage]:
+    """``rule``'s error for ``label`` (a setting, or a view's option) unless ``value``
+    passes it. ``setting`` (else the first whose rule it is) gives the default and the
+    example the message may name; ``fields`` override them."""
+    if rule.passes(value):
+        return []
+    setting = setting or next(s for s in SETTINGS.values() if s.rule is rule)
+    fields = {
+        "label": label,
+        "value": value,
+        "name": setting.name,
+        "default": setting.default,
+        "example": setting.example,
+        "defaults": DEFAULTS,
+        **fields,
+    }
+    return [Error(rule.message.format(**fields), hint=rule.hint.format(**fields), id=ID + rule.id)]
+
+
+def value_errors(name: str) -> list[CheckMessage]:
+    """The errors of setting ``name``'s value on its own (its rule; none when it has no rule,
+    or is None where None is allowed)."""
+    setting = SETTINGS[name]
+    value = conf.raw(name)
+    if setting.rule is None or (value is None and setting.nullable):
+        return []
+    return rule_errors(setting.rule, f"IDEMPOTENCY[{name!r}]", value, setting)
+
+
+def _check_values() -> list[CheckMessage]:
+    """Each setting's value on its own, as its declaration says, in the settings' order."""
+    return [message for name in SETTINGS for message in value_errors(name)]
 
 
 def positive_errors(label: str, value: Any, default: Any) -> list[CheckMessage]:
     """E002 for ``label`` (a setting, or a view's option) unless ``value`` is a positive number."""
-    number = _number(value)
-    if number is not None and number > 0:
-        return []
-    return [
-        Error(
-            f"{label} must be a positive number.",
-            hint=f"The default is {default!r}.",
-            id=ID + "E002",
-        )
-    ]
+    return rule_errors(POSITIVE, label, value, default=default)
 
 
 def methods_errors(label: str, value: Any) -> list[CheckMessage]:
     """E004 unless ``value`` is a list of HTTP methods (not a string, which is letters)."""
-    names = None
-    if not isinstance(value, str | bytes) and isinstance(value, Iterable):
-        names = {str(m).upper() for m in value}
-    if names and names <= HTTP_METHODS:
-        return []
-    return [
-        Error(
-            f"{label} must list HTTP methods such as POST and PATCH.",
-            hint="The default is ('POST', 'PATCH').",
-            id=ID + "E004",
-        )
-    ]
+    return rule_errors(METHOD_LIST, label, value)
 
 
 def wait_errors(label: str, value: Any) -> list[CheckMessage]:
     """E013 unless ``value`` is a number of seconds of at least 0."""
-    number = _number(value)
-    if number is not None and number >= 0:
-        return []
-    return [
-        Error(
-            f"{label} is not valid.",
-            hint=(
-                "WAIT is seconds (0 turns waiting off), WAIT_POLL_INTERVAL a positive number "
-                "of seconds, WAIT_MAX_WAITERS a whole number of at least 1; the defaults are "
-                f"{DEFAULTS['WAIT']!r}, {DEFAULTS['WAIT_POLL_INTERVAL']!r} and "
-                f"{DEFAULTS['WAIT_MAX_WAITERS']!r}."
-            ),
-            id=ID + "E013",
-        )
-    ]
+    return rule_errors(WAIT_SECONDS, label, value)
 
 
 def boolean_errors(label: str, value: Any) -> list[CheckMessage]:
     """E015 unless ``value`` is True or False: ``"False"`` would be true."""
-    if isinstance(value, bool):
-        return []
-    return [
-        Error(
-            f"{label} must be True or False, not {value!r}.",
-            hint="A string such as 'False' counts as true; use the Python constants.",
-            id=ID + "E015",
-        )
-    ]
-
-
-def _check_wait() -> list[CheckMessage]:
-    """E013: WAIT at least 0, WAIT_POLL_INTERVAL positive, WAIT_MAX_WAITERS a whole number
-    of at least 1 (all finite)."""
-    messages = wait_errors("IDEMPOTENCY['WAIT']", _raw("WAIT"))
-    poll = _number(_raw("WAIT_POLL_INTERVAL"))
-    if poll is None or poll <= 0:
-        messages += wait_errors("IDEMPOTENCY['WAIT_POLL_INTERVAL']", -1)
-    waiters = _raw("WAIT_MAX_WAITERS")
-    if isinstance(waiters, bool) or not isinstance(waiters, int) or waiters < 1:
-        messages += wait_errors("IDEMPOTENCY['WAIT_MAX_WAITERS']", -1)
-    return messages
+    return rule_errors(BOOLEAN, label, value)
 
 
 def _check_numbers() -> list[CheckMessage]:
-    """E002: durations and sizes positive; E003: the heartbeat within the lease; W002."""
+    """E003: the heartbeat within the lease; W002: TTL at least LOCK_TIMEOUT (once both
+    are valid: E002 says what is wrong with them otherwise)."""
     messages: list[CheckMessage] = []
-    for name in ("TTL", "LOCK_TIMEOUT", "MAX_STORED_BODY_SIZE", "REDIS_SOCKET_TIMEOUT"):
-        messages += positive_errors(f"IDEMPOTENCY[{name!r}]", _raw(name), DEFAULTS[name])
-    if _raw("DATABASE_TIMEOUT") is not None:
-        messages += positive_errors(
-            "IDEMPOTENCY['DATABASE_TIMEOUT']",
-            _raw("DATABASE_TIMEOUT"),
-            DEFAULTS["DATABASE_TIMEOUT"],
-        )
-    if messages:
+    if value_errors("TTL") or value_errors("LOCK_TIMEOUT"):
         return messages
     heartbeat = _raw("HEARTBEAT_INTERVAL")
     beat = conf.LOCK_TIMEOUT / 3 if heartbeat is None else _number(heartbeat)
@@ -190,123 +149,8 @@ def _check_numbers() -> list[CheckMessage]:
     return messages
 
 
-def _check_methods() -> list[CheckMessage]:
-    return methods_errors("IDEMPOTENCY['METHODS']", _raw("METHODS"))
-
-
-def _check_header() -> list[CheckMessage]:
-    """E014: HEADER must be a header name (an RFC 9110 token): any other never matches a
-    request header, and every key would be ignored."""
-    header = _raw("HEADER")
-    if isinstance(header, str) and TOKEN.fullmatch(header):
-        return []
-    return [
-        Error(
-            f"IDEMPOTENCY['HEADER'] is {header!r}, which is not an HTTP header name.",
-            hint="Use a name of letters, digits and dashes; the default is 'Idempotency-Key'.",
-            id=ID + "E014",
-        )
-    ]
-
-
-#: The longest ``KEY_BODY_FIELD``.
-MAX_FIELD_NAME = 255
-
-
-def _check_key_body_field() -> list[CheckMessage]:
-    """E022: KEY_BODY_FIELD is None or the name of a JSON field: a string of 1 to 255
-    characters, none of them a control character. Any other never matches a body's field
-    (every key sent there would be ignored) or cannot be named in a problem's detail."""
-    field = _raw("KEY_BODY_FIELD")
-    if field is None or (
-        isinstance(field, str) and 0 < len(field) <= MAX_FIELD_NAME and field.isprintable()
-    ):
-        return []
-    return [
-        Error(
-            f"IDEMPOTENCY['KEY_BODY_FIELD'] is {field!r}, which is not the name of a JSON field.",
-            hint="Name a top-level field of the JSON request body, such as 'idempotency_key' "
-            f"(1 to {MAX_FIELD_NAME} printable characters), or set None to read the key "
-            "from the header only.",
-            id=ID + "E022",
-        )
-    ]
-
-
-def _check_booleans() -> list[CheckMessage]:
-    return [
-        message
-        for name in BOOLEAN_SETTINGS
-        for message in boolean_errors(f"IDEMPOTENCY[{name!r}]", _raw(name))
-    ]
-
-
-def _check_retry_after() -> list[CheckMessage]:
-    """E016: RETRY_AFTER is None or whole seconds: any other fails every 409 (a 500)."""
-    value = _raw("RETRY_AFTER")
-    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
-        return []
-    return [
-        Error(
-            f"IDEMPOTENCY['RETRY_AFTER'] is {value!r}.",
-            hint="Use None (the strategy chooses) or a whole number of seconds, such as 1.",
-            id=ID + "E016",
-        )
-    ]
-
-
-def _check_name_lists() -> list[CheckMessage]:
-    """E017: the header and cookie lists are lists of names. A string would be read as
-    its letters: NEVER_STORED_HEADERS = 'Set-Cookie' would store and replay cookies, and
-    CREDENTIAL_HEADERS = 'Authorization' would let an unauthenticated token share the
-    scope 'anonymous'."""
-    messages: list[CheckMessage] = []
-    for name in NAME_LIST_SETTINGS:
-        value = _raw(name)
-        if value is None and name == "CREDENTIAL_COOKIES":
-            continue
-        if isinstance(value, list | tuple | set | frozenset) and all(
-            isinstance(v, str) and v for v in value
-        ):
-            continue
-        messages.append(
-            Error(
-                f"IDEMPOTENCY[{name!r}] must be a list of names, not {value!r}.",
-                hint=f"For example {list(DEFAULTS[name] or ['sessionid'])[:2]!r}.",
-                id=ID + "E017",
-            )
-        )
-    return messages
-
-
-def importable_callable(path: Any) -> bool:
-    """Whether ``path`` is the dotted path of a callable that can be imported."""
-    try:
-        return callable(import_string(path)) if isinstance(path, str) else False
-    except ImportError:
-        return False
-
-
-def _check_callables() -> list[CheckMessage]:
-    """E018: SCOPE_FUNCTION and PROBLEM_RENDERER name callables that can be imported; one
-    that cannot would fail every request that needs it."""
-    messages: list[CheckMessage] = []
-    for name in ("SCOPE_FUNCTION", "PROBLEM_RENDERER"):
-        path = _raw(name)
-        if path is not None and not importable_callable(path):
-            messages.append(
-                Error(
-                    f"IDEMPOTENCY[{name!r}] is {path!r}, which is not the dotted path of a "
-                    "callable that can be imported.",
-                    hint="Name a function as 'package.module.function', or set None.",
-                    id=ID + "E018",
-                )
-            )
-    return messages
-
-
 def _check_headers() -> list[CheckMessage]:
-    if _check_name_lists():
+    if value_errors("STORED_HEADERS") or value_errors("NEVER_STORED_HEADERS"):
         return []  # not lists of names: E017 says so
     both = conf.STORED_HEADERS & conf.NEVER_STORED_HEADERS
     if both:
@@ -322,43 +166,12 @@ def _check_headers() -> list[CheckMessage]:
     return []
 
 
-def _check_choices() -> list[CheckMessage]:
-    messages: list[CheckMessage] = []
-    if conf.REDIS_FAILURE_MODE not in {"db", "fail_closed"}:
-        messages.append(
-            Error(
-                "IDEMPOTENCY['REDIS_FAILURE_MODE'] must be 'db' or 'fail_closed'.",
-                hint="'db' falls back to the database strategy; 'fail_closed' answers 503.",
-                id=ID + "E009",
-            )
-        )
-    if conf.HYBRID_DB_CHECK not in {"always", "after_loss"}:
-        messages.append(
-            Error(
-                "IDEMPOTENCY['HYBRID_DB_CHECK'] must be 'always' or 'after_loss'.",
-                hint="'always' never double-charges after a Redis data loss.",
-                id=ID + "E010",
-            )
-        )
-    return messages
-
-
 def _check_hybrid_redis_ttl() -> list[CheckMessage]:
-    """E060: HYBRID_REDIS_TTL None or a positive number; E061: not longer than TTL (a
-    record in Redis would outlive the key it answers for)."""
-    value = _raw("HYBRID_REDIS_TTL")
-    if value is None:
-        return []
-    number = _number(value)
-    if number is None or number <= 0:
-        return [
-            Error(
-                f"IDEMPOTENCY['HYBRID_REDIS_TTL'] is {value!r}, which is neither None nor a "
-                "positive number of seconds.",
-                hint="None keeps completed records in Redis for TTL seconds.",
-                id=ID + "E060",
-            )
-        ]
+    """E061: HYBRID_REDIS_TTL not longer than TTL (a record in Redis would outlive the key
+    it answers for)."""
+    number = _number(_raw("HYBRID_REDIS_TTL"))
+    if number is None or value_errors("HYBRID_REDIS_TTL"):
+        return []  # None, or E060
     ttl = _number(_raw("TTL"))
     if ttl is not None and number > ttl:
         return [
@@ -391,17 +204,9 @@ def _check_metrics() -> list[CheckMessage]:
 #: This module's validators of the settings (see ``settings.SETTINGS_VALIDATORS``).
 VALIDATORS: list[Callable[[], list[CheckMessage]]] = [
     _check_unknown_keys,
+    _check_values,
     _check_numbers,
-    _check_methods,
     _check_headers,
-    _check_choices,
     _check_hybrid_redis_ttl,
     _check_metrics,
-    _check_wait,
-    _check_header,
-    _check_key_body_field,
-    _check_booleans,
-    _check_retry_after,
-    _check_name_lists,
-    _check_callables,
 ]

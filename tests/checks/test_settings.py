@@ -16,6 +16,7 @@ from django.test import override_settings
 from django_idempotency.checks import error_text
 from django_idempotency.checks.settings import check_settings, ensure_valid
 from django_idempotency.checks.values import BOOLEAN_SETTINGS, NAME_LIST_SETTINGS
+from django_idempotency.conf import SETTINGS
 from django_idempotency.errors import (
     ImproperlyConfiguredStrategy,
     InvalidConfiguration,
@@ -331,6 +332,7 @@ def test_every_check_id_is_tested_here() -> None:
     source = "".join(path.read_text() for path in modules)
     declared = set(re.findall(r'id=ID \+ "([EW]\d{3})"', source))
     declared |= set(re.findall(r"django_idempotency\.(E\d{3}): ", source))
+    declared |= {s.rule.id for s in SETTINGS.values() if s.rule is not None}  # conf's rules
     tests = [
         Path(__file__),
         Path(__file__).parent / "test_partitions.py",
