@@ -21,6 +21,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Generic, TypeVar, overload
 
 from django.conf import settings
@@ -664,6 +665,12 @@ class IdempotencySettings:
         """Forget every cached value (they are computed again on next use), and whether
         the settings were validated."""
         self.__dict__.clear()
+
+    @cached_property
+    def generation(self) -> object:
+        """A token of the current settings: the same object until the next :meth:`reload`
+        (what a value derived from the settings elsewhere is kept against)."""
+        return object()
 
     @property
     def validated(self) -> bool:

@@ -46,6 +46,7 @@ from .errors import DatabaseMisconfigured, FingerprintMismatch, LeaseLost
 from .protocol.keysource import check_key
 from .protocol.lease import keeper
 from .protocol.lifecycle import Lifecycle
+from .protocol.options import Options
 from .protocol.replay import StoredResponse
 from .protocol.scope import bounded_scope
 from .protocol.shards import ROUTER
@@ -120,13 +121,15 @@ class IdempotentTask(Task):  # type: ignore[misc]
             key = check_key(key_func(*args, **kwargs))
         if key is None:
             return None
-        ttl, lock = self.idempotency_ttl, self.idempotency_lock_timeout
+        resolved = Options(
+            ttl=self.idempotency_ttl, lock_timeout=self.idempotency_lock_timeout
+        ).resolve()
         return Attempt(
             scope=bounded_scope(f"task:{self.name}"),
             key=key,
             fingerprint=arguments_fingerprint(args, kwargs),
-            ttl=float(ttl if ttl is not None else conf.TTL),
-            lock_timeout=float(lock if lock is not None else conf.LOCK_TIMEOUT),
+            ttl=float(resolved.ttl),
+            lock_timeout=float(resolved.lock_timeout),
             method="TASK",
             path=self.name,
             atomic=True,

@@ -155,10 +155,8 @@ def idempotency_settings(view: Any) -> tuple[frozenset[str], bool]:
         methods = Options(methods=getattr(view, "idempotency_methods", None)).methods
     if required is None:
         required = getattr(view, "idempotency_required", None)
-    return (
-        methods if methods is not None else conf.METHODS,
-        bool(required) if required is not None else conf.REQUIRED,
-    )
+    resolved = Options(methods=methods, required=required).resolve()
+    return resolved.methods, bool(resolved.required)
 
 
 class IdempotencySchemaMixin:

@@ -35,7 +35,7 @@ from ..errors import (
     ResponseNotStored,
     TransientConflict,
 )
-from ..store.errors import DATABASE_ERRORS, classify_database_error
+from ..store.errors import DATABASE_ERRORS, classify_database_error, retry_after
 from ..strategies import get_strategy
 from ..strategies.base import Attempt, Claim, InProgress, Mismatch, Outcome, Replay, Strategy
 from . import waiting
@@ -112,10 +112,8 @@ class IdempotentRequest:
             preload_body(request)
             raw = key(request)
             found = None if raw is None else check_key(raw)
-        if found is None:
-            required = options.required if options.required is not None else conf.REQUIRED
-            if required:
-                raise MissingKey(missing_detail(hook=key is not None))
+        if found is None and options.resolve().required:
+            raise MissingKey(missing_detail(hook=key is not None))
         return found
 
     @classmethod
@@ -136,7 +134,8 @@ class IdempotentRequest:
         if found is None:
             return None
         bounded = bounded_scope(scope(request))
-        strategy = get_strategy(options.strategy)
+        resolved = options.resolve()
+        strategy = get_strategy(resolved.strategy)
         # DRF's Request hands method and path over from Django's: ask Django's.
         django_request: HttpRequest = getattr(request, "_request", request)
         routed = conf.DATABASE_ROUTING is not None
@@ -145,15 +144,13 @@ class IdempotentRequest:
             scope=bounded,
             key=found,
             fingerprint=fingerprint(request),
-            ttl=options.ttl if options.ttl is not None else conf.TTL,
-            lock_timeout=(
-                options.lock_timeout if options.lock_timeout is not None else conf.LOCK_TIMEOUT
-            ),
+            ttl=resolved.ttl,
+            lock_timeout=resolved.lock_timeout,
             method=(django_request.method or "").upper(),
             path=django_request.get_full_path()[:2048],
             atomic=conf.ATOMIC,
             database=database,
-            wait=max(options.wait if options.wait is not None else conf.WAIT, 0.0),
+            wait=resolved.wait,
             shard=database if routed else "",
         )
         return cls(request, attempt, strategy)
@@ -338,9 +335,9 @@ class IdempotentRequest:
                 logging.INFO,
                 "idempotency key %s (scope %s) is in progress",
             )
-            retry_after = conf.RETRY_AFTER
+            chosen = conf.RETRY_AFTER  # None: the strategy's
             raise RequestInProgress(
-                retry_after=retry_after if retry_after is not None else outcome.retry_after
+                retry_after=chosen if chosen is not None else outcome.retry_after
             )
         raise AssertionError(f"unexpected outcome {outcome!r}")
 
@@ -468,11 +465,8 @@ def transient_conflict_error(
     released the key (unless the database could not be reached for that: the key is then
     taken over once its lease is stale). ``database``: the alias of the request's key
     (None: ``DATABASE``), whose connection tells a lost connection from a conflict."""
-    retry_after = conf.RETRY_AFTER
     error = classify_database_error(
-        exc,
-        connections[database or conf.DATABASE],
-        retry_after=1 if retry_after is None else retry_after,
+        exc, connections[database or conf.DATABASE], retry_after=retry_after()
     )
     if error is None:
         raise exc
@@ -523,9 +517,8 @@ def takes_part(request: HttpRequest, options: Options, key: KeyFunc | None = Non
     ensure_valid()
     if not options.applies_to(request.method):
         return False
-    required = options.required if options.required is not None else conf.REQUIRED
     return (
-        required
+        options.resolve().required
         or key is not None
         or header_value(request, conf.HEADER) is not None
         or may_carry_body_key(request)

@@ -3,16 +3,17 @@
 ``@idempotent``, ``@idempotency_opt_in`` and ``@idempotent_api_view`` take them as keyword
 arguments (typed by :class:`ViewOptions`); ``IdempotencyMixin`` reads them from the class
 attributes ``idempotency_<name>`` (or ``as_view()`` keywords of those names). ``None``, or an
-option left out, falls back to the setting of the same name in ``settings.IDEMPOTENCY``.
-Adding an option: a field here (in both classes; ``tests/protocol/test_options.py`` holds them
-together), its check in ``checks.settings.view_option_errors``, its use in the engine, and docs.
+option left out, falls back to the setting of the same name in ``settings.IDEMPOTENCY``:
+``Options.resolve()`` is the one place that says so. Adding an option: a field here (in the
+three classes; ``tests/protocol/test_options.py`` holds them together), its check in
+``checks.settings.view_option_errors``, its use in the engine, and docs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
-from typing import Any, TypedDict
+from typing import Any, NamedTuple, TypedDict
 
 from ..conf import conf
 
@@ -69,9 +70,38 @@ class Options:
         """The fields by name (what ``checks.settings.view_option_errors`` takes)."""
         return {name: getattr(self, name) for name in OPTION_NAMES}
 
+    def resolve(self) -> Resolved:
+        """The view's values, each option left ``None`` taken from the setting of its name.
+        Kept on the instance until the settings change (a view's ``Options`` is built once,
+        so a request pays one attribute lookup)."""
+        cached: tuple[object, Resolved] | None = self.__dict__.get("_resolved")
+        generation = conf.generation
+        if cached is not None and cached[0] is generation:
+            return cached[1]
+        resolved = Resolved(
+            self.methods if self.methods is not None else conf.METHODS,
+            self.required if self.required is not None else conf.REQUIRED,
+            self.ttl if self.ttl is not None else conf.TTL,
+            self.lock_timeout if self.lock_timeout is not None else conf.LOCK_TIMEOUT,
+            self.strategy or conf.STRATEGY,
+            max(self.wait if self.wait is not None else conf.WAIT, 0.0),
+        )
+        self.__dict__["_resolved"] = (generation, resolved)  # frozen: not a field
+        return resolved
+
     def applies_to(self, method: str | None) -> bool:
-        methods = self.methods if self.methods is not None else conf.METHODS
-        return (method or "").upper() in methods
+        return (method or "").upper() in self.resolve().methods
+
+
+class Resolved(NamedTuple):
+    """One view's options with the settings' values in place of ``None`` (``Options.resolve``)."""
+
+    methods: frozenset[str]
+    required: bool
+    ttl: float
+    lock_timeout: float
+    strategy: str
+    wait: float
 
 
 #: The option names, in declaration order.

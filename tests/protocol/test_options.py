@@ -59,3 +59,23 @@ def test_every_option_reaches_the_engine_from_each_adapter() -> None:
 
     drf_view = idempotent_api_view(["PUT"], **values)(view)
     assert drf_view.cls().get_idempotency_options(HttpRequest()) == expected
+
+
+def test_resolve_takes_each_option_left_out_from_its_setting() -> None:
+    from django.test import override_settings
+
+    options = Options(lock_timeout=9.0, wait=-1.0)
+    with override_settings(IDEMPOTENCY={"TTL": 5, "REQUIRED": True, "WAIT": 2}):
+        resolved = options.resolve()
+        assert resolved == (frozenset({"POST", "PATCH"}), True, 5.0, 9.0, "db", 0.0)
+        assert options.resolve() is resolved  # kept while the settings stay
+        with override_settings(IDEMPOTENCY={"METHODS": ["put"], "STRATEGY": "advisory_lock"}):
+            assert options.resolve() == (
+                frozenset({"PUT"}),
+                False,
+                86400.0,
+                9.0,
+                "advisory_lock",
+                0.0,
+            )
+    assert Options(strategy="redis").resolve().strategy == "redis"

@@ -17,6 +17,7 @@ from ...errors import LeaseLost, StoreUnavailable
 from ...protocol import waiting
 from ...protocol.keys import key_digest
 from ...protocol.replay import StoredResponse
+from ...store.errors import retry_after
 from ..base import (
     NOT_STORED_DETAIL,
     Attempt,
@@ -209,8 +210,7 @@ class RedisStrategy(Strategy):
                     "idempotency_strategy": self.name,
                 },
             )
-            retry_after = conf.RETRY_AFTER
-            raise StoreUnavailable(retry_after=1 if retry_after is None else retry_after) from exc
+            raise StoreUnavailable(retry_after=retry_after()) from exc
         if conf.REDIS_FAILURE_MODE != "db":
             raise StoreUnavailable() from exc
         logger.warning(
