@@ -3,10 +3,11 @@
 * Every problem type in ``django_idempotency.errors`` gets a page at
   ``problems/<slug>/``, the address its ``type`` URI points at (a hand-written
   ``docs/problems/<slug>.md`` takes precedence).
-* ``errors.md`` must have a section ``{#<slug>}`` for every problem type,
-  ``settings.md`` a heading for every key of ``conf.DEFAULTS`` (and none for a key
-  that no longer exists), and ``api.md`` a row for every system check id in
-  ``checks.py``. A gap is a warning, so ``mkdocs build --strict`` fails.
+* ``errors.md`` must have a section ``{#<slug>}`` for every problem type, and ``api.md``
+  a row for every system check id in ``checks.py``. ``settings.md`` follows the
+  declarations of ``conf.SETTINGS``: its overview is the table they make, and its groups
+  and their settings are theirs, in their order. A gap is a warning, so
+  ``mkdocs build --strict`` fails.
 * The fault table of ``how-it-works.md`` has a row for every cell of the fault matrix
   (``CELLS`` in ``tests/system/test_faults.py``, each with its ``test_<cell>`` function), and
   no other row.
@@ -124,10 +125,6 @@ def on_files(files: Files, config: Any) -> Files:
     return files
 
 
-def _headings(markdown: str) -> set[str]:
-    return set(re.findall(r"^#{2,4} `([A-Z0-9_]+)`\s*$", markdown, flags=re.MULTILINE))
-
-
 def fault_cells() -> tuple[list[str], set[str]]:
     """``CELLS`` of tests/system/test_faults.py and the names of its test functions, read
     without importing the tests."""
@@ -169,7 +166,7 @@ def check_ids() -> set[str]:
     # ID + "E001", "django_idempotency.E101", and the deploy check's ids (return "E040",
     # a table keyed by "E041").
     found = re.findall(
-        r'(?:ID \+ "|"django_idempotency\.|return "|^ +")([EW]\d{3})"', sources, re.M
+        r'(?:ID \+ "|"django_idempotency\.|return "|Rule\("|^ +")([EW]\d{3})"', sources, re.M
     )
     return set(found)
 
@@ -248,13 +245,74 @@ def on_pre_build(config: Any) -> None:
     check_fault_table((docs / "how-it-works.md").read_text(encoding="utf-8"))
     check_diagrams(docs)
 
-    from django_idempotency.conf import DEFAULTS
+    for problem in settings_page_problems((docs / "settings.md").read_text(encoding="utf-8")):
+        log.warning("settings.md: %s", problem)
 
-    documented = _headings((docs / "settings.md").read_text(encoding="utf-8"))
-    for name in sorted(set(DEFAULTS) - documented):
-        log.warning("settings.md does not document IDEMPOTENCY[%r] (conf.DEFAULTS)", name)
-    for name in sorted(documented - set(DEFAULTS)):
-        log.warning("settings.md documents IDEMPOTENCY[%r], which conf.DEFAULTS lacks", name)
+
+# -- the settings page, held to the declarations of conf.py ---------------------------------
+
+OVERVIEW_START = "<!-- overview: made from conf.SETTINGS by docs/hooks.py; do not edit -->"
+OVERVIEW_END = "<!-- end of overview -->"
+
+
+def default_text(value: Any) -> str:
+    """A setting's default as the overview shows it: Python, a long list shortened."""
+    if isinstance(value, str):
+        return f'`"{value}"`'
+    if isinstance(value, tuple):
+        items = [f'"{item}"' for item in value[:2]]
+        more = ", …" if len(value) > 2 else "," if len(value) == 1 else ""
+        return "`(" + ", ".join(items) + more + ")`"
+    return f"`{value!r}`"
+
+
+def settings_overview() -> str:
+    """The overview table of settings.md, made from ``conf.SETTINGS``: each setting with its
+    default, its one line, and the checks that guard it, in the page's order."""
+    from django_idempotency.conf import SETTINGS
+
+    rows = ["| Key | Default | What it sets | Checks |", "| --- | --- | --- | --- |"]
+    for name, setting in SETTINGS.items():
+        checks = ", ".join(f"`{check}`" for check in dict.fromkeys(setting.checks))
+        link = f"[`{name}`](#{name.lower()})"
+        rows.append(f"| {link} | {default_text(setting.default)} | {setting.doc} | {checks} |")
+    return "\n".join([OVERVIEW_START, *rows, OVERVIEW_END])
+
+
+def settings_page_problems(markdown: str) -> list[str]:
+    """Where settings.md departs from ``conf.SETTINGS``: the overview is not the one the
+    declarations make (:func:`settings_overview`), the groups (``##``) are not
+    ``conf.GROUPS`` in their order, or a group's settings (``###``) are not the ones that
+    name it, in their order; a check id a setting names that no module has."""
+    from django_idempotency.conf import GROUPS, SETTINGS
+
+    problems: list[str] = []
+    start, end = markdown.find(OVERVIEW_START), markdown.find(OVERVIEW_END)
+    if start < 0 or end < 0 or markdown[start : end + len(OVERVIEW_END)] != settings_overview():
+        problems.append(
+            "the overview is not the one conf.SETTINGS makes: replace it with "
+            "docs/hooks.py's settings_overview() (python docs/hooks.py settings)"
+        )
+    found: dict[str, list[str]] = {}
+    group = ""
+    for line in markdown[end:].splitlines():
+        if line.startswith("## "):
+            group = line[3:].strip()
+            found.setdefault(group, [])
+        elif (heading := re.fullmatch(r"### `([A-Z0-9_]+)`\s*", line)) and group:
+            found[group].append(heading.group(1))
+    declared = {g: [n for n, s in SETTINGS.items() if s.group == g] for g in GROUPS}
+    grouped = [g for g in found if found[g]]
+    if grouped != list(GROUPS):
+        problems.append(f"its groups are {grouped}; conf.GROUPS: {list(GROUPS)}")
+    for name in GROUPS:
+        if name in found and found[name] != declared[name]:
+            problems.append(f"{name!r} documents {found[name]}; conf.SETTINGS: {declared[name]}")
+    known = check_ids()
+    for name, setting in SETTINGS.items():
+        for check in sorted(set(setting.checks) - known):
+            problems.append(f"{name} names the check {check}, which no module has")
+    return problems
 
 
 # -- code a reader can paste ---------------------------------------------------------------
@@ -377,3 +435,7 @@ def on_post_template(output: str, template_name: str, config: Any) -> str:
     from urllib.parse import urlsplit
 
     return relative_404(output, urlsplit(config["site_url"] or "/").path or "/")
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["settings"]:
+    print(settings_overview())  # the overview of settings.md, to paste

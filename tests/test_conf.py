@@ -119,3 +119,17 @@ def test_values_are_cached_until_a_setting_changes() -> None:
         finally:
             settings.IDEMPOTENCY = old
             strategies.reset()
+
+
+def test_each_setting_is_declared_once_with_all_it_needs() -> None:
+    """conf.SETTINGS is the one declaration: the accessors, DEFAULTS and the settings page
+    (tests/system/test_docs.py) come from it."""
+    from django_idempotency.conf import GROUPS, SETTINGS, IdempotencySettings
+
+    assert list(DEFAULTS) == list(SETTINGS)
+    for name, setting in SETTINGS.items():
+        assert getattr(IdempotencySettings, name) is setting
+        assert setting.group in GROUPS, name
+        assert setting.doc and "\n" not in setting.doc, name
+        if setting.rule is not None:  # the rule passes the default (None: never checked)
+            assert setting.default is None or setting.rule.passes(setting.default), name

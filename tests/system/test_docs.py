@@ -1,5 +1,6 @@
 """The documentation site: each problem page says its own class's text, the site needs no
-network, the diagrams match their sources, and the pages name only check ids that exist.
+network, the diagrams match their sources, the pages name only check ids that exist, and
+the settings page follows the declarations of conf.py.
 
 The pages are made by docs/hooks.py; these tests call its functions and build the whole
 site once (``mkdocs build --strict`` in a subprocess, as ``make docs`` and Read the Docs do).
@@ -213,6 +214,26 @@ def test_the_404_page_links_relative_to_the_site_root(site: Path) -> None:
     assert hooks.relative_404('<a href="/en/latest/errors/">', "/en/latest/") == (
         '<a href="errors/">'
     )
+
+
+def test_the_settings_page_follows_the_declarations_of_conf() -> None:
+    """docs/settings.md's overview is the table conf.SETTINGS makes, and its groups and
+    their settings are the declared ones, in their order (``python docs/hooks.py settings``
+    prints the overview to paste after a change of conf.py)."""
+    markdown = (ROOT / "docs" / "settings.md").read_text(encoding="utf-8")
+    assert hooks.settings_page_problems(markdown) == []
+
+
+def test_a_settings_page_that_departs_from_conf_is_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    markdown = (ROOT / "docs" / "settings.md").read_text(encoding="utf-8")
+    stale = markdown.replace("| `E004` |", "| `E004`, `E015` |", 1)
+    moved = markdown.replace("### `HEADER`", "### `HEADERS`", 1)
+    regrouped = markdown.replace("## Time partitions", "## Partitions", 1)
+    assert "overview" in " ".join(hooks.settings_page_problems(stale))
+    assert any("HEADERS" in problem for problem in hooks.settings_page_problems(moved))
+    assert any("groups" in problem for problem in hooks.settings_page_problems(regrouped))
 
 
 def test_every_check_id_a_page_names_exists(caplog: pytest.LogCaptureFixture) -> None:
