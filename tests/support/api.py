@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 from django.test import Client
 from rest_framework.test import APIClient
 
-from django_idempotency.protocol import waiting
 from django_idempotency.protocol.replay import REPLAYED_HEADER
+from django_idempotency.protocol.waiting import hub
 from django_idempotency.strategies.redis.store import get_store
 
 from ..testapp import holds
@@ -76,23 +76,20 @@ def race_held(
     n: int,
     send: Callable[[int, dict[str, Any]], T],
     hold: str,
-    ready: Callable[[int], bool] | None = None,
+    waiting: Callable[[], int] = hub.waiters,
 ) -> list[T]:
     """``send(i, {"hold": hold})`` from ``n`` threads released together (``run_at_once``);
     the results in thread order. The request that runs the test view waits in it until
-    ``ready(answered)`` holds, ``answered`` being how many requests have their answer
-    (by default: each request has its answer, waits for another's in this process's
-    waiting hub under ``WAIT``, or is in the view: a second execution is let go too, for
-    the test's counts to see), so every duplicate arrives while the first one runs,
-    however slow the machine (a view that slept for a while promised nothing). ``ready``
-    is asked from another thread (its own database connection)."""
+    every request has its answer, waits for another's (``waiting()`` of them: by default
+    this process's waiting hub, under ``WAIT``) or is in the view itself (a second
+    execution is let go too, for the test's counts to see). So every duplicate arrives
+    while the first one runs, however slow the machine (a view that slept for a while
+    promised nothing). ``waiting`` is asked from another thread (its own connection)."""
     answered = [0]
     lock = threading.Lock()
 
-    def everyone(count: int) -> bool:
-        return count + waiting.hub.waiters() + holds.arrived(hold) >= n
-
-    until = ready or everyone
+    def everyone() -> bool:
+        return answered[0] + waiting() + holds.arrived(hold) >= n
 
     def work(i: int) -> T:
         try:
@@ -103,7 +100,7 @@ def race_held(
 
     def release() -> None:
         try:
-            wait_until(lambda: holds.released(hold) or until(answered[0]), timeout=holds.LIMIT)
+            wait_until(lambda: holds.released(hold) or everyone(), timeout=holds.LIMIT)
         finally:
             holds.release(hold)
 
@@ -113,3 +110,18 @@ def race_held(
     finally:
         holds.release(hold)
         releaser.result(timeout=holds.LIMIT + 10)
+
+
+def advisory_waiters(alias: str = "default") -> int:
+    """How many sessions wait for an advisory lock on ``alias``'s PostgreSQL database
+    (the ``advisory_lock`` strategy's duplicates queue on their key's lock)."""
+    from django.db import connections
+
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
+            "WHERE l.locktype = 'advisory' AND NOT l.granted "
+            "AND d.datname = current_database()"
+        )
+        (count,) = cursor.fetchone()
+    return int(count)
