@@ -6,7 +6,7 @@ authenticates). Token authentication throughout, as the example project's client
 from __future__ import annotations
 
 import json
-import time
+import uuid
 from typing import Any
 
 import pytest
@@ -25,10 +25,11 @@ from django_idempotency.drf import idempotent_api_view
 from django_idempotency.models import IdempotencyKey
 from example_project.payments.models import Charge
 
-from .support.api import replayed, token_client
+from .support.api import race_held, replayed, token_client
 from .support.assertions import assert_problem
 from .support.factories import UserFactory
-from .support.threads import in_background, run_at_once
+from .support.threads import in_background
+from .testapp import holds
 from .testapp.models import SideEffect
 
 pytestmark = pytest.mark.django_db
@@ -148,12 +149,12 @@ def outside(request: Request) -> Response:
 @permission_classes([IsAuthenticated])
 @idempotent
 def inside(request: Request) -> Response:
-    """After its write: sleeps (``sleep``), fails (``raise``) or raises DRF's
-    ``ValidationError`` (``invalid``) when asked to."""
+    """After its write: waits until the test releases it (``hold``), fails (``raise``)
+    or raises DRF's ``ValidationError`` (``invalid``) when asked to."""
     data: Any = request.data
     effect = SideEffect.objects.create(label="inside")
-    if data.get("sleep"):
-        time.sleep(float(data["sleep"]))
+    if data.get("hold"):
+        holds.wait(str(data["hold"]))
     if data.get("invalid"):
         raise ValidationError({"amount": ["not a valid amount"]})
     if data.get("raise"):
@@ -295,13 +296,14 @@ def test_inside_api_view_a_race_of_duplicates_runs_the_view_once(alice: Any, bob
     user's own execution."""
     users = [alice, bob]
 
-    def send(index: int) -> tuple[str, int, bool, Any]:
-        user = users[index % 2]
-        response = _inside(token_client(user), "race", sleep=0.3)
-        body = json.loads(response.content)
-        return user.username, response.status_code, replayed(response), body
+    hold = uuid.uuid4().hex  # each user's execution runs until every other one is answered
 
-    answers = run_at_once(RACERS, send)
+    def send(index: int, body: dict[str, Any]) -> tuple[str, int, bool, Any]:
+        user = users[index % 2]
+        response = _inside(token_client(user), "race", **body)
+        return user.username, response.status_code, replayed(response), json.loads(response.content)
+
+    answers = race_held(RACERS, send, hold)
     assert SideEffect.objects.count() == 2, answers
     for name in ("alice", "bob"):
         mine = [a for a in answers if a[0] == name]
@@ -315,7 +317,7 @@ def test_inside_api_view_a_race_of_duplicates_runs_the_view_once(alice: Any, bob
                 assert status == 409 and body["type"].endswith("/request-in-progress"), mine
         assert any(status == 409 for _, status, _, _ in mine), f"no overlap: {mine}"
     for user in users:
-        assert _inside(token_client(user), "race", sleep=0.3).status_code == 201
+        assert _inside(token_client(user), "race", hold=hold).status_code == 201
     assert SideEffect.objects.count() == 2
 
 

@@ -7,7 +7,7 @@ through real requests on threads against ``tests.support.gates``.
 from __future__ import annotations
 
 import json
-import time
+import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
@@ -30,11 +30,12 @@ from django_idempotency.protocol.problems import problem_response
 from django_idempotency.protocol.replay import REPLAYED_HEADER
 from django_idempotency.store.records import ClaimState
 
+from ..support.api import race_held
 from ..support.assertions import assert_problem
 from ..support.gates import Background
 from ..support.mariadb import with_mariadb
-from ..support.threads import run_at_once
 from ..support.waiting import wait_until
+from ..testapp import holds
 from ..testapp.models import SideEffect
 
 pytestmark = pytest.mark.django_db
@@ -527,7 +528,7 @@ def test_heartbeat_follows_a_views_own_lock_timeout(gate: Any) -> None:
     running = Background("/gated-short-lock/", "short")
     assert gate.entered.wait(timeout=30)
     first = locked_at("short")
-    wait_until(lambda: locked_at("short") > first, timeout=5)
+    wait_until(lambda: locked_at("short") > first, timeout=60)  # renewed at all: not a race
     gate.opened.set()
     assert running.result().status_code == 201
 
@@ -536,16 +537,16 @@ def test_heartbeat_follows_a_views_own_lock_timeout(gate: Any) -> None:
 def test_sixteen_concurrent_requests_run_the_view_once() -> None:
     """Real threads, each with its own connection, released together on one key."""
 
-    def send(_: int) -> tuple[int, bool]:
+    def send(_: int, body: dict[str, Any]) -> tuple[int, bool]:
         response = Client().post(
             "/t/fn/",
-            {"amount": 1, "sleep": 0.05},
+            {"amount": 1, **body},
             content_type="application/json",
             HTTP_IDEMPOTENCY_KEY="race",
         )
         return response.status_code, response.has_header(REPLAYED_HEADER)
 
-    answers = run_at_once(16, send)
+    answers = race_held(16, send, uuid.uuid4().hex)  # the others come while the first runs
     assert len(answers) == 16
     assert SideEffect.objects.count() == 1
     assert answers.count((201, False)) == 1, answers
@@ -565,10 +566,11 @@ def test_sixteen_concurrent_requests_run_the_view_once_on_mariadb(settings: Any)
 
     settings.IDEMPOTENCY = {"DATABASE": "mariadb"}
     faults.reset()
-    faults.interference.append(lambda key: time.sleep(0.05))  # the view takes a while
+    hold = uuid.uuid4().hex
+    faults.interference.append(lambda key: holds.wait(hold))  # until the others are answered
     faults.plan.extend(["interfere"] * 16)
 
-    def send(_: int) -> tuple[int, bool]:
+    def send(_: int, _body: dict[str, Any]) -> tuple[int, bool]:
         try:
             response = Client().post(
                 "/fault/fn/", b"{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY="race"
@@ -578,7 +580,7 @@ def test_sixteen_concurrent_requests_run_the_view_once_on_mariadb(settings: Any)
             connections.close_all()
 
     try:
-        answers = run_at_once(16, send)
+        answers = race_held(16, send, hold)
     finally:
         faults.reset()
     assert SideEffect.objects.using("mariadb").filter(label="race").count() == 1

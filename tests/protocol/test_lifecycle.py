@@ -5,11 +5,12 @@ in the state that says what happened to the view's writes and to the key."""
 from __future__ import annotations
 
 import threading
-import time
 import uuid
+from datetime import timedelta
 
 import pytest
 from django.db import transaction
+from django.db.models.functions import Now
 
 from django_idempotency.errors import LeaseLost
 from django_idempotency.models import IdempotencyKey
@@ -19,6 +20,7 @@ from django_idempotency.store.status import COMPLETED
 from django_idempotency.strategies.base import Attempt, InProgress
 from django_idempotency.strategies.db import DatabaseStrategy
 
+from ..support.waiting import wait_until
 from ..testapp.models import SideEffect
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -152,8 +154,11 @@ def test_a_claim_taken_over_ends_lost_and_keeps_the_other_execution() -> None:
 
     def other() -> None:
         # Another execution takes the stale lease over, completes and commits, on its
-        # own connection (a thread of its own).
-        time.sleep(0.2)
+        # own connection (a thread of its own), once the lease has lapsed by the
+        # database's clock (the one the claim judges it by).
+        lapsed = Now() - timedelta(seconds=0.05)
+        stale_now = IdempotencyKey.objects.filter(key=key, locked_at__lt=lapsed).exists
+        wait_until(stale_now, timeout=60)
         run(key, "complete", lock_timeout=0.05)
 
     def stale_view() -> None:

@@ -30,6 +30,7 @@ from django_idempotency.store.status import COMPLETED, IN_PROGRESS
 
 from ..support.factories import CompletedKeyFactory, IdempotencyKeyFactory
 from ..support.threads import run_at_once
+from ..support.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
 
@@ -66,7 +67,9 @@ def test_a_second_add_waits_for_the_first_transaction(first_commits: bool) -> No
             with transaction.atomic():
                 results["first"] = _add("default", "k")
                 inside.set()
-                time.sleep(0.5)
+                # Until the second insert waits for this transaction (pg_stat_activity shows it).
+                wait_until(lambda: _lock_waiters() > 0, timeout=60)
+                results["seen_waiting"] = True
                 if not first_commits:
                     transaction.set_rollback(True)
         finally:
@@ -74,15 +77,13 @@ def test_a_second_add_waits_for_the_first_transaction(first_commits: bool) -> No
 
     thread = threading.Thread(target=first)
     thread.start()
-    assert inside.wait(5)
-    started = time.monotonic()
+    assert inside.wait(60)
     try:
         results["second"] = _add("default", "k")
     finally:
-        waited = time.monotonic() - started
-        thread.join(10)
+        thread.join(60)
     assert results["first"] is True
-    assert waited >= 0.3, "the second insert waited for the first transaction"
+    assert results.get("seen_waiting"), "the second insert waited for the first transaction"
     assert results["second"] is (not first_commits)
     assert IdempotencyOutbox.objects.filter(key="k").count() == 1
 
@@ -367,15 +368,9 @@ def test_add_fenced_keeps_a_stale_claim_renewed_while_it_waits() -> None:
     with transaction.atomic():
         IdempotencyKey.objects.filter(pk=stale.pk).update(locked_at=timezone.now())
         renewing.set()
-        # The worker's DELETE is now waiting for this row (pg_locks shows it).
-        deadline = time.monotonic() + 10
-        with connections["default"].cursor() as cursor:
-            while time.monotonic() < deadline:
-                cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
-                if cursor.fetchone()[0]:
-                    break
-                time.sleep(0.01)
-    worker.join(10)
+        # The worker's DELETE is now waiting for this row (pg_stat_activity shows it).
+        wait_until(lambda: _lock_waiters() > 0, timeout=60)
+    worker.join(60)
     assert result == [False]
     assert IdempotencyKey.objects.filter(pk=stale.pk).exists()
     assert not IdempotencyOutbox.objects.filter(key="race").exists()
@@ -555,13 +550,13 @@ def test_parallel_drainers_move_every_row_exactly_once() -> None:
 
 #: A drainer process: it drains one batch in a transaction, says so, and waits to be killed.
 _DRAINER = """
-import sys, time, django
+import signal, sys, django
 django.setup()
 from django.db import transaction
 from django_idempotency.models import IdempotencyOutbox
 with transaction.atomic():
     print(IdempotencyOutbox.objects.drain(int(sys.argv[1])).drained, flush=True)
-    time.sleep(120)
+    signal.pause()  # until killed
 """
 
 
@@ -592,10 +587,23 @@ def test_a_drainer_killed_mid_batch_loses_nothing() -> None:
     assert IdempotencyOutbox.objects.count() == 200
     assert IdempotencyKey.objects.count() == 100
     # The rows are skipped until the server has ended the killed backend (rolled back).
-    moved = 0
-    deadline = time.monotonic() + 30
-    while IdempotencyOutbox.objects.exists() and time.monotonic() < deadline:
-        moved += IdempotencyOutbox.objects.drain(1000).drained
-        time.sleep(0.05)
-    assert moved == 200
+    moved = [0]
+
+    def drained_all() -> bool:
+        moved[0] += IdempotencyOutbox.objects.drain(1000).drained
+        return not IdempotencyOutbox.objects.exists()
+
+    wait_until(drained_all, timeout=120)
+    assert moved[0] == 200
     assert IdempotencyKey.objects.count() == 300 and IdempotencyOutbox.objects.count() == 0
+
+
+def _lock_waiters() -> int:
+    """Sessions on the test database that wait for a lock (other databases' are others')."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")  # fresh, inside a transaction too
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        return int(cursor.fetchone()[0])

@@ -25,10 +25,10 @@ from django_idempotency.strategies import get_strategy
 from django_idempotency.strategies.advisory import AdvisoryLockStrategy
 from django_idempotency.strategies.base import Attempt, Claim, Mismatch, Replay
 
+from ..support.api import advisory_waiters, race_held
 from ..support.assertions import assert_problem
 from ..support.factories import CompletedKeyFactory, ExpiredKeyFactory, UserFactory
 from ..support.gates import Background, Gate
-from ..support.threads import run_at_once
 from ..support.waiting import wait_until
 from ..testapp.models import SideEffect
 
@@ -278,11 +278,12 @@ class TestRequests:
 
     def test_sixteen_concurrent_requests_run_the_view_once(self) -> None:
 
-        def send(_: int) -> tuple[int, bool]:
-            response = post("/t/fn/", {"a": 1, "sleep": 0.05}, key="race")
+        def send(_: int, body: dict[str, Any]) -> tuple[int, bool]:
+            response = post("/t/fn/", {"a": 1, **body}, key="race")
             return response.status_code, response.has_header(REPLAYED_HEADER)
 
-        statuses = run_at_once(16, send)
+        # The first one runs until the 15 others queue on its lock.
+        statuses = race_held(16, send, uuid.uuid4().hex, advisory_waiters)
         assert len(statuses) == 16
         assert SideEffect.objects.count() == 1
         assert statuses.count((201, False)) == 1

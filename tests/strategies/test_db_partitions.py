@@ -6,6 +6,7 @@ expired key) and a race of real threads whose side effects are counted."""
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -20,9 +21,9 @@ from django_idempotency.protocol.replay import REPLAYED_HEADER, StoredResponse
 from django_idempotency.strategies.advisory import AdvisoryClaim
 from django_idempotency.strategies.base import Attempt, store_failed
 
+from ..support.api import advisory_waiters, race_held
 from ..support.assertions import assert_problem
 from ..support.partitions import SMALL, partitioned_table
-from ..support.threads import run_at_once
 from ..testapp import views
 from ..testapp.models import SideEffect
 
@@ -91,10 +92,11 @@ def test_racing_requests_run_the_view_once(strategy: str) -> None:
     for round_ in range(5):
         key = f"race-{round_}"
 
-        def send(_i: int, key: str = key) -> int:
-            return int(post({"sleep": 0.2}, key=key).status_code)
+        def send(_i: int, body: dict[str, Any], key: str = key) -> int:
+            return int(post(body, key=key).status_code)
 
-        statuses = run_at_once(8, send)
+        # The first one runs until the others are answered or queue on its lock.
+        statuses = race_held(8, send, uuid.uuid4().hex, advisory_waiters)
         assert statuses.count(201) >= 1, statuses
         assert set(statuses) <= {201, 409}, statuses
         assert IdempotencyKey.objects.filter(key=key).count() == 1
@@ -146,11 +148,12 @@ def test_queued_duplicates_past_the_last_partition_never_run_the_view(
     missing partition before the view: none runs it."""
     with override_settings(IDEMPOTENCY={**SMALL, "STRATEGY": strategy, **FAR}):
 
-        def send(_i: int) -> tuple[int, str | None]:
-            response = post({"sleep": 0.2}, key="queued")
+        def send(_i: int, body: dict[str, Any]) -> tuple[int, str | None]:
+            response = post(body, key="queued")
             return int(response.status_code), response.get("Retry-After")
 
-        answers = run_at_once(4, send)
+        # A view that ran (it must not) would wait until the others queue on its lock.
+        answers = race_held(4, send, uuid.uuid4().hex, advisory_waiters)
     assert answers == [(503, "1")] * 4
     assert bodies == []
 

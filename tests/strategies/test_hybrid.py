@@ -34,7 +34,14 @@ from example_project.payments.models import Charge
 from tests.testapp import holds
 from tests.testapp.models import SideEffect
 
-from ..support.api import api_client, post_json, replayed, token_client, wait_in_progress
+from ..support.api import (
+    api_client,
+    post_json,
+    race_held,
+    replayed,
+    token_client,
+    wait_in_progress,
+)
 from ..support.factories import StaleKeyFactory, UserFactory
 from ..support.redis_servers import (
     RedisClusterNodes,
@@ -42,7 +49,7 @@ from ..support.redis_servers import (
     closed_port_url,
     wait_replicated,
 )
-from ..support.threads import in_background, run_at_once
+from ..support.threads import in_background
 from ..support.waiting import wait_until
 
 pytestmark = [
@@ -118,16 +125,20 @@ def test_same_key_other_request_is_422(hybrid: Any, api: APIClient) -> None:
 def test_duplicate_while_the_view_runs_is_409(hybrid: Any, api: APIClient) -> None:
     key = uuid.uuid4().hex
     user = UserFactory()
-    running = in_background(lambda: post_json(api_client(user), key, {"sleep": 1.0}))
-    wait_in_progress(f"user:{user.pk}", key)
-    client = api_client(user)
-    duplicate = post_json(client, key, {"sleep": 1.0})
-    slow = running.result(10)
+    body = {"hold": key}  # the view runs until the test releases it
+    running = in_background(lambda: post_json(api_client(user), key, body))
+    try:
+        wait_in_progress(f"user:{user.pk}", key)
+        client = api_client(user)
+        duplicate = post_json(client, key, body)
+    finally:
+        holds.release(key)
+    slow = running.result(60)
     assert duplicate.status_code == 409
     assert duplicate["Content-Type"] == PROBLEM_CONTENT_TYPE
     assert int(duplicate["Retry-After"]) >= 1
     assert slow.status_code == 201
-    assert replayed(post_json(client, key, {"sleep": 1.0}))
+    assert replayed(post_json(client, key, body))
     assert SideEffect.objects.filter(label="drf").count() == 1
 
 
@@ -170,8 +181,9 @@ def test_racing_threads_run_the_view_once(hybrid: Any) -> None:
     user = UserFactory()
     key = uuid.uuid4().hex
     clients = [api_client(user) for _ in range(10)]
-    statuses = run_at_once(10, lambda i: post_json(clients[i], key, {"sleep": 0.3}).status_code)
-    assert sorted(set(statuses)) <= [201, 409] and statuses.count(201) >= 1
+    responses = race_held(10, lambda i, body: post_json(clients[i], key, body), key)
+    statuses = [response.status_code for response in responses]
+    assert sorted(statuses) == [201] + [409] * 9, statuses  # the others came while it ran
     assert SideEffect.objects.count() == 1
 
 
@@ -299,19 +311,24 @@ def test_redis_losing_a_claim_mid_view_cannot_commit_twice(
     unique constraint refuses the slower commit, whose writes roll back."""
     user = UserFactory()
     key = uuid.uuid4().hex
-    running = in_background(lambda: post_json(api_client(user), key, {"sleep": 1.0}))
-    wait_in_progress(f"user:{user.pk}", key)
-    get_client().flushall()
+    body = {"hold": key}  # both views run until the test releases them
+    running = in_background(lambda: post_json(api_client(user), key, body))
     client = api_client(user)
-    fast = post_json(client, key, {"sleep": 1.0})
-    slow = running.result(10)
+    try:
+        wait_until(lambda: holds.arrived(key) == 1, timeout=60)  # the first is in its view
+        get_client().flushall()
+        second = in_background(lambda: post_json(client, key, body))
+        wait_until(lambda: holds.arrived(key) == 2, timeout=60)  # the second is in its view
+    finally:
+        holds.release(key)
+    fast, slow = second.result(60), running.result(60)
     statuses = sorted([fast.status_code, slow.status_code])
     assert statuses == [201, 409], statuses
     loser = fast if fast.status_code == 409 else slow
     assert loser.json()["type"].endswith("lease-lost")
     assert SideEffect.objects.count() == 1
     assert IdempotencyOutbox.objects.filter(key=key).count() == 1
-    retry = post_json(client, key, {"sleep": 1.0})
+    retry = post_json(client, key, body)
     assert retry.status_code == 201 and replayed(retry)
 
 

@@ -26,7 +26,6 @@ the next commit on the connection flushes it.
 from __future__ import annotations
 
 import os
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
@@ -218,10 +217,14 @@ def test_a_crash_while_the_view_runs_leaves_no_charge_and_the_retry_runs_once(
     with paused:
         first = in_background(lambda: request(url, key=key, body=CHARGE, timeout=30))
         # The claim has committed and the view is inside the payment provider's call.
-        wait_until(lambda: _status(db, key) == "in_progress", timeout=10)
-        wait_until(lambda: _psp_calls(calls) == psp + 1, timeout=10)
+        wait_until(lambda: _status(db, key) == "in_progress", timeout=60)
+        wait_until(lambda: _psp_calls(calls) == psp + 1, timeout=60)
         if wal_writer == "running":
-            time.sleep(0.3)  # the WAL writer writes the claim's commit out (wal_writer_delay)
+            # The WAL writer writes the claim's commit out (wal_writer_delay): until the WAL
+            # is flushed past everything written so far, the claim's commit with it.
+            written = query_scalar(db, "SELECT pg_current_wal_insert_lsn()::text")
+            flushed = "SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn"
+            wait_until(lambda: bool(query_scalar(db, flushed, (written,))), timeout=60)
         postgres.crash()
     # The view comes back from the provider to a server that is gone: nothing commits.
     status, body = first.result(timeout=30)

@@ -8,6 +8,7 @@ is killed with SIGKILL and the sentinels promote the replica.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections import Counter
@@ -21,15 +22,18 @@ from rest_framework.test import APIClient
 from django_idempotency.conf import conf
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.strategies.redis import store as redis_store
+from tests.testapp import holds
 from tests.testapp.models import SideEffect
 
 from ..support.api import (
     api_client,
     assert_runs_once_and_replays,
     post_json,
+    race_held,
     replayed,
     wait_in_progress,
 )
+from ..support.connects import Connects, counting
 from ..support.docs import recipe
 from ..support.factories import UserFactory
 from ..support.redis_servers import RedisSentinels, wait_replicated
@@ -151,34 +155,43 @@ def test_new_key_replay_and_race_through_sentinel(
 
     raced = uuid.uuid4().hex
     clients = [api_client(user) for _ in range(10)]
-    responses = run_at_once(10, lambda i: post_json(clients[i], raced, {"sleep": 0.3}))
+    responses = race_held(10, lambda i, body: post_json(clients[i], raced, body), raced)
     statuses = Counter(r.status_code for r in responses)
-    assert set(statuses) <= {201, 409}, statuses
+    assert statuses == {201: 1, 409: 9}, statuses  # the others came while it ran
     assert sum(r.status_code == 201 and not replayed(r) for r in responses) == 1
     assert SideEffect.objects.count() == 2
-    assert replayed(post_json(client, raced, {"sleep": 0.3}))
+    assert replayed(post_json(client, raced, {"hold": raced}))
     assert SideEffect.objects.count() == 2
 
 
 # -- a failover ------------------------------------------------------------------------------
 
 
+@pytest.fixture
+def connects(monkeypatch: pytest.MonkeyPatch) -> Connects:
+    return counting(monkeypatch)
+
+
 class Ledger:
     """Every response the failover test got, by key: an execution is a 201 that is not a
-    replay (the view writes one SideEffect row per execution that commits)."""
+    replay (the view writes one SideEffect row per execution that commits); and, for the
+    request that opened the most connections to one server, how many."""
 
-    def __init__(self, client: APIClient) -> None:
+    def __init__(self, client: APIClient, connects: Connects) -> None:
         self.client = client
+        self.connects = connects
         self.responses: dict[str, list[Any]] = {}
         self.bodies: dict[str, dict[str, Any]] = {}
-        self.slowest = 0.0
+        self.most = 0
+
+    def note(self, opened: Counter[int]) -> None:
+        self.most = max(self.most, *opened.values(), 0)
 
     def post(self, key: str) -> Any:
         """One more request for ``key``, with the body its first request had."""
         body = self.bodies.setdefault(key, {"amount": 5})
-        started = time.monotonic()
-        response = post_json(self.client, key, body)
-        self.slowest = max(self.slowest, time.monotonic() - started)
+        response, opened = self.connects.around(lambda: post_json(self.client, key, body))
+        self.note(opened)
         assert response.status_code in {201, 409, 503}, (response.status_code, response.content)
         self.responses.setdefault(key, []).append(response)
         return response
@@ -204,12 +217,14 @@ def _during_the_outage(
     assert topology.replica is not None
     raced = uuid.uuid4().hex
     clients = [api_client(user) for _ in range(5)]
-    started = time.monotonic()
-    responses = run_at_once(5, lambda i: post_json(clients[i], raced, {"amount": 5}))
-    ledger.slowest = max(ledger.slowest, time.monotonic() - started)  # the slowest thread
-    ledger.record(raced, {"amount": 5}, responses)
+    answers = run_at_once(
+        5, lambda i: ledger.connects.around(lambda: post_json(clients[i], raced, {"amount": 5}))
+    )
+    for _response, opened in answers:
+        ledger.note(opened)
+    ledger.record(raced, {"amount": 5}, [response for response, _opened in answers])
     keys = [raced]
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 90  # for a promotion that never comes, not a slow one
     while time.monotonic() < deadline:
         key = uuid.uuid4().hex
         keys.append(key)
@@ -222,7 +237,7 @@ def _during_the_outage(
         if promoted and served and not IdempotencyKey.objects.filter(key=key).exists():
             return keys  # served through Redis (no db-strategy row), on the new master
         time.sleep(0.05)
-    raise AssertionError("the requests did not reach the promoted replica within 30 s")
+    raise AssertionError("the requests did not reach the promoted replica within 90 s")
 
 
 def answered(ledger: Ledger, key: str) -> None:
@@ -242,7 +257,7 @@ def _outage_statuses(ledger: Ledger, outage: list[str], retry: list[str]) -> Cou
 @pytest.mark.parametrize("mode", ["fail_closed", "db"])
 @pytest.mark.parametrize("strategy", ["redis", "hybrid"])
 def test_a_master_killed_is_failed_over_and_no_key_runs_twice_unless_documented(
-    topology: RedisSentinels, configure: Any, strategy: str, mode: str
+    topology: RedisSentinels, configure: Any, connects: Connects, strategy: str, mode: str
 ) -> None:
     """SIGKILL the master: requests get 503 or the db fallback (per REDIS_FAILURE_MODE; a
     claim whose outcome is unknown, sent as the master died, is 503 in either mode), never
@@ -252,7 +267,7 @@ def test_a_master_killed_is_failed_over_and_no_key_runs_twice_unless_documented(
     assert topology.master is not None and topology.replica is not None
     configure(topology, STRATEGY=strategy, REDIS_FAILURE_MODE=mode)
     user = UserFactory()
-    ledger = Ledger(api_client(user))
+    ledger = Ledger(api_client(user), connects)
     replicated, missed = uuid.uuid4().hex, uuid.uuid4().hex
     assert ledger.post(replicated).status_code == 201
     wait_replicated(topology.master.port)
@@ -260,13 +275,22 @@ def test_a_master_killed_is_failed_over_and_no_key_runs_twice_unless_documented(
     assert ledger.post(missed).status_code == 201  # on the master only
 
     inflight = uuid.uuid4().hex
-    running = in_background(lambda: post_json(api_client(user), inflight, {"sleep": 1.0}))
-    wait_in_progress(f"user:{user.pk}", inflight)
-    topology.master.kill()  # while the in-flight request is inside its view
+    held = {"hold": inflight}  # the view runs until the test releases it
+    running = in_background(lambda: post_json(api_client(user), inflight, held))
+    with contextlib.ExitStack() as stack:
+        try:
+            wait_in_progress(f"user:{user.pk}", inflight)
+            # The sentinels are paused while the in-flight request completes: it meets the
+            # dead master, however long it takes, not the promoted replica.
+            for sentinel in topology.sentinels:
+                stack.enter_context(sentinel.paused())
+            topology.master.kill()  # while the in-flight request is inside its view
+        finally:
+            holds.release(inflight)
+        ledger.record(inflight, held, [running.result(60)])
     # Under hybrid the completed keys are retried during the outage too: PostgreSQL has them.
     retry = [replicated, missed] if strategy == "hybrid" else []
     outage = _during_the_outage(topology, ledger, user, retry)
-    ledger.record(inflight, {"sleep": 1.0}, [running.result(30)])
     # redis cannot store its response: the view's writes roll back, 503 (whatever the
     # mode); hybrid committed it with the outbox row in PostgreSQL: 201.
     answered = ledger.responses[inflight][0]
@@ -277,7 +301,10 @@ def test_a_master_killed_is_failed_over_and_no_key_runs_twice_unless_documented(
     else:
         assert set(statuses) <= {201, 409, 503}, statuses
         assert IdempotencyKey.objects.filter(key=outage[0]).exists()  # the db fallback ran
-    assert ledger.slowest < 2.0, f"one request waited {ledger.slowest:.2f} s"
+    # Never a hang nor a retry loop: no request opened more than two connections to one
+    # server (redis-py's connection retries, each waiting longer, would be more), and each
+    # one waits at most the recipe's 0.25 s timeouts (a dead process refuses at once).
+    assert ledger.most <= 2, ledger.most
     topology.wait_master(topology.replica.port)
     assert _sentinel_pool().get_master_address() == ("127.0.0.1", topology.replica.port)
 
@@ -320,29 +347,35 @@ def _after_the_failover(
 
     raced = uuid.uuid4().hex
     clients = [api_client(user) for _ in range(10)]
-    body = {"sleep": 0.3}
-    ledger.record(raced, body, run_at_once(10, lambda i: post_json(clients[i], raced, body)))
+    responses = race_held(10, lambda i, body: post_json(clients[i], raced, body), raced)
+    ledger.record(raced, {"hold": raced}, responses)
     assert ledger.executions(raced) == 1
     assert {r.status_code for r in ledger.responses[raced]} <= {201, 409}
 
 
 def test_a_dead_sentinel_costs_no_request_more_than_a_timeout(
-    topology: RedisSentinels, configure: Any
+    topology: RedisSentinels, configure: Any, connects: Connects
 ) -> None:
     """The first sentinel of SENTINELS dies, then the master: the two others still elect
     the replica, and no request waits for redis-py's retries of the dead sentinel (the
-    recipe's ``retry`` in SENTINEL_KWARGS; without it, the requests wait for seconds)."""
+    recipe's ``retry`` in SENTINEL_KWARGS; with redis-py's retries, the requests wait for
+    seconds): counted, not timed, each discovery of the master asks the dead sentinel
+    once."""
     assert topology.master is not None and topology.replica is not None
     configure(topology, STRATEGY="hybrid", REDIS_FAILURE_MODE="db")
     user = UserFactory()
-    ledger = Ledger(api_client(user))
+    ledger = Ledger(api_client(user), connects)
     before = uuid.uuid4().hex
     assert ledger.post(before).status_code == 201
     wait_replicated(topology.master.port)
     topology.sentinels[0].kill()
     topology.master.kill()
     outage = _during_the_outage(topology, ledger, user, [before])
-    assert ledger.slowest < 1.0, f"one request waited {ledger.slowest:.2f} s"
+    # The dead sentinel was asked, and never twice in one discovery of the master: no
+    # request waits for redis-py's retries of it (each one a back-off longer).
+    dead = topology.sentinels[0].port
+    assert connects.per_discovery[dead] == 1, (dead, connects.per_discovery)
+    assert ledger.most <= 2, ledger.most
     topology.wait_master(topology.replica.port)
     assert _sentinel_pool().get_master_address() == ("127.0.0.1", topology.replica.port)
     for key in [before, *outage]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from io import BytesIO
 from typing import Any
 
@@ -27,8 +26,6 @@ from .models import SideEffect
 
 def _behave(label: str, payload: dict[str, Any]) -> HttpResponse:
     SideEffect.objects.create(label=label)
-    if payload.get("sleep"):
-        time.sleep(float(payload["sleep"]))
     if payload.get("hold"):
         holds.wait(str(payload["hold"]))
     status = int(payload.get("status", 201))
@@ -80,8 +77,6 @@ class EchoView(IdempotencyMixin, APIView):
     def post(self, request: Request) -> Response:
         data = dict(request.data)
         SideEffect.objects.create(label="drf")
-        if data.get("sleep"):
-            time.sleep(float(data["sleep"]))
         if data.get("hold"):
             holds.wait(str(data["hold"]))
         if data.get("raise"):
