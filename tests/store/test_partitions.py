@@ -134,25 +134,46 @@ def fillfactors() -> dict[str, list[str] | None]:
 
 def test_every_partition_leaves_room_for_a_hot_completion(partitioned: None) -> None:
     """Each partition keeps a fifth of its pages free (fillfactor 80, as migration 0004 sets
-    on the plain table), those created ahead too, and a completion in a partition is a HOT
-    update: the row stays on its page and no index gets an entry."""
+    on the plain table), those created ahead too, and a completion in a partition that keeps
+    its key's expiry is a HOT update: the row stays on its page and no index gets an entry.
+
+    The expiry is kept only when the completion comes within 1 % of the TTL of the claim
+    (``EXPIRY_SLACK``: 0.1 s of this test's 10 s), which a busy machine may miss; a
+    completion that moved its expiry changed an indexed column and is rightly not HOT. So
+    the test takes new keys until one completion kept its expiry (at most 50 tries), and
+    holds that one to a HOT update."""
     created = partitions.maintain("default", ahead=AHEAD * 2).created
     found = fillfactors()
     assert created and set(created) <= set(found)
     assert found and all(options == ["fillfactor=80"] for options in found.values()), found
-    done = claim("hot")
-    assert done.pk is not None and done.token is not None
-    partition = partition_of(done.pk)
-    assert IdempotencyKey.objects.complete(done.pk, done.token, RESPONSE, ttl=10)
-    assert partition_of(done.pk) == partition  # the completion kept the expiry
+    for attempt in range(50):
+        done = claim(f"hot-{attempt}")
+        assert done.pk is not None and done.token is not None
+        partition = partition_of(done.pk)
+        claimed_expiry = IdempotencyKey.objects.get(pk=done.pk).expires_at
+        before = updates_of(partition)
+        assert IdempotencyKey.objects.complete(done.pk, done.token, RESPONSE, ttl=10)
+        assert partition_of(done.pk) == partition  # the completion kept the partition
+        if IdempotencyKey.objects.get(pk=done.pk).expires_at == claimed_expiry:
+            break
+    else:
+        pytest.fail("no completion in 50 came within 1 % of its TTL of its claim")
+    (updated, hot), (updated_before, hot_before) = updates_of(partition), before
+    assert updated - updated_before == 1 and hot - hot_before == 1
+
+
+def updates_of(partition: str) -> tuple[int, int]:
+    """The updates of ``partition`` so far, and how many of them were HOT, this backend's
+    own counted too."""
     with connections["default"].cursor() as cursor:
         cursor.execute("SELECT pg_stat_force_next_flush()")
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
         cursor.execute(
             "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = %s",
             [partition],
         )
         updated, hot = cursor.fetchone()
-    assert updated >= 1 and hot == updated
+    return int(updated), int(hot)
 
 
 def partition_of(pk: int | None) -> str:

@@ -12,8 +12,8 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from django_idempotency.protocol.replay import REPLAYED_HEADER
-from django_idempotency.protocol.waiting import hub
 from django_idempotency.strategies.redis.store import get_store
+from django_idempotency.strategies.waiting import hub
 
 from ..testapp import holds
 from .threads import in_background, run_at_once
