@@ -13,7 +13,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import connections, transaction
+from django.db.models.functions import Now
 from django.test import Client, override_settings
 from django.urls import reverse
 
@@ -203,3 +205,48 @@ def test_a_step_marked_for_rollback_is_a_503_and_not_recorded(strategy: str) -> 
     assert_problem(response, 503, "store-unavailable")
     assert effects("doomed") == {"create": 1}
     assert names("k1") == ["create"]  # kept for the retry, without the rolled-back step
+
+
+def release_in_admin(client: Client, key: IdempotencyKey) -> Any:
+    data = {"action": "release_stuck_keys", "_selected_action": [str(key.pk)], "post": "yes"}
+    return client.post(reverse("admin:django_idempotency_idempotencykey_changelist"), data)
+
+
+def test_releasing_a_key_with_steps_keeps_them_for_its_retry(
+    strategy: str, admin_client: Client
+) -> None:
+    """The admin's release gives the claim back instead of deleting the row: the retry
+    takes it over at once and resumes after the steps that committed."""
+    views.FAIL_ONCE["h"] = "record"
+    assert post("k1", label="h").status_code == 500
+    # As a crashed worker leaves it: in progress under a live lease, one step committed.
+    IdempotencyKey.objects.filter(key="k1").update(locked_at=Now())
+    stuck = row("k1")
+    assert (stuck.status, stuck.recovery_point) == ("in_progress", "create")
+    assert release_in_admin(admin_client, stuck).status_code == 302
+    released = row("k1")
+    assert (released.recovery_point, released.steps) == ("create", stuck.steps)
+    assert released.claim_token != stuck.claim_token
+    retry = post("k1", label="h")
+    assert retry.status_code == 201, retry.content
+    assert retry.json()["resumed"] is True
+    assert effects("h") == {"create": 1, "record": 1, "receipt": 1}
+    assert names("k1") == STEPS
+
+
+def test_the_release_confirmation_says_a_key_with_steps_keeps_them(admin_client: Client) -> None:
+    stale = StaleKeyFactory(recovery_point="create", steps=STORED)
+    plain = StaleKeyFactory()
+    data = {"action": "release_stuck_keys", "_selected_action": [str(stale.pk), str(plain.pk)]}
+    page = admin_client.post(
+        reverse("admin:django_idempotency_idempotencykey_changelist"), data
+    ).content.decode()
+    assert "1 selected key has a recovery point: it is not deleted" in page
+    release_in_admin(admin_client, stale)
+    release_in_admin(admin_client, plain)
+    kept = IdempotencyKey.objects.get(pk=stale.pk)
+    assert (kept.status, kept.recovery_point, kept.steps) == ("in_progress", "create", STORED)
+    assert kept.claim_token != stale.claim_token
+    assert not IdempotencyKey.objects.filter(pk=plain.pk).exists()
+    entry = LogEntry.objects.get(object_id=str(stale.pk))
+    assert entry.action_flag == CHANGE and "recovery point" in entry.get_change_message()
