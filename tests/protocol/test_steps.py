@@ -10,6 +10,7 @@ import threading
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -250,3 +251,28 @@ def test_the_release_confirmation_says_a_key_with_steps_keeps_them(admin_client:
     assert not IdempotencyKey.objects.filter(pk=plain.pk).exists()
     entry = LogEntry.objects.get(object_id=str(stale.pk))
     assert entry.action_flag == CHANGE and "recovery point" in entry.get_change_message()
+
+
+def test_the_purge_keeps_a_lapsed_key_with_steps_until_its_ttl_is_over(strategy: str) -> None:
+    """A key left in progress with committed steps, its lease lapsed: the purge (command,
+    task) leaves it while its retry may still come, and the retry resumes; once its TTL is
+    over it is purged like any expired key."""
+    from django.core.management import call_command
+
+    from django_idempotency.tasks import purge_expired_keys
+
+    views.FAIL_ONCE["p"] = "record"
+    assert post("k1", label="p").status_code == 500
+    # k1: in progress, lease lapsed long ago (the claim was given back), one step done.
+    call_command("purge_idempotency_keys", verbosity=0)
+    assert purge_expired_keys() == 0
+    assert row("k1").recovery_point == "create"
+    retry = post("k1", label="p")
+    assert retry.status_code == 201 and retry.json()["resumed"] is True
+    assert effects("p") == {"create": 1, "record": 1, "receipt": 1}
+    # The same key given back again, its TTL over: purged.
+    IdempotencyKey.objects.filter(key="k1").update(
+        status="in_progress", expires_at=Now() - timedelta(seconds=1)
+    )
+    assert purge_expired_keys() == 1
+    assert not IdempotencyKey.objects.filter(key="k1").exists()
