@@ -276,3 +276,40 @@ def test_the_purge_keeps_a_lapsed_key_with_steps_until_its_ttl_is_over(strategy:
     )
     assert purge_expired_keys() == 1
     assert not IdempotencyKey.objects.filter(key="k1").exists()
+
+
+def test_a_key_released_while_its_request_still_runs_has_each_step_once() -> None:
+    """Under ``db``: the request is held in its second local step when the key is released;
+    the retry (the same request) takes the key over at once and reaches the same step; both
+    are let go together: the first request's step is fenced (409 lease-lost) and rolled
+    back, the retry completes. Each step took effect once."""
+    from ..support.waiting import wait_until
+
+    label = "released-live"
+    answers: dict[str, Any] = {}
+
+    def send(name: str) -> None:
+        try:
+            answers[name] = post("k1", label=label, hold="record")
+        finally:
+            connections.close_all()
+
+    with override_settings(IDEMPOTENCY={"STRATEGY": "db", "LOCK_TIMEOUT": 30}):
+        views.REMOTE_CALLS.clear()
+        first = threading.Thread(target=send, args=("first",))
+        first.start()
+        wait_for_key()  # the first step committed; the request waits in the second
+        assert IdempotencyKey.objects.release_stuck() == 1
+        retry = threading.Thread(target=send, args=("retry",))
+        retry.start()
+        # The retry took the key over and called the provider: it is at the held step too.
+        wait_until(lambda: len(views.REMOTE_CALLS) == 2, timeout=60)
+        holds.release(f"{label}:record")
+        first.join()
+        retry.join()
+    assert answers["retry"].status_code == 201, answers["retry"].content
+    assert answers["retry"].json()["resumed"] is True
+    assert_problem(answers["first"], 409, "lease-lost")
+    assert effects(label) == {"create": 1, "record": 1, "receipt": 1}
+    assert len({call[0] for call in views.REMOTE_CALLS}) == 1, "one downstream key"
+    assert row("k1").status == "completed"
