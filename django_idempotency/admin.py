@@ -19,7 +19,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.contrib.admin.models import DELETION, LogEntry
+from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import ImproperlyConfigured
 from django.db import models
@@ -473,11 +473,14 @@ class IdempotencyKeyAdmin(KeyDatabaseAdmin):
     def release_stuck_keys(
         self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]
     ) -> HttpResponse | None:
-        """Ask first; on confirmation delete the selected in-progress keys.
+        """Ask first; on confirmation release the selected in-progress keys.
 
-        A released key may be claimed again by a retry. If its original request is in
-        fact still running, that request fails to store its response (its claim
-        token is gone) and rolls its writes back, so the side effect still runs once.
+        A released key may be claimed again by a retry: a key without steps is deleted, a
+        key with a recovery point keeps its row and steps and only its claim is given
+        back, so that the retry resumes after the steps that committed (docs/steps.md).
+        If its original request is in fact still running, that request fails to store
+        its response or its next step (its claim token is gone) and rolls that
+        transaction back, so the side effect still runs once.
         """
         stuck = list(queryset.filter(status=IdempotencyKey.Status.IN_PROGRESS))
         if request.POST.get("post") == "yes":
@@ -492,6 +495,14 @@ class IdempotencyKeyAdmin(KeyDatabaseAdmin):
                 request,
                 [obj for obj in stuck if obj.pk not in left],
                 gettext("Released a stuck in-progress key (admin action)."),
+            )
+            _log_changes(
+                request,
+                [obj for obj in stuck if obj.pk in left and obj.recovery_point is not None],
+                gettext(
+                    "Released the claim of an in-progress key with steps; its recovery point "
+                    "and steps are kept for its retry (admin action)."
+                ),
             )
             self.message_user(
                 request,
@@ -532,6 +543,7 @@ class IdempotencyKeyAdmin(KeyDatabaseAdmin):
             "opts": opts,
             "app_label": opts.app_label,
             "stuck": [(obj, _lease_text(obj), self.age(obj)) for obj in stuck],
+            "with_steps": sum(obj.recovery_point is not None for obj in stuck),
             "skipped": queryset.exclude(status=IdempotencyKey.Status.IN_PROGRESS).count(),
             "queryset": queryset,
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
@@ -580,6 +592,18 @@ def _log_deletions(request: HttpRequest, objects: list[IdempotencyKey], message:
             user_id=user_id,
             queryset=objects,
             action_flag=DELETION,
+            change_message=message,
+        )
+
+
+def _log_changes(request: HttpRequest, objects: list[IdempotencyKey], message: str) -> None:
+    """One admin LogEntry per key changed in place (a released claim that kept its steps)."""
+    user_id = request.user.pk
+    if objects and user_id is not None:
+        LogEntry.objects.log_actions(
+            user_id=user_id,
+            queryset=objects,
+            action_flag=CHANGE,
             change_message=message,
         )
 

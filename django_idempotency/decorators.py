@@ -29,6 +29,8 @@ HANDLED_ATTR = "idempotency_handled"
 OPT_IN_ATTR = "idempotency_opt_in"
 #: Set by ``@idempotency_exempt``: the middleware never handles the view.
 EXEMPT_ATTR = "idempotency_exempt"
+#: Set on ``@idempotent``'s wrapper: the :class:`Options` it declares (for the checks).
+OPTIONS_ATTR = "idempotency_options"
 
 
 @overload
@@ -105,6 +107,7 @@ def idempotent(
 
             wrapper = sync_wrapper
         setattr(wrapper, HANDLED_ATTR, True)
+        setattr(wrapper, OPTIONS_ATTR, declared)
         return non_atomic(wrapper)  # type: ignore[return-value]
 
     if view is not None:

@@ -1,6 +1,7 @@
 """The checks of the URLconf's views: ``@idempotent`` around or inside DRF's ``@api_view``
-(E020, E021), and DRF views ``IdempotencyMiddleware`` cannot protect (E102, W101). Both walk
-the URLconf once each with :func:`views`."""
+(E020, E021), DRF views ``IdempotencyMiddleware`` cannot protect (E102, W101), and views
+with steps under a ``STRATEGY`` that does not run them (E091). Each walks the URLconf once
+with :func:`views`."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from django.db import connections
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from ..conf import conf
-from ..decorators import EXEMPT_ATTR, HANDLED_ATTR, OPT_IN_ATTR, OptIn
+from ..decorators import EXEMPT_ATTR, HANDLED_ATTR, OPT_IN_ATTR, OPTIONS_ATTR, OptIn
 from ..middleware import drf_view_class
 from . import ID
 from .middleware import PATH
@@ -193,3 +194,61 @@ def _unprotected_drf_view(name: str, route: str, callback: Any) -> CheckMessage 
             id=ID + "W101",
         )
     return None
+
+
+@register(Tags.urls)
+def check_steps_under_the_setting(**kwargs: Any) -> list[CheckMessage]:
+    """E091: a view of the URLconf declares ``steps=True`` without a strategy of its own
+    while the ``STRATEGY`` setting names one that does not run steps (``redis``,
+    ``hybrid``, a project's): every request of the view would be answered 503. (A view's
+    own strategy is checked when it is declared, E090.)"""
+    from ..strategies import load_strategy
+    from ..strategies.stepped import STEP_STRATEGIES, stepped
+
+    name = conf.STRATEGY
+    try:
+        if stepped(load_strategy(name)) is not None:
+            return []
+    except Exception:  # an unknown strategy: E006 says why
+        return []
+    messages: list[CheckMessage] = []
+    for route, callback in views():
+        steps, strategy = declared_steps(callback)
+        if steps is True and strategy is None:
+            messages.append(
+                Error(
+                    f"The view of URL {route!r} declares steps=True and runs under the "
+                    f"STRATEGY setting, {name!r}, which does not run a view in steps: "
+                    "every request of it is answered 503 store-unavailable.",
+                    hint=(
+                        f"Set IDEMPOTENCY['STRATEGY'] to one of {', '.join(STEP_STRATEGIES)}, "
+                        "or give the view a strategy of its own (strategy=..., "
+                        "idempotency_strategy); see docs/steps.md."
+                    ),
+                    obj=callback,
+                    id=ID + "E091",
+                )
+            )
+    return messages
+
+
+def declared_steps(callback: Any) -> tuple[Any, Any]:
+    """``(steps, strategy)`` as the view ``callback`` declares them: ``@idempotent``'s
+    (around it, or a function it wraps), ``@idempotency_opt_in``'s, or an
+    ``IdempotencyMixin`` view's (its ``as_view()`` keywords, else its class's); ``(None,
+    None)`` for a view that declares neither."""
+    func, seen = callback, 0
+    while func is not None and seen < 50:
+        options = getattr(func, OPTIONS_ATTR, None)
+        if options is None and isinstance(getattr(func, OPT_IN_ATTR, None), OptIn):
+            options = getattr(func, OPT_IN_ATTR).options
+        if options is not None:
+            return options.steps, options.strategy
+        func, seen = getattr(func, "__wrapped__", None), seen + 1
+    cls = drf_view_class(callback)
+    if cls is None or not uses_mixin(cls):
+        return None, None
+    initkwargs = getattr(callback, "view_initkwargs", None) or {}
+    steps = initkwargs.get("idempotency_steps", getattr(cls, "idempotency_steps", None))
+    strategy = initkwargs.get("idempotency_strategy", getattr(cls, "idempotency_strategy", None))
+    return steps, strategy

@@ -8,6 +8,7 @@ a queryset; ``delete_expired()`` and friends, used by the ``purge_expired_keys``
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any, Self, TypeVar
@@ -41,6 +42,10 @@ def _time(alias: str, at: datetime | None, before: timedelta | float | None = No
     if clock_in_sql(connections[alias]):
         return DatabaseNow() - before if before else DatabaseNow()
     return timezone.now() - before if before else timezone.now()
+
+
+#: How far back a released claim's lease is set: lapsed for any ``LOCK_TIMEOUT``.
+RELEASED_LEASE = timedelta(days=3650)
 
 
 #: How many times a batch is taken again after a transient conflict: on a partitioned key
@@ -109,12 +114,26 @@ class PurgeQuerySet(models.QuerySet[_Key]):
         )
 
     def release_stuck(self, pks: list[int] | None = None, *, using: str | None = None) -> int:
-        """Release in-progress keys by hand (the admin action); returns how many."""
+        """Release in-progress keys by hand (the admin action); returns how many.
+
+        A key without steps is deleted, so that a retry claims it afresh. A key whose
+        steps committed (it has a recovery point, docs/steps.md) keeps its row, its
+        recovery point and its steps: only its claim is given back (a token no one holds,
+        a lease that has lapsed), so that its retry takes it over at once and resumes
+        after those steps instead of running them again. Either way a request that still
+        holds the old token can no longer commit a step or its response."""
         queryset = self._table(database(using, self._db)).filter(status=IN_PROGRESS)
         if pks is not None:
             queryset = queryset.filter(pk__in=pks)
-        deleted, _ = queryset.delete()
-        return deleted
+        alias = database(using, self._db)
+        resumable = queryset.filter(recovery_point__isnull=False)
+        given_back = 0
+        for pk in list(resumable.values_list("pk", flat=True)):
+            given_back += resumable.filter(pk=pk).update(
+                claim_token=uuid.uuid4(), locked_at=_time(alias, None, RELEASED_LEASE)
+            )
+        deleted, _ = queryset.filter(recovery_point__isnull=True).delete()
+        return given_back + deleted
 
     def delete_expired(
         self,

@@ -5,6 +5,7 @@ from collections.abc import Callable
 from functools import wraps
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
@@ -103,10 +104,18 @@ def _send_receipt(charge_id: int) -> int:
     return Receipt.objects.create(charge_id=charge_id).pk
 
 
+#: Steps run under ``db`` and ``advisory_lock`` (docs/steps.md#strategies): under the
+#: project's ``STRATEGY`` when it is one of them, else (``redis``, ``hybrid``) under ``db``,
+#: a strategy of the view's own (check E091 refuses to start otherwise).
+STEPS_STRATEGY = (
+    None if settings.IDEMPOTENCY.get("STRATEGY", "db") in ("db", "advisory_lock") else "db"
+)
+
+
 @csrf_exempt
 @require_POST
 @api_user_required
-@idempotent(required=True, steps=True)
+@idempotent(required=True, steps=True, strategy=STEPS_STRATEGY)
 def stepped_charge(request: HttpRequest) -> JsonResponse:
     """POST {"amount": n, "currency": "EUR"}: a charge in four steps, each done once per
     key however often the request is retried and wherever it crashed: the charge row, the

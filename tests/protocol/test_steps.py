@@ -10,10 +10,13 @@ import threading
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import connections, transaction
+from django.db.models.functions import Now
 from django.test import Client, override_settings
 from django.urls import reverse
 
@@ -203,3 +206,110 @@ def test_a_step_marked_for_rollback_is_a_503_and_not_recorded(strategy: str) -> 
     assert_problem(response, 503, "store-unavailable")
     assert effects("doomed") == {"create": 1}
     assert names("k1") == ["create"]  # kept for the retry, without the rolled-back step
+
+
+def release_in_admin(client: Client, key: IdempotencyKey) -> Any:
+    data = {"action": "release_stuck_keys", "_selected_action": [str(key.pk)], "post": "yes"}
+    return client.post(reverse("admin:django_idempotency_idempotencykey_changelist"), data)
+
+
+def test_releasing_a_key_with_steps_keeps_them_for_its_retry(
+    strategy: str, admin_client: Client
+) -> None:
+    """The admin's release gives the claim back instead of deleting the row: the retry
+    takes it over at once and resumes after the steps that committed."""
+    views.FAIL_ONCE["h"] = "record"
+    assert post("k1", label="h").status_code == 500
+    # As a crashed worker leaves it: in progress under a live lease, one step committed.
+    IdempotencyKey.objects.filter(key="k1").update(locked_at=Now())
+    stuck = row("k1")
+    assert (stuck.status, stuck.recovery_point) == ("in_progress", "create")
+    assert release_in_admin(admin_client, stuck).status_code == 302
+    released = row("k1")
+    assert (released.recovery_point, released.steps) == ("create", stuck.steps)
+    assert released.claim_token != stuck.claim_token
+    retry = post("k1", label="h")
+    assert retry.status_code == 201, retry.content
+    assert retry.json()["resumed"] is True
+    assert effects("h") == {"create": 1, "record": 1, "receipt": 1}
+    assert names("k1") == STEPS
+
+
+def test_the_release_confirmation_says_a_key_with_steps_keeps_them(admin_client: Client) -> None:
+    stale = StaleKeyFactory(recovery_point="create", steps=STORED)
+    plain = StaleKeyFactory()
+    data = {"action": "release_stuck_keys", "_selected_action": [str(stale.pk), str(plain.pk)]}
+    page = admin_client.post(
+        reverse("admin:django_idempotency_idempotencykey_changelist"), data
+    ).content.decode()
+    assert "1 selected key has a recovery point: it is not deleted" in page
+    release_in_admin(admin_client, stale)
+    release_in_admin(admin_client, plain)
+    kept = IdempotencyKey.objects.get(pk=stale.pk)
+    assert (kept.status, kept.recovery_point, kept.steps) == ("in_progress", "create", STORED)
+    assert kept.claim_token != stale.claim_token
+    assert not IdempotencyKey.objects.filter(pk=plain.pk).exists()
+    entry = LogEntry.objects.get(object_id=str(stale.pk))
+    assert entry.action_flag == CHANGE and "recovery point" in entry.get_change_message()
+
+
+def test_the_purge_keeps_a_lapsed_key_with_steps_until_its_ttl_is_over(strategy: str) -> None:
+    """A key left in progress with committed steps, its lease lapsed: the purge (command,
+    task) leaves it while its retry may still come, and the retry resumes; once its TTL is
+    over it is purged like any expired key."""
+    from django.core.management import call_command
+
+    from django_idempotency.tasks import purge_expired_keys
+
+    views.FAIL_ONCE["p"] = "record"
+    assert post("k1", label="p").status_code == 500
+    # k1: in progress, lease lapsed long ago (the claim was given back), one step done.
+    call_command("purge_idempotency_keys", verbosity=0)
+    assert purge_expired_keys() == 0
+    assert row("k1").recovery_point == "create"
+    retry = post("k1", label="p")
+    assert retry.status_code == 201 and retry.json()["resumed"] is True
+    assert effects("p") == {"create": 1, "record": 1, "receipt": 1}
+    # The same key given back again, its TTL over: purged.
+    IdempotencyKey.objects.filter(key="k1").update(
+        status="in_progress", expires_at=Now() - timedelta(seconds=1)
+    )
+    assert purge_expired_keys() == 1
+    assert not IdempotencyKey.objects.filter(key="k1").exists()
+
+
+def test_a_key_released_while_its_request_still_runs_has_each_step_once() -> None:
+    """Under ``db``: the request is held in its second local step when the key is released;
+    the retry (the same request) takes the key over at once and reaches the same step; both
+    are let go together: the first request's step is fenced (409 lease-lost) and rolled
+    back, the retry completes. Each step took effect once."""
+    from ..support.waiting import wait_until
+
+    label = "released-live"
+    answers: dict[str, Any] = {}
+
+    def send(name: str) -> None:
+        try:
+            answers[name] = post("k1", label=label, hold="record")
+        finally:
+            connections.close_all()
+
+    with override_settings(IDEMPOTENCY={"STRATEGY": "db", "LOCK_TIMEOUT": 30}):
+        views.REMOTE_CALLS.clear()
+        first = threading.Thread(target=send, args=("first",))
+        first.start()
+        wait_for_key()  # the first step committed; the request waits in the second
+        assert IdempotencyKey.objects.release_stuck() == 1
+        retry = threading.Thread(target=send, args=("retry",))
+        retry.start()
+        # The retry took the key over and called the provider: it is at the held step too.
+        wait_until(lambda: len(views.REMOTE_CALLS) == 2, timeout=60)
+        holds.release(f"{label}:record")
+        first.join()
+        retry.join()
+    assert answers["retry"].status_code == 201, answers["retry"].content
+    assert answers["retry"].json()["resumed"] is True
+    assert_problem(answers["first"], 409, "lease-lost")
+    assert effects(label) == {"create": 1, "record": 1, "receipt": 1}
+    assert len({call[0] for call in views.REMOTE_CALLS}) == 1, "one downstream key"
+    assert row("k1").status == "completed"
