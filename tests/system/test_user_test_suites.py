@@ -176,8 +176,8 @@ class InsideTheTestsOwnTransaction(OnCommitCase):
                 with self.captureOnCommitCallbacks(using=self.alias) as seen:
                     with transaction.atomic(using=self.alias):
                         assert self.post(entry, key).status_code == 201
-                        # hybrid: not before that "COMMIT"; redis: its store is the record
-                        assert self.completed(key) is (self.strategy == "redis")
+                        # not before that "COMMIT" (redis: prepared until then)
+                        assert self.completed(key) is False
                     assert self.completed(key) is True
                 assert len(seen) == 1, seen
 
@@ -230,18 +230,11 @@ class TestHybridInsideTheTestsOwnTransaction(InsideTheTestsOwnTransaction):
 
 @pytest.mark.redis
 class TestRedisInsideTheTestsOwnTransactionOnSqlite(InsideTheTestsOwnTransaction):
-    """The redis strategy completes its record before the COMMIT: only its waiters wait."""
+    """The redis strategy's record stays prepared until that "COMMIT", as hybrid's waits."""
 
     __test__ = True
     strategy = "redis"
     alias = "sqlite"
-
-    def test_a_rollback_in_between_drops_the_work(self) -> None:
-        """Here the record was completed before: what waits is the wake-up only."""
-        key = uuid.uuid4().hex
-        with transaction.atomic(using=self.alias):
-            assert self.post("drf", key).status_code == 201
-            assert self.completed(key) is True
 
 
 # -- outside a TestCase: the connection's outermost transaction, or a project's own ----------
