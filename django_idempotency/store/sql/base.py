@@ -74,10 +74,11 @@ class BaseDialect:
     #: connection's socket: :mod:`~django_idempotency.store.sql.deadline`); elsewhere the
     #: driver has a read timeout of its own.
     cut_on_timeout = False
-    #: The id of the connection's transaction (assigning one), whose outcome
-    #: :attr:`transaction_status_sql` tells afterwards, even from another connection and
-    #: after its owner died; "": the database cannot tell it (the ``redis`` strategy's
-    #: prepared completion is then unknown until confirmed: docs/redis.md).
+    #: The id of the connection's transaction, whose outcome :attr:`transaction_status_sql`
+    #: tells afterwards, even from another connection and after its owner died; 0 when the
+    #: transaction has written nothing (it has no id, and its COMMIT makes nothing
+    #: durable); "": the database cannot tell it (the ``redis`` strategy's prepared
+    #: completion is then unknown until confirmed: docs/redis.md).
     transaction_id_sql = ""
     #: ``committed``, ``aborted``, ``in progress`` or NULL (too old to know) for the
     #: transaction id of one ``%s`` parameter.

@@ -46,7 +46,9 @@ class PostgreSQLDialect(BaseDialect):
     fences_in_outbox_add = True
     moves_in_statement = True
     # PostgreSQL 10+; txid_status() answers from the commit log (pg_xact) of the cluster.
-    transaction_id_sql = "SELECT txid_current()"
+    # A transaction that wrote nothing has no id, and is not given one (an id would make
+    # its COMMIT a write: a WAL record, an id consumed towards wraparound).
+    transaction_id_sql = "SELECT COALESCE(txid_current_if_assigned(), 0)"
     transaction_status_sql = "SELECT txid_status(%s)"
 
 

@@ -19,6 +19,10 @@ from .statements import features_of
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
+#: The transaction id of a transaction that has written nothing: there is nothing its
+#: COMMIT could make durable or lose.
+NOTHING_WRITTEN = 0
+
 COMMITTED = "committed"
 ABORTED = "aborted"
 IN_PROGRESS = "in progress"
@@ -27,9 +31,9 @@ UNKNOWN = "unknown"
 
 
 def transaction_id(connection: BaseDatabaseWrapper) -> int | None:
-    """The id of ``connection``'s open transaction (one is assigned if it had none yet: a
-    transaction that wrote nothing then commits a record too); None where the database
-    cannot tell a transaction's outcome later. Raises ``DatabaseError``."""
+    """The id of ``connection``'s open transaction; :data:`NOTHING_WRITTEN` when it has
+    written nothing (none is assigned: that would make its COMMIT a write); None where the
+    database cannot tell a transaction's outcome later. Raises ``DatabaseError``."""
     sql = features_of(connection).transaction_id_sql
     if not sql:
         return None

@@ -76,17 +76,18 @@ class RedisClaim(Claim):
         """The response into Redis, as the last step before COMMIT: *prepared*, with the
         id of the view's transaction (one statement more on PostgreSQL), so that a retry
         that finds it before its confirmation asks the database whether it committed
-        (:mod:`.prepared`). Without a transaction (the view's writes are durable already)
-        it is stored completed."""
+        (:mod:`.prepared`). Without a transaction (the view's writes are durable already),
+        or in one that wrote nothing (nothing for its COMMIT to lose), it is stored
+        completed."""
         a = self.attempt
         connection = connections[a.database]
-        self.prepared = connection.in_atomic_block
         xid = None
-        if self.prepared:
+        if connection.in_atomic_block:
             try:
                 xid = xact.transaction_id(connection)
             except DatabaseError as exc:
                 raise store_failed(exc, committing=False) from exc
+        self.prepared = connection.in_atomic_block and xid != xact.NOTHING_WRITTEN
         try:
             stored = resend_once(
                 lambda: self.redis.complete(

@@ -183,3 +183,43 @@ def test_what_a_new_key_costs_in_redis(
     assert sent == {"set": 1, "evalsha": 2}, calls
     assert Counter(commands) - sent == in_scripts, calls
     client.close()
+
+
+def _stored_in(atomic_work: Any) -> tuple[Any, int | None]:
+    """A claim completed as the lifecycle does at the end of a view run in a transaction
+    with ``atomic_work`` done in it: (the record in Redis before COMMIT, the id PostgreSQL
+    gave that transaction, None if none)."""
+    from django.db import connection, transaction
+
+    attempt = _attempt()
+    claim = RedisStrategy().claim(attempt)
+    assert isinstance(claim, RedisClaim)
+    with transaction.atomic():
+        atomic_work()
+        claim.store(RESPONSE, commit=True)
+        record = get_store().get(redis_scope(attempt), attempt.key)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT txid_current_if_assigned()")
+            xid = cursor.fetchone()[0]
+    claim.after_commit()
+    confirmed = get_store().get(redis_scope(attempt), attempt.key)
+    assert confirmed is not None and confirmed.completed
+    return record, xid
+
+
+def test_a_transaction_that_wrote_is_named_by_the_prepared_record(on_shared_redis: Any) -> None:
+    from ...testapp.models import SideEffect
+
+    record, xid = _stored_in(lambda: SideEffect.objects.create(label="written"))
+    assert record.prepared and xid is not None and record.xid == xid
+
+
+def test_a_transaction_that_wrote_nothing_is_completed_at_once_and_given_no_id(
+    on_shared_redis: Any,
+) -> None:
+    """Nothing for its COMMIT to make durable or lose: the record is stored completed, and
+    the transaction is not made a write (no id, no commit record) to name it."""
+    from ...testapp.models import SideEffect
+
+    record, xid = _stored_in(lambda: SideEffect.objects.exists())
+    assert record.completed and xid is None
