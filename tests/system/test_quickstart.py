@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,15 +39,16 @@ def test_no_block_sends_to_the_example_on_a_port_of_its_own() -> None:
         assert not re.findall(r"curl [^\n]*127\.0\.0\.1", text), page
 
 
-def run(block: str, port: int) -> str:
+def run(block: str, port: int, path: str = "") -> str:
     """``block`` run by bash with ``PORT`` set (as the reader exported it), at the start of
-    a second of its own (the blocks name their keys after the clock's second); its output."""
+    a second of its own (the blocks name their keys after the clock's second); its output.
+    ``path``: a directory searched for commands first."""
     time.sleep(1.05 - time.time() % 1)
     curl = shutil.which("curl")
     assert curl is not None, "the quick start needs curl"
     result = subprocess.run(
         ["bash", "-euo", "pipefail", "-c", block],
-        env={"PATH": os.environ["PATH"], "PORT": str(port)},
+        env={"PATH": os.pathsep.join(filter(None, [path, os.environ["PATH"]])), "PORT": str(port)},
         capture_output=True,
         text=True,
         timeout=60,
@@ -106,9 +108,35 @@ def test_the_curls_answer_as_their_comments_say(page: Path, server: ExampleServe
         assert f"/problems/{slug}" in output
 
 
+#: A ``sleep`` for the 409 block: the reader's "sleep 1" stands for "until the first request
+#: holds the key", which is what this one waits for (a key in progress in the example's
+#: database), however long the first curl takes to be served on a busy machine.
+UNTIL_CLAIMED = """#!{python}
+import sqlite3, time
+deadline = time.monotonic() + 120
+while time.monotonic() < deadline:
+    with sqlite3.connect({path!r}) as db:
+        held = db.execute(
+            "SELECT count(*) FROM django_idempotency_idempotencykey WHERE status = 'in_progress'"
+        ).fetchone()[0]
+    if held:
+        break
+    time.sleep(0.02)
+"""
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
-def test_the_409_block(page: Path, slow_server: ExampleServer) -> None:
-    output = run(bash_blocks(page)[1], slow_server.port)
+def test_the_409_block(
+    page: Path, slow_server: ExampleServer, database: str, tmp_path: Path
+) -> None:
+    """The second curl meets the first request in progress (its provider takes 3 s)."""
+    block = bash_blocks(page)[1]
+    assert "\nsleep 1\n" in block
+    sleep = tmp_path / "sleep"
+    db_path = database.removeprefix("sqlite:///")
+    sleep.write_text(UNTIL_CLAIMED.format(python=sys.executable, path=db_path))
+    sleep.chmod(0o755)
+    output = run(block, slow_server.port, path=str(tmp_path))
     assert statuses(output) == [409], output
     assert headers_named(output, "Retry-After") == ["1"], output
     assert "/problems/request-in-progress" in output
