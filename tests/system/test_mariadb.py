@@ -276,7 +276,8 @@ def test_a_real_deadlock_is_transient() -> None:
 
             waiting = threading.Thread(target=cross)
             waiting.start()
-            _wait_for_lock_wait(other_id)
+            _wait_for_lock_wait(other_id, waiting)
+            assert waiting.is_alive(), f"the cross update ended before it waited: {errors}"
             try:
                 with connection.cursor() as mine:
                     mine.execute(f"UPDATE {KEYS} SET fingerprint = 'y' WHERE id = %s", [second.pk])
@@ -292,13 +293,15 @@ def test_a_real_deadlock_is_transient() -> None:
         assert error.args[0] == 1213
 
 
-def _wait_for_lock_wait(waiter: int, timeout: float = 120.0) -> None:
+def _wait_for_lock_wait(waiter: int, thread: threading.Thread, timeout: float = 120.0) -> None:
     """Until the transaction of the connection whose thread id is ``waiter`` waits for a
-    row lock (that one: the server is shared, another's lock wait says nothing).
-    ``timeout`` only tells a hang."""
+    row lock (that one: the server is shared, another's lock wait says nothing), or
+    ``thread``, which sent its statement, has ended (it failed instead of waiting: the
+    caller tells why). ``timeout`` only tells a hang."""
     from ..support.waiting import wait_until
 
     with server_connection() as watcher:
+        watcher.autocommit(True)  # each poll a statement of its own
         cursor = watcher.cursor()
 
         def waiting() -> bool:
@@ -309,7 +312,7 @@ def _wait_for_lock_wait(waiter: int, timeout: float = 120.0) -> None:
             )
             return bool(cursor.fetchone()[0])
 
-        wait_until(waiting, timeout=timeout)
+        wait_until(lambda: waiting() or not thread.is_alive(), timeout=timeout)
 
 
 @pytest.mark.django_db(databases=["mariadb"], transaction=True)
