@@ -330,6 +330,18 @@ class RedisClusterNodes:
                 ports.append(int(parts[1].split("@")[0].rsplit(":", 1)[1]))
         return sorted(ports)
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Every primary stopped (SIGSTOP) for the block, then resumed: a hung cluster. No
+        replica takes over, however long the block: a failover needs the votes of a majority
+        of the primaries, and none of them runs."""
+        ports = set(self.primaries())
+        with contextlib.ExitStack() as stack:
+            for node in self.nodes:
+                if node.port in ports:
+                    stack.enter_context(node.paused())
+            yield
+
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()

@@ -40,8 +40,8 @@ from ...store.status import COMPLETED, IN_PROGRESS
 from ...values.attempt import Attempt
 from ...values.keys import key_digest
 from ...values.response import StoredResponse
+from .outcome import ClusterClient, failure
 from .outcome import RedisUnavailable as RedisUnavailable  # re-exported: the name callers know
-from .outcome import failure
 
 RedisClient = Union[redis.Redis, RedisCluster]  # noqa: UP007 - a runtime alias
 
@@ -106,15 +106,14 @@ def _connect(ident: tuple[str, str, bool], timeout: float) -> RedisClient:
     options: dict[str, Any] = {
         "socket_timeout": timeout,
         "socket_connect_timeout": timeout,
+        "retry": Retry(NoBackoff(), 0),
     }
     if cluster:
-        # One quick retry lets the client follow a failover to a new primary.
-        options["retry"] = Retry(NoBackoff(), 1)
+        # ClusterClient tries once more when nothing was sent: it follows a failover.
         try:
-            return RedisCluster.from_url(target, **options)
+            return ClusterClient.from_url(target, **options)
         except REDIS_ERRORS as exc:
             raise RedisUnavailable(f"cannot reach the Redis Cluster at {_safe(target)}") from exc
-    options["retry"] = Retry(NoBackoff(), 0)
     return redis.Redis.from_url(target, **options)
 
 

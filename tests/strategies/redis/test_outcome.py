@@ -18,9 +18,9 @@ from django_idempotency.strategies.redis.outcome import (
     not_sent,
     resend_once,
 )
-from django_idempotency.strategies.redis.store import RedisStore
+from django_idempotency.strategies.redis.store import RedisStore, _connect
 
-from ...support.redis_servers import Blackhole, RedisServer, closed_port_url
+from ...support.redis_servers import Blackhole, RedisClusterNodes, RedisServer, closed_port_url
 from ...support.waiting import wait_until
 
 pytestmark = pytest.mark.redis
@@ -58,6 +58,55 @@ def test_a_claim_sent_to_a_stopped_server_is_unknown_and_applied_once_it_runs(
     # Sent again with the same token, the claim finds itself.
     won, found = _claim(store, "k", token)
     assert not won and found is not None and found.token == token  # type: ignore[attr-defined]
+
+
+@pytest.mark.redis_cluster
+def test_a_claim_a_cluster_client_retried_into_a_hung_connect_is_unknown(
+    redis_cluster: RedisClusterNodes, redis_prefix: str
+) -> None:
+    """Every primary hangs: the claim is sent and its reply times out. The Cluster client
+    does not send it again on a new connection (whose login would time out too, an error
+    from before a command was sent that would pass for the whole outcome): unknown, and
+    applied once the primaries run again."""
+    client = _connect(("url", redis_cluster.url, True), 0.25)
+    try:
+        store = RedisStore(client, redis_prefix)
+        store.get("s", "k")  # connected: the claim itself is what is sent to the stopped server
+        token = uuid.uuid4().hex
+        with redis_cluster.paused(), pytest.raises(RedisOutcomeUnknown):
+            _claim(store, "k", token)
+        wait_until(lambda: store.get("s", "k") is not None)
+        record = store.get("s", "k")
+        assert record is not None and record.token == token
+    finally:
+        client.close()
+
+
+def _raised_while_handling(earlier: BaseException, error: BaseException) -> BaseException:
+    """``error`` as raised inside an ``except`` block that handles ``earlier``."""
+    try:
+        try:
+            raise earlier
+        except BaseException:
+            raise error  # noqa: B904 (the implicit context is the point)
+    except BaseException as raised:
+        return raised
+
+
+def test_an_unknown_outcome_stays_unknown_through_a_later_failure_to_connect() -> None:
+    """The chain of errors a client's own retries leave: one sent and unanswered, then one
+    while connecting again: unknown. Errors that are not Redis's in the chain (what the
+    caller was handling) say nothing of the command."""
+    retried = _raised_while_handling(
+        TimeoutError("Timeout reading from 127.0.0.1:6379"),
+        TimeoutError("Timeout connecting to server"),
+    )
+    assert not not_sent(retried) and isinstance(failure(retried), RedisOutcomeUnknown)
+    refused = _raised_while_handling(
+        ValueError("the view's own error, being handled"),
+        TimeoutError("Timeout connecting to server"),
+    )
+    assert not_sent(refused) and not isinstance(failure(refused), RedisOutcomeUnknown)
 
 
 def test_a_connection_that_never_opens_did_nothing(redis_prefix: str) -> None:
