@@ -1,13 +1,15 @@
 """The checks of the strategy against where it keeps its keys: the keys' database
-(E005-E008, E033, E034), Redis (E011, E012), waiting (E050, W014), a hung database (W015)."""
+(E005-E008, E033, E034), Redis (E011, E012), waiting (E050, W014), a hung database (W015,
+and W016 with ``--deploy``)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Warning
+from django.core.checks import CheckMessage, Error, Warning, register
 
 from ..conf import conf
 from ..errors import STRATEGY_HINT, ImproperlyConfiguredStrategy
@@ -255,6 +257,39 @@ def _check_database_timeout() -> list[CheckMessage]:
             id=ID + "W015",
         )
     ]
+
+
+@register("idempotency_stores", deploy=True)
+def check_connect_timeout(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """W016 (``check --deploy``): a PostgreSQL key database that gives a new connection no
+    ``connect_timeout``. ``DATABASE_TIMEOUT`` bounds statements, not connecting: a server
+    that hangs (its kernel accepts, nothing answers) keeps each request that opens a
+    connection to it waiting for psycopg's default (130 s), libpq's (forever) for psycopg2."""
+    from django.db import connections
+
+    from ..store.sql.statements import features_of
+
+    if os.environ.get("PGCONNECT_TIMEOUT"):
+        return []
+    return [
+        Warning(
+            f"DATABASES[{alias!r}] gives a new PostgreSQL connection no connect_timeout: a "
+            f"server that hangs keeps every request that connects to it waiting, beyond "
+            f"IDEMPOTENCY['DATABASE_TIMEOUT'], which bounds statements only.",
+            hint=f"Set DATABASES[{alias!r}]['OPTIONS']['connect_timeout'] (5, for example); "
+            "see docs/operations.md, 'A database that hangs'.",
+            id=ID + "W016",
+        )
+        for alias in conf.KEY_DATABASES
+        if alias in settings.DATABASES
+        and features_of(connections[alias]).cut_on_timeout
+        and not _options(alias).get("connect_timeout")
+    ]
+
+
+def _options(alias: str) -> dict[str, Any]:
+    options = settings.DATABASES[alias].get("OPTIONS")
+    return options if isinstance(options, dict) else {}
 
 
 #: This module's validators of the settings (see ``settings.SETTINGS_VALIDATORS``).
