@@ -6,6 +6,7 @@
 * ``private_redis``: a private ``redis-server`` for the session, which tests may kill and
   restart (``private_redis.kill()`` / ``.start()``); it is stopped at the end.
 * ``redis_cluster``: a private 6-node Redis Cluster (3 primaries, 3 replicas) for the session.
+* ``proxied_redis_cluster``: another, whose clients reach each node through a proxy.
 * ``redis_settings``: a callable that points ``IDEMPOTENCY`` at a Redis and returns the dict.
 """
 
@@ -50,6 +51,16 @@ def running_private_redis(private_redis: RedisServer) -> RedisServer:
 @pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[RedisClusterNodes]:
     cluster = RedisClusterNodes().start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def proxied_redis_cluster() -> Iterator[RedisClusterNodes]:
+    """A cluster whose clients reach each node through a proxy (``silenced()``)."""
+    cluster = RedisClusterNodes(proxied=True).start()
     try:
         yield cluster
     finally:

@@ -28,6 +28,7 @@ from typing import Any
 import redis
 
 from .ports import free_port
+from .proxy import FaultProxy
 from .tls import TlsFiles
 
 
@@ -240,15 +241,39 @@ def wait_replicated(port: int, timeout: float = 20) -> None:
 
 @dataclass
 class RedisClusterNodes:
-    """Six private cluster nodes: 3 primaries with one replica each."""
+    """Six private cluster nodes: 3 primaries with one replica each.
+
+    ``proxied``: each node announces, as the address its clients reach it at, a
+    :class:`~tests.support.proxy.FaultProxy` in front of it (``cluster-announce-port``, as
+    behind a NAT), so that a test can slow down or silence the whole cluster's traffic
+    with its clients (:attr:`proxies`); the cluster bus between the nodes is direct."""
 
     nodes: list[RedisServer] = field(default_factory=list)
+    proxied: bool = False
+    #: The proxy in front of each node, by the node's own port (``proxied`` only).
+    proxies: dict[int, FaultProxy] = field(default_factory=dict)
     _tmp: tempfile.TemporaryDirectory[str] | None = field(default=None, repr=False)
 
     @property
     def url(self) -> str:
-        """A startup node for ``RedisCluster.from_url``."""
-        return self.nodes[0].url
+        """A startup node for ``RedisCluster.from_url`` (through its proxy when proxied)."""
+        first = self.nodes[0]
+        proxy = self.proxies.get(first.port)
+        return first.url if proxy is None else f"redis://127.0.0.1:{proxy.port}/0"
+
+    def _announce(self, port: int) -> tuple[str, ...]:
+        """The node's options that announce its proxy (none when not proxied)."""
+        if not self.proxied:
+            return ()
+        proxy = self.proxies[port] = FaultProxy("127.0.0.1", port).start()
+        return (
+            "--cluster-announce-ip",
+            "127.0.0.1",
+            "--cluster-announce-port",
+            str(proxy.port),
+            "--cluster-announce-bus-port",
+            str(port + 10000),
+        )
 
     def start(self, count: int = 6, timeout: float = 60) -> RedisClusterNodes:
         self._tmp = tempfile.TemporaryDirectory(prefix="idem-redis-cluster-")
@@ -268,6 +293,7 @@ class RedisClusterNodes:
                         str(directory / "nodes.conf"),
                         "--cluster-node-timeout",
                         "2000",
+                        *self._announce(port),
                     ),
                 )
                 self.nodes.append(node)
@@ -321,14 +347,29 @@ class RedisClusterNodes:
             node.delete_user(name)
 
     def primaries(self) -> list[int]:
-        """The ports of the primaries that own slots."""
+        """The ports of the primaries that own slots (their own, not their proxies')."""
         out = _cli(self.nodes[0].port, "CLUSTER", "NODES")
+        behind = {proxy.port: port for port, proxy in self.proxies.items()}
         ports = []
         for line in out.splitlines():
             parts = line.split()
             if len(parts) >= 9 and "master" in parts[2] and "fail" not in parts[2]:
-                ports.append(int(parts[1].split("@")[0].rsplit(":", 1)[1]))
+                port = int(parts[1].split("@")[0].rsplit(":", 1)[1])
+                ports.append(behind.get(port, port))
         return sorted(ports)
+
+    @contextlib.contextmanager
+    def silenced(self) -> Iterator[None]:
+        """Every proxy silent for the block (``proxied`` only): the clients' commands are
+        held, unanswered, and delivered when the block ends."""
+        assert self.proxies, "not a proxied cluster"
+        for proxy in self.proxies.values():
+            proxy.silence()
+        try:
+            yield
+        finally:
+            for proxy in self.proxies.values():
+                proxy.heal()
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -346,6 +387,9 @@ class RedisClusterNodes:
         for node in self.nodes:
             node.stop()
         self.nodes.clear()
+        for proxy in self.proxies.values():
+            proxy.stop()
+        self.proxies.clear()
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None

@@ -47,7 +47,7 @@ from ..support.api import replayed
 from ..support.assertions import problem_slug
 from ..support.mariadb import with_mariadb
 from ..support.proxy import FaultProxy, through_proxy
-from ..support.redis_servers import RedisServer
+from ..support.redis_servers import RedisClusterNodes, RedisServer
 from ..support.waiting import wait_until
 
 pytestmark = [
@@ -86,6 +86,7 @@ CELLS = (
     "redis-silent-during-claim",
     "redis-hung-during-claim",
     "redis-cluster-hung-during-claim",
+    "redis-cluster-silent-during-claim",
 )
 
 
@@ -815,6 +816,35 @@ def test_redis_cluster_hung_during_claim(setup: Setup, settings: Any, client: AP
             first = requester.ask(key)
             duplicate = requester.ask(key)
         # Sent on a connection already open: its outcome is unknown, never "Redis is down".
+        assert first.status_code == 503 and problem_slug(first) == "store-unavailable"
+        after_redis_fault(setup, requester, key, first, duplicate)
+    finally:
+        requester.stop()
+
+
+@pytest.mark.parametrize("setup", CLUSTER, indirect=True)
+def test_redis_cluster_silent_during_claim(
+    setup: Setup, settings: Any, client: APIClient, proxied_redis_cluster: RedisClusterNodes
+) -> None:
+    """The path to every node of the Cluster falls silent (a proxy in front of each, which
+    the nodes announce as their address), the sockets open, during the claim and its
+    duplicate; the client is connected to every primary first, so that the claim is sent,
+    and is applied when the path heals: its outcome is unknown. The view runs once across
+    them all (under ``redis``, the limit of its ``db`` fallback: :func:`after_redis_fault`)."""
+    settings.IDEMPOTENCY = {
+        **settings.IDEMPOTENCY,
+        "REDIS_URL": proxied_redis_cluster.url,
+        "LOCK_TIMEOUT": 3,
+    }
+    strategies.reset()
+    redis_store.reset_clients()
+    redis_store.get_store().client.ping(target_nodes=RedisCluster.PRIMARIES)
+    requester = faults.Requester(client)
+    try:
+        key = faults.new_key()
+        with proxied_redis_cluster.silenced():
+            first = requester.ask(key)
+            duplicate = requester.ask(key)
         assert first.status_code == 503 and problem_slug(first) == "store-unavailable"
         after_redis_fault(setup, requester, key, first, duplicate)
     finally:

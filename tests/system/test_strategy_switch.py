@@ -138,3 +138,39 @@ def test_expiry_never_deletes_the_newer_record_of_a_key(
     assert replay.status_code == 201 and replay[REPLAYED_HEADER] == "true"
     assert replay.content == second.content
     assert runs() == 2
+
+
+#: Both directions between the two strategies that keep their records in Redis.
+REDIS_SWITCHES = [("redis", "hybrid"), ("hybrid", "redis")]
+
+
+@pytest.mark.parametrize(
+    ("old", "new"), REDIS_SWITCHES, ids=[f"{o}-to-{n}" for o, n in REDIS_SWITCHES]
+)
+def test_a_switch_between_redis_and_hybrid_keeps_every_answer(
+    old: str, new: str, redis_prefix: str, shared_redis_url: str
+) -> None:
+    """``STRATEGY`` switched between ``redis`` and ``hybrid`` (docs/operations.md advises
+    the switch to ``hybrid`` when Redis cannot be trusted): a key completed before the
+    switch is replayed after it, and another body with that key gets the ``422``; the view
+    ran once."""
+    settings = {
+        "REDIS_URL": shared_redis_url,
+        "REDIS_KEY_PREFIX": redis_prefix,
+        "HYBRID_DB_CHECK": "always",
+    }
+    with override_settings(IDEMPOTENCY={**settings, "STRATEGY": old}):
+        first = post("switch-" + old)
+    assert first.status_code == 201 and REPLAYED_HEADER not in first
+    with override_settings(IDEMPOTENCY={**settings, "STRATEGY": new}):
+        replay = post("switch-" + old)
+        reused = Client(raise_request_exception=False).post(
+            "/t/fn/",
+            json.dumps({"a": 2}),
+            content_type="application/json",
+            HTTP_IDEMPOTENCY_KEY="switch-" + old,
+        )
+    assert replay.status_code == 201 and replay[REPLAYED_HEADER] == "true"
+    assert replay.content == first.content
+    assert reused.status_code == 422, reused.content
+    assert runs() == 1
