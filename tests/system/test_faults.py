@@ -83,6 +83,7 @@ CELLS = (
     "database-silent-during-completion",
     "database-reset-during-completion",
     "redis-slow",
+    "redis-cluster-slow",
     "redis-silent-during-claim",
     "redis-hung-during-claim",
     "redis-cluster-hung-during-claim",
@@ -760,11 +761,54 @@ def after_redis_fault(setup: Setup, requester: faults.Requester, key: str, *earl
     check(setup, key, *early, final, again)
 
 
+#: REDIS_SOCKET_TIMEOUT of the slow cells: far above their latency, on a busy machine too.
+SLOW_REDIS_TIMEOUT = 2
+
+
 @pytest.mark.parametrize("setup", NODE, indirect=True)
-def test_redis_slow(setup: Setup, redis_proxied: tuple[FaultProxy, faults.Requester]) -> None:
+def test_redis_slow(
+    setup: Setup, settings: Any, redis_proxied: tuple[FaultProxy, faults.Requester]
+) -> None:
     """Every round trip to Redis 20 to 60 ms late (below REDIS_SOCKET_TIMEOUT): the view
     runs once, the retry replays it."""
+    settings.IDEMPOTENCY = {**settings.IDEMPOTENCY, "REDIS_SOCKET_TIMEOUT": SLOW_REDIS_TIMEOUT}
+    redis_store.reset_clients()
     runs_once_when_slow(setup, *redis_proxied)
+
+
+def through_cluster_proxies(settings: Any, cluster: RedisClusterNodes, **more: Any) -> None:
+    """The settings' Redis is ``cluster`` (reached through its proxies), with ``more``; the
+    client connected to every primary, so that a claim is sent on a connection already open."""
+    settings.IDEMPOTENCY = {**settings.IDEMPOTENCY, "REDIS_URL": cluster.url, **more}
+    strategies.reset()
+    redis_store.reset_clients()
+    redis_store.get_store().client.ping(target_nodes=RedisCluster.PRIMARIES)
+
+
+@pytest.mark.parametrize("setup", CLUSTER, indirect=True)
+def test_redis_cluster_slow(
+    setup: Setup, settings: Any, client: APIClient, proxied_redis_cluster: RedisClusterNodes
+) -> None:
+    """Every round trip to every node of the Cluster 20 to 60 ms late: the view runs once,
+    the retry replays it."""
+    through_cluster_proxies(
+        settings, proxied_redis_cluster, REDIS_SOCKET_TIMEOUT=SLOW_REDIS_TIMEOUT
+    )
+    requester = faults.Requester(client)
+    try:
+        for proxy in proxied_redis_cluster.proxies.values():
+            proxy.latency(0.02, jitter=0.04)
+        key = faults.new_key()
+        first = requester.ask(key)
+        retry = requester.ask(key)
+        assert first.status_code == 201 and not replayed(first), first.content
+        assert retry.status_code == 201 and replayed(retry)
+        assert faults.runs[key] == 1
+        check(setup, key, first, retry)
+    finally:
+        requester.stop()
+        for proxy in proxied_redis_cluster.proxies.values():
+            proxy.heal()
 
 
 @pytest.mark.parametrize("setup", NODE, indirect=True)
@@ -831,14 +875,7 @@ def test_redis_cluster_silent_during_claim(
     duplicate; the client is connected to every primary first, so that the claim is sent,
     and is applied when the path heals: its outcome is unknown. The view runs once across
     them all (under ``redis``, the limit of its ``db`` fallback: :func:`after_redis_fault`)."""
-    settings.IDEMPOTENCY = {
-        **settings.IDEMPOTENCY,
-        "REDIS_URL": proxied_redis_cluster.url,
-        "LOCK_TIMEOUT": 3,
-    }
-    strategies.reset()
-    redis_store.reset_clients()
-    redis_store.get_store().client.ping(target_nodes=RedisCluster.PRIMARIES)
+    through_cluster_proxies(settings, proxied_redis_cluster, LOCK_TIMEOUT=3)
     requester = faults.Requester(client)
     try:
         key = faults.new_key()
