@@ -11,6 +11,9 @@ grey instead of down:
   that does not come (the kernel acknowledges what it sends, so neither TCP keepalives
   nor ``tcp_user_timeout`` notice); what was held back flows again at ``heal()``, as a
   network that heals delivers what its peers retransmit;
+* ``lose_replies()``: what the server sends is thrown away, on every connection, while
+  what the clients send still reaches it: a command is applied and its reply never comes
+  (an outcome the client cannot know);
 * ``reset()``: every connection is ended with an RST to both of its peers;
 * ``heal()``: no latency, no silence.
 
@@ -91,6 +94,8 @@ class Link:
                     return
                 if delay > 0:
                     time.sleep(delay)
+                if data and proxy._losing_replies and source is self.upstream:
+                    continue  # the reply is lost on its way
                 if not data:
                     target.shutdown(socket.SHUT_WR)  # pass the FIN on
                     return
@@ -122,6 +127,7 @@ class FaultProxy:
         self._changed = threading.Condition()
         self._links: list[Link] = []
         self._silent = False
+        self._losing_replies = False
         self._latency = 0.0
         self._jitter = 0.0
         #: Every connection accepted so far.
@@ -213,13 +219,17 @@ class FaultProxy:
         with self._changed:
             self._silent = True
 
+    def lose_replies(self) -> None:
+        with self._changed:
+            self._losing_replies = True
+
     def reset(self) -> None:
         for link in self.links():
             link.reset()
 
     def heal(self) -> None:
         with self._changed:
-            self._silent = False
+            self._silent = self._losing_replies = False
             self._latency = self._jitter = 0.0
             for link in self._links:
                 link.silent = False

@@ -86,6 +86,8 @@ CELLS = (
     "redis-cluster-slow",
     "redis-silent-during-claim",
     "redis-hung-during-claim",
+    "redis-reply-lost-during-claim",
+    "redis-reply-lost-during-completion",
     "redis-cluster-hung-during-claim",
     "redis-cluster-silent-during-claim",
 )
@@ -759,6 +761,55 @@ def after_redis_fault(setup: Setup, requester: faults.Requester, key: str, *earl
         return
     assert faults.runs[key] == 1, f"the view ran {faults.runs[key]} times"
     check(setup, key, *early, final, again)
+
+
+@pytest.mark.parametrize("setup", NODE, indirect=True)
+def test_redis_reply_lost_during_claim(
+    setup: Setup, redis_proxied: tuple[FaultProxy, faults.Requester]
+) -> None:
+    """Redis applies the claim and its duplicate's, and their replies are lost (the
+    connections then reset): unknown outcomes, never "not claimed". The view runs once
+    across the request, its duplicate and the retries."""
+    proxy, requester = redis_proxied
+    key = faults.new_key()
+    redis_store.get_store().client.ping()  # connected: the claim is sent, and applied
+    proxy.lose_replies()
+    first = requester.ask(key)
+    duplicate = requester.ask(key)
+    proxy.reset()
+    proxy.heal()
+    assert first.status_code == 503 and problem_slug(first) == "store-unavailable"
+    after_redis_fault(setup, requester, key, first, duplicate)
+
+
+@pytest.mark.parametrize("setup", NODE, indirect=True)
+def test_redis_reply_lost_during_completion(
+    setup: Setup, redis_proxied: tuple[FaultProxy, faults.Requester]
+) -> None:
+    """The view has written; the replies of Redis are lost from then on. ``redis``: its
+    prepared record, written before COMMIT, has an unknown outcome, so the view's
+    transaction rolls back and the request answers 503; the retry runs the view again, the
+    one run that commits. ``hybrid``: the outbox row commits with the view's writes, the
+    refill of Redis is what goes unanswered; 201, and the retry replays it from PostgreSQL."""
+    proxy, requester = redis_proxied
+    key = faults.new_key()
+    faults.interference.append(lambda _key: proxy.lose_replies())
+    faults.plan.append("interfere_late")
+    first = requester.ask(key)
+    proxy.reset()
+    proxy.heal()
+    if setup.name == "redis":
+        assert first.status_code == 503 and problem_slug(first) == "store-unavailable"
+        assert committed(setup, key) == []
+    else:
+        assert first.status_code == 201 and not replayed(first), first.content
+    final = faults.settle(requester, key)
+    again = requester.ask(key)
+    assert final.status_code == 201, final.content
+    assert again.status_code == 201 and replayed(again)
+    assert replayed(final) is (setup.name != "redis")
+    assert faults.runs[key] == (2 if setup.name == "redis" else 1)
+    check(setup, key, first, final, again)
 
 
 #: REDIS_SOCKET_TIMEOUT of the slow cells: far above their latency, on a busy machine too.

@@ -121,3 +121,30 @@ def test_redis_through_the_proxy() -> None:
             assert client.ping()
         finally:
             client.close()
+
+
+@pytest.mark.redis
+def test_lost_replies_leave_the_command_applied(redis_prefix: str) -> None:
+    """``lose_replies()``: the command reaches Redis and is applied, its reply never comes."""
+    from urllib.parse import urlsplit
+
+    import redis
+
+    parts = urlsplit(REDIS_URL)
+    direct = redis.Redis.from_url(REDIS_URL)
+    with FaultProxy(parts.hostname or "127.0.0.1", parts.port or 6379) as proxy:
+        through = parts._replace(netloc=f"127.0.0.1:{proxy.port}").geturl()
+        client = redis.Redis.from_url(through, socket_timeout=0.5)
+        try:
+            assert client.ping()
+            proxy.lose_replies()
+            with pytest.raises(redis.TimeoutError):
+                client.set(redis_prefix + ":lost", b"applied")
+            wait_until(lambda: direct.get(redis_prefix + ":lost") == b"applied")
+            proxy.heal()
+            proxy.reset()
+            client.connection_pool.disconnect()
+            assert client.ping()
+        finally:
+            client.close()
+            direct.close()
