@@ -90,6 +90,7 @@ CELLS = (
     "redis-reply-lost-during-completion",
     "redis-cluster-hung-during-claim",
     "redis-cluster-silent-during-claim",
+    "redis-cluster-reply-lost-during-claim",
 )
 
 
@@ -937,6 +938,34 @@ def test_redis_cluster_silent_during_claim(
         after_redis_fault(setup, requester, key, first, duplicate)
     finally:
         requester.stop()
+
+
+@pytest.mark.parametrize("setup", CLUSTER, indirect=True)
+def test_redis_cluster_reply_lost_during_claim(
+    setup: Setup, settings: Any, client: APIClient, proxied_redis_cluster: RedisClusterNodes
+) -> None:
+    """Every node of the Cluster applies what it is sent, and its replies are lost, during
+    the claim and its duplicate: the claim's outcome is unknown (503), and the view runs
+    once across them all (under ``redis``, the limit of its ``db`` fallback for a request
+    whose connection never opened: :func:`after_redis_fault`)."""
+    through_cluster_proxies(settings, proxied_redis_cluster, LOCK_TIMEOUT=3)
+    requester = faults.Requester(client)
+    proxies = proxied_redis_cluster.proxies.values()
+    try:
+        key = faults.new_key()
+        for proxy in proxies:
+            proxy.lose_replies()
+        first = requester.ask(key)
+        duplicate = requester.ask(key)
+        for proxy in proxies:
+            proxy.reset()
+            proxy.heal()
+        assert first.status_code == 503 and problem_slug(first) == "store-unavailable"
+        after_redis_fault(setup, requester, key, first, duplicate)
+    finally:
+        requester.stop()
+        for proxy in proxies:
+            proxy.heal()
 
 
 # -- the worker process dies ----------------------------------------------------------------
