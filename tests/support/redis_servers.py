@@ -383,6 +383,20 @@ class RedisClusterNodes:
                     stack.enter_context(node.paused())
             yield
 
+    @contextlib.contextmanager
+    def replies_lost(self) -> Iterator[None]:
+        """What every node sends is lost for the block (``proxied`` only), what its clients
+        send is applied; the connections are reset after it."""
+        assert self.proxies, "not a proxied cluster"
+        for proxy in self.proxies.values():
+            proxy.lose_replies()
+        try:
+            yield
+        finally:
+            for proxy in self.proxies.values():
+                proxy.reset()
+                proxy.heal()
+
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()

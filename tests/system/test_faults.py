@@ -828,9 +828,10 @@ def test_redis_slow(
     runs_once_when_slow(setup, *redis_proxied)
 
 
-def through_cluster_proxies(settings: Any, cluster: RedisClusterNodes, **more: Any) -> None:
-    """The settings' Redis is ``cluster`` (reached through its proxies), with ``more``; the
-    client connected to every primary, so that a claim is sent on a connection already open."""
+def on_cluster(settings: Any, cluster: RedisClusterNodes, **more: Any) -> None:
+    """The settings' Redis is ``cluster`` (through its proxies when it has them), with
+    ``more``; the client connected to every primary, so that a claim is sent on a
+    connection already open."""
     settings.IDEMPOTENCY = {**settings.IDEMPOTENCY, "REDIS_URL": cluster.url, **more}
     strategies.reset()
     redis_store.reset_clients()
@@ -843,9 +844,7 @@ def test_redis_cluster_slow(
 ) -> None:
     """Every round trip to every node of the Cluster 20 to 60 ms late: the view runs once,
     the retry replays it."""
-    through_cluster_proxies(
-        settings, proxied_redis_cluster, REDIS_SOCKET_TIMEOUT=SLOW_REDIS_TIMEOUT
-    )
+    on_cluster(settings, proxied_redis_cluster, REDIS_SOCKET_TIMEOUT=SLOW_REDIS_TIMEOUT)
     requester = faults.Requester(client)
     try:
         for proxy in proxied_redis_cluster.proxies.values():
@@ -893,29 +892,30 @@ def test_redis_hung_during_claim(
     after_redis_fault(setup, requester, key, first, duplicate)
 
 
-@pytest.mark.parametrize("setup", CLUSTER, indirect=True)
-def test_redis_cluster_hung_during_claim(setup: Setup, settings: Any, client: APIClient) -> None:
-    """Every primary of the Cluster stopped (SIGSTOP) during the claim and its duplicate,
-    and applying them when they run again (no replica takes over meanwhile). The client is
-    connected to every primary first, so that the claim is sent (and applied later), not
-    refused while connecting: its outcome is unknown, not taken for Redis being down. The
-    view runs once across them all (under ``redis``, the limit of its ``db`` fallback:
-    :func:`after_redis_fault`)."""
-    settings.IDEMPOTENCY = {**settings.IDEMPOTENCY, "LOCK_TIMEOUT": 3}
-    strategies.reset()
-    redis_store.reset_clients()
-    redis_store.get_store().client.ping(target_nodes=RedisCluster.PRIMARIES)
+def cluster_claims_during(setup: Setup, client: APIClient, fault: Any) -> None:
+    """A request and its duplicate sent while ``fault`` (a context manager) holds the
+    Cluster: the first claim, sent on a connection already open, has an unknown outcome
+    (503, never "Redis is down"); once the fault is over the key settles as
+    :func:`after_redis_fault` says."""
     requester = faults.Requester(client)
     try:
         key = faults.new_key()
-        with setup.redis.paused():
+        with fault:
             first = requester.ask(key)
             duplicate = requester.ask(key)
-        # Sent on a connection already open: its outcome is unknown, never "Redis is down".
         assert first.status_code == 503 and problem_slug(first) == "store-unavailable"
         after_redis_fault(setup, requester, key, first, duplicate)
     finally:
         requester.stop()
+
+
+@pytest.mark.parametrize("setup", CLUSTER, indirect=True)
+def test_redis_cluster_hung_during_claim(setup: Setup, settings: Any, client: APIClient) -> None:
+    """Every primary of the Cluster stopped (SIGSTOP) during the claim and its duplicate,
+    and applying them when they run again (no replica takes over meanwhile). The view runs
+    once across them all (under ``redis``, the limit of its ``db`` fallback)."""
+    on_cluster(settings, setup.redis, LOCK_TIMEOUT=3)
+    cluster_claims_during(setup, client, setup.redis.paused())
 
 
 @pytest.mark.parametrize("setup", CLUSTER, indirect=True)
@@ -924,20 +924,10 @@ def test_redis_cluster_silent_during_claim(
 ) -> None:
     """The path to every node of the Cluster falls silent (a proxy in front of each, which
     the nodes announce as their address), the sockets open, during the claim and its
-    duplicate; the client is connected to every primary first, so that the claim is sent,
-    and is applied when the path heals: its outcome is unknown. The view runs once across
-    them all (under ``redis``, the limit of its ``db`` fallback: :func:`after_redis_fault`)."""
-    through_cluster_proxies(settings, proxied_redis_cluster, LOCK_TIMEOUT=3)
-    requester = faults.Requester(client)
-    try:
-        key = faults.new_key()
-        with proxied_redis_cluster.silenced():
-            first = requester.ask(key)
-            duplicate = requester.ask(key)
-        assert first.status_code == 503 and problem_slug(first) == "store-unavailable"
-        after_redis_fault(setup, requester, key, first, duplicate)
-    finally:
-        requester.stop()
+    duplicate, which reach the nodes when it heals. The view runs once across them all
+    (under ``redis``, the limit of its ``db`` fallback)."""
+    on_cluster(settings, proxied_redis_cluster, LOCK_TIMEOUT=3)
+    cluster_claims_during(setup, client, proxied_redis_cluster.silenced())
 
 
 @pytest.mark.parametrize("setup", CLUSTER, indirect=True)
@@ -945,27 +935,10 @@ def test_redis_cluster_reply_lost_during_claim(
     setup: Setup, settings: Any, client: APIClient, proxied_redis_cluster: RedisClusterNodes
 ) -> None:
     """Every node of the Cluster applies what it is sent, and its replies are lost, during
-    the claim and its duplicate: the claim's outcome is unknown (503), and the view runs
-    once across them all (under ``redis``, the limit of its ``db`` fallback for a request
-    whose connection never opened: :func:`after_redis_fault`)."""
-    through_cluster_proxies(settings, proxied_redis_cluster, LOCK_TIMEOUT=3)
-    requester = faults.Requester(client)
-    proxies = proxied_redis_cluster.proxies.values()
-    try:
-        key = faults.new_key()
-        for proxy in proxies:
-            proxy.lose_replies()
-        first = requester.ask(key)
-        duplicate = requester.ask(key)
-        for proxy in proxies:
-            proxy.reset()
-            proxy.heal()
-        assert first.status_code == 503 and problem_slug(first) == "store-unavailable"
-        after_redis_fault(setup, requester, key, first, duplicate)
-    finally:
-        requester.stop()
-        for proxy in proxies:
-            proxy.heal()
+    the claim and its duplicate. The view runs once across them all (under ``redis``, the
+    limit of its ``db`` fallback for a request whose connection never opened)."""
+    on_cluster(settings, proxied_redis_cluster, LOCK_TIMEOUT=3)
+    cluster_claims_during(setup, client, proxied_redis_cluster.replies_lost())
 
 
 # -- the worker process dies ----------------------------------------------------------------

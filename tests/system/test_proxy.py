@@ -101,24 +101,44 @@ def test_reset_breaks_the_connection_and_new_ones_work() -> None:
             assert again.execute("SELECT 5").fetchone() == (5,)
 
 
-@pytest.mark.redis
-def test_redis_through_the_proxy() -> None:
+def _redis_proxy() -> FaultProxy:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(REDIS_URL)
+    return FaultProxy(parts.hostname or "127.0.0.1", parts.port or 6379)
+
+
+def _redis_through(proxy: FaultProxy) -> Any:
+    """A client of the shared Redis (its database) through ``proxy``; half a second to
+    wait for a reply."""
     from urllib.parse import urlsplit
 
     import redis
 
-    parts = urlsplit(REDIS_URL)
-    with FaultProxy(parts.hostname or "127.0.0.1", parts.port or 6379) as proxy:
-        client = redis.Redis(host="127.0.0.1", port=proxy.port, socket_timeout=0.5)
+    through = urlsplit(REDIS_URL)._replace(netloc=f"127.0.0.1:{proxy.port}").geturl()
+    return redis.Redis.from_url(through, socket_timeout=0.5)
+
+
+def _heal_and_reconnect(proxy: FaultProxy, client: Any) -> None:
+    """The proxy healed, its connections reset; the client answers on a new one."""
+    proxy.heal()
+    proxy.reset()
+    client.connection_pool.disconnect()
+    assert client.ping()
+
+
+@pytest.mark.redis
+def test_redis_through_the_proxy() -> None:
+    import redis
+
+    with _redis_proxy() as proxy:
+        client = _redis_through(proxy)
         try:
             assert client.ping()
             proxy.silence()
             with pytest.raises(redis.TimeoutError):
                 client.ping()
-            proxy.heal()
-            proxy.reset()
-            client.connection_pool.disconnect()
-            assert client.ping()
+            _heal_and_reconnect(proxy, client)
         finally:
             client.close()
 
@@ -126,25 +146,18 @@ def test_redis_through_the_proxy() -> None:
 @pytest.mark.redis
 def test_lost_replies_leave_the_command_applied(redis_prefix: str) -> None:
     """``lose_replies()``: the command reaches Redis and is applied, its reply never comes."""
-    from urllib.parse import urlsplit
-
     import redis
 
-    parts = urlsplit(REDIS_URL)
     direct = redis.Redis.from_url(REDIS_URL)
-    with FaultProxy(parts.hostname or "127.0.0.1", parts.port or 6379) as proxy:
-        through = parts._replace(netloc=f"127.0.0.1:{proxy.port}").geturl()
-        client = redis.Redis.from_url(through, socket_timeout=0.5)
+    with _redis_proxy() as proxy:
+        client = _redis_through(proxy)
         try:
             assert client.ping()
             proxy.lose_replies()
             with pytest.raises(redis.TimeoutError):
                 client.set(redis_prefix + ":lost", b"applied")
             wait_until(lambda: direct.get(redis_prefix + ":lost") == b"applied")
-            proxy.heal()
-            proxy.reset()
-            client.connection_pool.disconnect()
-            assert client.ping()
+            _heal_and_reconnect(proxy, client)
         finally:
             client.close()
             direct.close()

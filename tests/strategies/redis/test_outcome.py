@@ -6,6 +6,7 @@ answers (the connection never opens), and an error the server answers with."""
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pytest
 import redis
@@ -42,19 +43,26 @@ def test_a_refused_connection_did_nothing(redis_prefix: str) -> None:
     assert not isinstance(caught.value, RedisOutcomeUnknown)
 
 
+def _unknown_and_applied(store: RedisStore, paused: Any) -> str:
+    """A claim sent while ``paused`` (a context manager) holds the server: its outcome is
+    unknown, and it is applied once the server runs again. Its token."""
+    token = uuid.uuid4().hex
+    with paused, pytest.raises(RedisOutcomeUnknown):
+        _claim(store, "k", token)
+    # Not "nothing happened": the server read the claim once it ran again, and applied it.
+    wait_until(lambda: store.get("s", "k") is not None)
+    record = store.get("s", "k")
+    assert record is not None and record.token == token
+    return token
+
+
 def test_a_claim_sent_to_a_stopped_server_is_unknown_and_applied_once_it_runs(
     running_private_redis: RedisServer, redis_prefix: str
 ) -> None:
     server = running_private_redis
     store = _store(server.url, redis_prefix)
     store.client.ping()  # connected: the claim itself is what is sent to the stopped server
-    token = uuid.uuid4().hex
-    with server.paused(), pytest.raises(RedisOutcomeUnknown):
-        _claim(store, "k", token)
-    # Not "nothing happened": the server read the claim once it ran again, and applied it.
-    wait_until(lambda: store.get("s", "k") is not None)
-    record = store.get("s", "k")
-    assert record is not None and record.token == token
+    token = _unknown_and_applied(store, server.paused())
     # Sent again with the same token, the claim finds itself.
     won, found = _claim(store, "k", token)
     assert not won and found is not None and found.token == token  # type: ignore[attr-defined]
@@ -72,12 +80,7 @@ def test_a_claim_a_cluster_client_retried_into_a_hung_connect_is_unknown(
     try:
         store = RedisStore(client, redis_prefix)
         store.get("s", "k")  # connected: the claim itself is what is sent to the stopped server
-        token = uuid.uuid4().hex
-        with redis_cluster.paused(), pytest.raises(RedisOutcomeUnknown):
-            _claim(store, "k", token)
-        wait_until(lambda: store.get("s", "k") is not None)
-        record = store.get("s", "k")
-        assert record is not None and record.token == token
+        _unknown_and_applied(store, redis_cluster.paused())
     finally:
         client.close()
 
