@@ -66,6 +66,9 @@ def database_from_url(url: str) -> dict[str, Any]:
             # Persistent connections, as a production deployment would use.
             "CONN_MAX_AGE": int(os.environ.get("DATABASE_CONN_MAX_AGE", "600")),
             "CONN_HEALTH_CHECKS": True,
+            # A server that hangs while a connection opens costs a request 5 s, not
+            # psycopg's 130 (DATABASE_TIMEOUT bounds statements only; check --deploy: W016).
+            "OPTIONS": {"connect_timeout": 5},
         }
     if parts.scheme in {"mysql", "mariadb"}:
         return {
