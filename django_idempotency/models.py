@@ -9,6 +9,7 @@ from django.utils.translation import gettext_lazy as _
 from .store.managers import IdempotencyKeyManager
 from .store.outbox import IdempotencyOutboxManager
 from .store.status import Status
+from .store.suspects import IdempotencySuspectManager
 
 
 class IdempotencyKey(models.Model):
@@ -112,3 +113,32 @@ class IdempotencyOutbox(models.Model):
 
     def __str__(self) -> str:
         return f"{self.scope} / {self.key} (outbox)"
+
+
+class IdempotencySuspect(models.Model):
+    """A key the ``hybrid`` strategy handled in the database alone, so that Redis has no
+    record of it (Redis refused its claim, or its completed record after the commit).
+
+    Until ``expires_at`` (the database's clock: as long as the key's record may live) every
+    hybrid process that reads it looks the key up in the database before a claim of it in
+    Redis, and whichever process next reaches Redis writes the key's suspect mark there and
+    deletes the row. See docs/hybrid.md ("Fallback episodes").
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    digest = models.CharField(
+        _("digest"), max_length=32, unique=True, help_text=_("Names the key in Redis.")
+    )
+    scope = models.TextField(_("scope"))
+    key = models.CharField(_("key"), max_length=255)
+    expires_at = models.DateTimeField(_("expires at"))
+
+    objects = IdempotencySuspectManager()
+
+    class Meta:
+        verbose_name = _("idempotency suspect")
+        verbose_name_plural = _("idempotency suspects")
+        indexes = [models.Index(fields=["expires_at"], name="idempotency_suspect_exp_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.scope} / {self.key} (suspect)"

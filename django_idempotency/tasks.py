@@ -171,7 +171,7 @@ def purge_expired_keys(
     key database (``KEY_DATABASES``) in turn; returns how many. With
     ``PARTITION_INTERVAL``, first drop the expired partitions whole and create the
     partitions ahead (their rows are not counted)."""
-    from .models import IdempotencyKey
+    from .models import IdempotencyKey, IdempotencySuspect
     from .store import partitions
 
     conf.ensure_valid()
@@ -186,6 +186,7 @@ def purge_expired_keys(
         if deleted:
             logger.info("purged %d expired idempotency keys on %r", deleted, alias)
         total += deleted
+        IdempotencySuspect.objects.delete_expired(using=alias)  # rows no process marked
     return total
 
 

@@ -225,7 +225,10 @@ inline db_claim(k, id, res, ex) {
         fi;
 #if STRATEGY == HYBRID && !defined(BUG_EPISODES)
         /* the fallback episode, seen by every process from the claim on, for as long as
-         * the claim can live (issue 24, wanted 2) */
+         * the claim can live (issue 24, wanted 2); the code notes it in the key's database,
+         * which the other processes read once a second (not modelled: the model's processes
+         * see it at once).
+         * code: strategies.hybrid.suspect, strategies.hybrid.HybridStrategy.read_suspects */
         EPISODE(now + LOCK + TTL)
 #else
         skip

@@ -18,7 +18,8 @@ from django.db import DatabaseError, transaction
 
 from ..conf import conf
 from ..errors import LeaseLost, StoreUnavailable
-from ..models import IdempotencyOutbox
+from ..models import IdempotencyOutbox, IdempotencySuspect
+from ..store.databases import key_databases
 from ..store.records import KeyRecord
 from ..values.response import StoredResponse
 from .base import Attempt, Delegate, InProgress, Mismatch, Outcome, Replay, store_failed
@@ -103,8 +104,7 @@ class OutboxDatabaseClaim(DatabaseClaim):
     def after_commit(self) -> None:
         super().after_commit()
         # Committed in PostgreSQL only: Redis's hot path looks the key up there while it lives.
-        a = self.attempt
-        suspects.add(redis_scope(a), a.key, a.ttl)
+        suspect(self.attempt, self.attempt.ttl)
         self.strategy.parent.request_drain()
 
 
@@ -116,6 +116,25 @@ class OutboxDatabaseStrategy(DatabaseStrategy):
 
     def __init__(self, parent: HybridStrategy) -> None:
         self.parent = parent
+
+
+def suspect(attempt: Attempt, seconds: float) -> None:
+    """Remember ``attempt``'s key as one Redis has no record of, for ``seconds``: in this
+    process, and in a row of the key's database that every process reads (when that row
+    cannot be written, this process still knows: logged)."""
+    scope = redis_scope(attempt)
+    row = None
+    try:
+        row = IdempotencySuspect.objects.note(scope, attempt.key, seconds, using=attempt.database)
+    except DatabaseError:
+        logger.warning(
+            "idempotency key %s (scope %s) is handled without Redis, and the database did not "
+            "take its note for the other processes",
+            attempt.key,
+            attempt.scope,
+            exc_info=True,
+        )
+    suspects.add(scope, attempt.key, seconds, row=row)
 
 
 # -- the Redis claim -------------------------------------------------------------------------
@@ -188,7 +207,7 @@ class HybridClaim(RedisClaim):
             )
         except RedisUnavailable:
             self.redis.verify_due = True
-            suspects.add(redis_scope(attempt), attempt.key, attempt.ttl)
+            suspect(attempt, attempt.ttl)
             logger.warning(
                 "idempotency key %s (scope %s) committed, but Redis could not be updated; "
                 "it will be refilled from the database",
@@ -243,6 +262,8 @@ class HybridStrategy(RedisStrategy):
 
     def claim(self, attempt: Attempt) -> Outcome:
         store = None
+        if suspects.read_due():
+            self.read_suspects()
         try:
             store = get_store()
             outcome, record = self._claim(store, attempt, self._marker_applies(store, attempt))
@@ -260,9 +281,9 @@ class HybridStrategy(RedisStrategy):
                 store.verify_due = True  # a restart or a failover may be why
             return self.unavailable(attempt, exc)
         if suspects.pending:
-            # Redis answers: the marks of the keys this process handled without it go there
-            # now, so that every process's claims of those keys look them up in PostgreSQL.
-            suspects.flush(store)
+            # Redis answers: the marks of the keys handled without it go there now, so that
+            # every process's claims of those keys look them up in PostgreSQL.
+            self.mark_suspects(store)
         self.reached_redis()
         return outcome
 
@@ -479,8 +500,35 @@ class HybridStrategy(RedisStrategy):
         """As the ``redis`` strategy; a key handed to the ``db`` strategy is remembered
         (``suspects``) for as long as its claim and record may live."""
         outcome = super().unavailable(attempt, exc)
-        suspects.add(redis_scope(attempt), attempt.key, attempt.ttl + attempt.lock_timeout)
+        suspect(attempt, attempt.ttl + attempt.lock_timeout)
         return outcome
+
+    @staticmethod
+    def read_suspects() -> None:
+        """Learn the keys that any process handled in the database alone (their rows in
+        every key database); a database that does not answer is read again next time."""
+        for using in key_databases():
+            try:
+                live = IdempotencySuspect.objects.live(using=using)
+            except DatabaseError:
+                logger.debug("could not read the suspect keys of %s", using, exc_info=True)
+                continue
+            for found in live:
+                suspects.add(found.scope, found.key, found.seconds, row=found.row)
+
+    @staticmethod
+    def mark_suspects(store: RedisStore) -> None:
+        """The marks of the keys this process knows Redis has no record of go to Redis,
+        and the rows they cover are deleted (a row left is read and marked again)."""
+        if not suspects.flush(store):
+            return
+        rows = suspects.settled()
+        if not rows:
+            return
+        try:
+            IdempotencySuspect.objects.settle(rows)
+        except DatabaseError:
+            logger.debug("could not delete the marked suspect keys", exc_info=True)
 
     # -- the drain ------------------------------------------------------------------------
 

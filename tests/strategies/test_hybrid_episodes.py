@@ -17,14 +17,17 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 import redis
 from django.test import Client
+from django.utils import timezone
 from rest_framework.test import APIClient
 
-from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
+from django_idempotency.conf import conf
+from django_idempotency.models import IdempotencyKey, IdempotencyOutbox, IdempotencySuspect
 from django_idempotency.strategies.hybrid import HybridClaim
 from django_idempotency.strategies.redis.store import get_client, get_store
 from django_idempotency.strategies.redis.suspects import suspects
@@ -132,6 +135,88 @@ def test_keys_that_fell_back_are_looked_up_in_postgresql_in_every_process(
     store = get_store()
     assert get_client().exists(store.suspect_key(*_scope_of(keys[1])))
     assert not get_client().exists(store.suspect_key(*_scope_of(keys[1])[:1], "new"))
+
+
+class _Clock:
+    """The suspects' clock, moved by the test (seconds)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _fall_back(api: APIClient, hybrid: Any, keys: list[str]) -> dict[str, Any]:
+    """The keys' first requests while Redis refuses (the db strategy runs them), then Redis
+    answers again, having lost nothing."""
+    post_json(api, uuid.uuid4().hex, {"amount": 1})  # the marker exists
+    _quiet()
+    hybrid(REDIS_URL=closed_port_url())
+    first = {key: post_json(api, key, {"amount": 2}) for key in keys}
+    assert all(response.status_code == 201 for response in first.values())
+    hybrid()
+    _quiet()
+    return first
+
+
+def test_keys_that_fell_back_are_looked_up_after_the_process_that_handled_them_ended(
+    hybrid: Any, api: APIClient
+) -> None:
+    keys = [uuid.uuid4().hex for _ in range(3)]
+    first = _fall_back(api, hybrid, keys)
+    assert IdempotencySuspect.objects.filter(key__in=keys).count() == 3
+    suspects.forget()  # the process ended before Redis answered it again; a new one runs
+    for key in keys:
+        retry = post_json(api, key, {"amount": 2})
+        assert retry.status_code == 201 and replayed(retry), retry.content
+        assert retry.content == first[key].content
+    assert SideEffect.objects.count() == 1 + 3, "no fallen-back key ran twice"
+    # The first claim wrote their marks to Redis and deleted the rows they cover.
+    store = get_store()
+    assert all(get_client().exists(store.suspect_key(*_scope_of(key))) for key in keys)
+    assert not IdempotencySuspect.objects.filter(key__in=keys).exists()
+
+
+def test_a_process_that_reaches_redis_learns_of_another_s_keys_at_its_next_read(
+    hybrid: Any, api: APIClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that never lost Redis reads the rows once every ``read_interval``: a key
+    another process handled without Redis (and has not marked there yet) is looked up in
+    PostgreSQL from that read on."""
+    clock = _Clock()
+    monkeypatch.setattr(suspects, "clock", clock)
+    key = uuid.uuid4().hex
+    first = _fall_back(api, hybrid, [key])
+    suspects.forget()  # what the other process knows; this one read the rows before
+    suspects.next_read = clock.now + suspects.read_interval
+    assert IdempotencySuspect.objects.filter(key=key).exists()
+    clock.now += suspects.read_interval
+    retry = post_json(api, key, {"amount": 2})
+    assert retry.status_code == 201 and replayed(retry), retry.content
+    assert retry.content == first[key].content
+    assert SideEffect.objects.count() == 1 + 1
+    assert suspects.next_read == clock.now + suspects.read_interval
+
+
+def test_a_suspect_row_lives_as_long_as_its_key_by_the_database_clock(
+    hybrid: Any, api: APIClient
+) -> None:
+    """The row of a completed fallback key expires with the key's record (``TTL``, on the
+    database's clock); the live rows give the seconds left, and an expired one is read by no
+    one and deleted by the purge."""
+    key = uuid.uuid4().hex
+    _fall_back(api, hybrid, [key])
+    ttl = conf.TTL
+    row = IdempotencySuspect.objects.get(key=key)
+    record = IdempotencyKey.objects.get(key=key)
+    assert abs((row.expires_at - record.expires_at).total_seconds()) < 60
+    (live,) = [s for s in IdempotencySuspect.objects.live(using="default") if s.key == key]
+    assert ttl - 60 < live.seconds <= ttl
+    IdempotencySuspect.objects.filter(key=key).update(expires_at=timezone.now() - timedelta(1))
+    assert not [s for s in IdempotencySuspect.objects.live(using="default") if s.key == key]
+    assert IdempotencySuspect.objects.delete_expired(using="default") >= 1
+    assert not IdempotencySuspect.objects.filter(key=key).exists()
 
 
 def _scope_of(key: str) -> tuple[str, str]:

@@ -25,7 +25,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop, ngettext, pgettext_lazy
 
 from ...conf import conf
-from ...models import IdempotencyKey
+from ...models import IdempotencyKey, IdempotencySuspect
 from ...store import partitions
 from ..arguments import (
     TranslatedCommand,
@@ -140,6 +140,7 @@ class Command(TranslatedCommand):
                 batches += 1
                 progress.update(total)
                 batch_started = time.monotonic()
+            IdempotencySuspect.objects.delete_expired(using=using)  # rows no process marked
         except DatabaseError as exc:
             raise CommandError(
                 _(
