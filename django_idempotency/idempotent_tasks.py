@@ -20,6 +20,13 @@ at all:
 * ``self.retry()`` inside the body rolls the body's writes back and gives the key back:
   the retry runs the body again, and only its run takes effect.
 
+With ``idempotency_steps`` (``@idempotent_task(steps=True)``) the body runs in steps, as a
+view declared with ``steps=True`` does (docs/steps.md): ``self.steps`` (a bound task's
+``self``) is the :class:`~django_idempotency.protocol.steps.Steps` of this key, whose local
+steps commit on their own with the key's recovery point, so that a message redelivered after
+a worker died resumes after the last step that committed instead of running the body again
+from the start.
+
 The key is the task's id by default (one effect per message, whatever the broker
 redelivers), else ``key(*args, **kwargs)``. It lives on ``idempotency_database`` (an alias,
 or a function of the arguments that answers one), else on the database
@@ -49,8 +56,10 @@ from .protocol.options import Options
 from .protocol.replay import StoredResponse
 from .protocol.scope import bounded_scope
 from .protocol.shards import ROUTER
+from .protocol.steps import Steps
 from .strategies import load_strategy
 from .strategies.base import Attempt, Claim, InProgress, Mismatch, Replay
+from .strategies.stepped import StepClaim, stepped
 
 #: The strategies whose claim commits with the body's transaction: a task's ``strategy``.
 TASK_STRATEGIES = ("db", "advisory_lock")
@@ -86,7 +95,8 @@ class IdempotentTask(Task):  # type: ignore[misc]
       (PostgreSQL: a duplicate waits up to ``lock_timeout`` for the running body, and a
       killed worker's lock is freed with its connection);
     * ``idempotency_database``: the alias of the key's database, or
-      ``(*args, **kwargs) -> alias`` (default: see the module's docstring).
+      ``(*args, **kwargs) -> alias`` (default: see the module's docstring);
+    * ``idempotency_steps``: the body runs in steps (``self.steps``; default False).
 
     A class (or ``@idempotent_task``) with another strategy is refused when it is
     declared (``ImproperlyConfigured``): a worker that imports it does not start.
@@ -100,6 +110,18 @@ class IdempotentTask(Task):  # type: ignore[misc]
     idempotency_countdown: float = 1.0
     idempotency_strategy: str = "db"
     idempotency_database: DatabaseChoice = None
+    idempotency_steps: bool = False
+
+    @property
+    def steps(self) -> Steps:
+        """The steps of the running body's key (a task with ``idempotency_steps``)."""
+        found: Steps | None = getattr(self.request, "idempotency_steps", None)
+        if found is None:
+            raise RuntimeError(
+                f"task {self.name}: self.steps is for the body of a task declared with "
+                "idempotency_steps = True (or @idempotent_task(steps=True)), run with a key"
+            )
+        return found
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -214,6 +236,9 @@ def run_claimed(task: IdempotentTask, attempt: Attempt, args: tuple[Any, ...], k
     raise the task's wait (``Retry``) while the key is in progress."""
     conf.ensure_valid()
     strategy = load_strategy(task.idempotency_strategy)
+    if task.idempotency_steps:
+        # A strategy of TASK_STRATEGIES: each has its stepped form.
+        strategy = stepped(strategy) or strategy
     try:
         with ExitStack() as stack:
             # Entered first, left last: the lease is no longer renewed when it commits.
@@ -223,7 +248,16 @@ def run_claimed(task: IdempotentTask, attempt: Attempt, args: tuple[Any, ...], k
                 interval = min(conf.HEARTBEAT_INTERVAL, attempt.lock_timeout / 3)
                 keeping = keeper.keep(outcome, interval)
                 stack.enter_context(keeping)
-                result = task.run(*args, **kwargs)
+                steps = None
+                if isinstance(outcome, StepClaim):
+                    steps = Steps(lifecycle, outcome, attempt.scope, attempt.key)
+                task.request.idempotency_steps = steps
+                try:
+                    result = task.run(*args, **kwargs)
+                    if steps is not None:
+                        steps.flush()  # a remote step's result is durable whatever follows
+                finally:
+                    task.request.idempotency_steps = None
                 body = json.dumps(result).encode()
                 keeping.stop()  # the body is done: no renewal races the completion's COMMIT
                 lifecycle.complete(StoredResponse(200, {"Content-Type": RESULT_TYPE}, body))
@@ -249,12 +283,14 @@ def idempotent_task(
     countdown: float = 1.0,
     strategy: str = "db",
     database: DatabaseChoice = None,
+    steps: bool = False,
     **options: Any,
 ) -> Any:
     """``@idempotent_task`` or ``@idempotent_task(key=..., ttl=..., name=...)``: a
     ``shared_task`` of :class:`IdempotentTask`; ``options`` are Celery's task options.
     ``strategy``: one of :data:`TASK_STRATEGIES` (``ImproperlyConfigured`` otherwise);
-    ``database``: the key's database (see :class:`IdempotentTask`)."""
+    ``database``: the key's database (see :class:`IdempotentTask`); ``steps``: the body
+    runs in steps (``self.steps``, with ``bind=True``)."""
     check_strategy(strategy, "@idempotent_task")
 
     def decorate(body: Callable[..., Any]) -> Any:
@@ -266,6 +302,7 @@ def idempotent_task(
             idempotency_countdown=float(countdown),
             idempotency_strategy=strategy,
             idempotency_database=staticmethod(database) if callable(database) else database,
+            idempotency_steps=steps,
             **options,
         )(body)
 

@@ -313,6 +313,65 @@ def _kill_in_the_body(
     assert _runs(broker, label) == 2
 
 
+STEPS = ("create_charge", "record_answer", "send_receipt")
+
+
+@pytest.mark.parametrize(
+    ("task", "stop_at"),
+    [
+        ("tests.charge_in_steps", "create_charge"),
+        ("tests.charge_in_steps", "call_provider"),
+        ("tests.charge_in_steps", "record_answer"),
+        ("tests.charge_in_steps_locked", "call_provider"),
+    ],
+)
+def test_a_task_in_steps_killed_between_two_resumes_with_one_effect_per_step(
+    workers: Callable[..., Worker], producer: Celery, broker: RedisServer, task: str, stop_at: str
+) -> None:
+    """A worker SIGKILLed after a step: the redelivered message resumes after the last step
+    that committed. Each local step's row is written once, the provider gets one key (called
+    again with it only when the kill came before its answer was recorded), the result is
+    stored, and a duplicate publish gets it without running the body."""
+    label = f"steps-{uuid.uuid4().hex[:12]}"
+    env = {"TEST_CELERY_VISIBILITY_TIMEOUT": "2"}
+    doomed = workers("doomed", **env)
+    sent = producer.send_task(task, args=[label, broker.url, stop_at])
+    client = redis.Redis.from_url(broker.url)
+    stopped = f"{label}:at:{stop_at}"
+    _wait(lambda: int(client.get(stopped) or 0) == 1, f"the body to stop after {stop_at}", doomed)
+    doomed.kill()
+
+    again = workers("again", **env)
+    result = sent.get(timeout=PATIENCE)
+    rows = {step: SideEffect.objects.filter(label=f"{label}:{step}").count() for step in STEPS}
+    assert rows == dict.fromkeys(STEPS, 1), (rows, again.log())
+    listed: list[bytes] = client.lrange(f"{label}:provider", 0, -1)  # type: ignore[assignment]
+    calls = [key.decode() for key in listed]
+    assert len(set(calls)) == 1, calls
+    assert len(calls) == (2 if stop_at == "call_provider" else 1), calls
+    assert _runs(broker, label) == 2
+    row = IdempotencyKey.objects.get(scope=f"task:{task}", key=sent.id)
+    assert row.status == COMPLETED and row.recovery_point == "send_receipt"
+    assert row.steps is not None
+    assert [step["name"] for step in row.steps["done"]] == [
+        "create_charge",
+        "call_provider",
+        "record_answer",
+        "send_receipt",
+    ]
+    assert result["answer"] == {"provider_charge": calls[0][:16]}
+
+    duplicate = producer.send_task(task, args=[label, broker.url, stop_at], task_id=sent.id)
+    assert duplicate.get(timeout=PATIENCE) == result
+    assert _runs(broker, label) == 2, "the duplicate ran no step"
+    client.close()
+
+
+def test_self_steps_outside_a_task_in_steps_says_what_is_wrong() -> None:
+    with pytest.raises(RuntimeError, match="idempotency_steps"):
+        charge.steps  # noqa: B018 - the property's refusal is the point
+
+
 def test_a_retry_in_the_body_still_takes_effect_once(
     workers: Callable[..., Worker], producer: Celery, broker: RedisServer
 ) -> None:

@@ -109,3 +109,65 @@ def count_retries(self: Any, label: str, flags: str) -> int:
     SideEffect.objects.create(label=label)
     _runs(flags, label)
     return int(self.request.retries)
+
+
+def _stop_once_at(flags: str, label: str, point: str, stop_at: str) -> None:
+    """Blocks forever the first time a run reaches ``point`` when it is ``stop_at`` (the
+    test kills the worker there); later runs, and other points, go on."""
+    if point != stop_at:
+        return
+    client = redis.Redis.from_url(flags)
+    try:
+        if int(client.incr(f"{label}:at:{point}")) == 1:
+            client.blpop([f"{label}:never"], timeout=0)
+    finally:
+        client.close()
+
+
+def _provider(downstream_key: str, flags: str, label: str) -> dict[str, str]:
+    """A payment provider's call: each one is listed with the key it carries."""
+    client = redis.Redis.from_url(flags)
+    try:
+        client.rpush(f"{label}:provider", downstream_key)
+    finally:
+        client.close()
+    return {"provider_charge": downstream_key[:16]}
+
+
+def _charge_in_steps(self: Any, label: str, flags: str, stop_at: str) -> dict[str, Any]:
+    """A payment in four steps (docs/steps.md's walk): the charge row, the provider's call,
+    the provider's answer recorded, the receipt; ``stop_at``: the step after which the first
+    run blocks."""
+    steps = self.steps
+    _runs(flags, label)
+
+    def row(step: str) -> int:
+        return int(SideEffect.objects.create(label=f"{label}:{step}").pk)
+
+    charge_row = steps.local("create_charge", row, "create_charge")
+    _stop_once_at(flags, label, "create_charge", stop_at)
+    answer = steps.remote("call_provider", _provider, flags, label)
+    _stop_once_at(flags, label, "call_provider", stop_at)
+    steps.local("record_answer", row, "record_answer")
+    _stop_once_at(flags, label, "record_answer", stop_at)
+    receipt = steps.local("send_receipt", row, "send_receipt")
+    return {"charge": charge_row, "answer": answer, "receipt": receipt}
+
+
+charge_in_steps = idempotent_task(
+    name="tests.charge_in_steps",
+    bind=True,
+    steps=True,
+    lock_timeout=2,
+    countdown=0.5,
+    ignore_result=False,
+)(_charge_in_steps)
+charge_in_steps_locked = idempotent_task(
+    name="tests.charge_in_steps_locked",
+    bind=True,
+    steps=True,
+    strategy="advisory_lock",
+    lock_timeout=2,
+    countdown=0.5,
+    ignore_result=False,
+)(_charge_in_steps)
