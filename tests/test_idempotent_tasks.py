@@ -328,12 +328,52 @@ STEPS = ("create_charge", "record_answer", "send_receipt")
 def test_a_task_in_steps_killed_between_two_resumes_with_one_effect_per_step(
     workers: Callable[..., Worker], producer: Celery, broker: RedisServer, task: str, stop_at: str
 ) -> None:
-    """A worker SIGKILLed after a step: the redelivered message resumes after the last step
-    that committed. Each local step's row is written once, the provider gets one key (called
+    """A worker SIGKILLed after a step: the redelivered message (the Redis broker's
+    visibility timeout) resumes after the last step that committed."""
+    _kill_between_steps(
+        workers, producer, broker, task, stop_at, TEST_CELERY_VISIBILITY_TIMEOUT="2"
+    )
+
+
+@pytest.mark.rabbitmq
+def test_on_rabbitmq_a_task_in_steps_killed_between_two_resumes(
+    workers: Callable[..., Worker], broker: RedisServer, queue: str
+) -> None:
+    """RabbitMQ hands the killed worker's message back when its connection closes."""
+    if not answers(RABBITMQ_URL, 5672):
+        if in_ci():
+            pytest.fail(f"CI is set but RabbitMQ does not answer at {RABBITMQ_URL}")
+        pytest.skip(f"RabbitMQ does not answer at {RABBITMQ_URL}")
+    app = Celery("producer", broker=RABBITMQ_URL, backend=broker.url, set_as_current=False)
+    app.conf.task_default_queue = queue
+    try:
+        _kill_between_steps(
+            workers,
+            app,
+            broker,
+            "tests.charge_in_steps",
+            "call_provider",
+            TEST_CELERY_BROKER_URL=RABBITMQ_URL,
+        )
+    finally:
+        with app.connection_for_write() as conn:
+            conn.default_channel.queue_delete(queue)
+        app.close()
+
+
+def _kill_between_steps(
+    workers: Callable[..., Worker],
+    producer: Celery,
+    broker: RedisServer,
+    task: str,
+    stop_at: str,
+    **env: str,
+) -> None:
+    """The first run stops after ``stop_at`` and its worker is killed; another worker
+    finishes. Each local step's row is written once, the provider gets one key (called
     again with it only when the kill came before its answer was recorded), the result is
     stored, and a duplicate publish gets it without running the body."""
     label = f"steps-{uuid.uuid4().hex[:12]}"
-    env = {"TEST_CELERY_VISIBILITY_TIMEOUT": "2"}
     doomed = workers("doomed", **env)
     sent = producer.send_task(task, args=[label, broker.url, stop_at])
     client = redis.Redis.from_url(broker.url)
