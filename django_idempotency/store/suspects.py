@@ -6,8 +6,9 @@ Redis did not take after its commit, has no record in Redis: its next claim ther
 and run the view again. The process that handled it remembers it and, once Redis answers,
 writes its suspect mark there (``strategies/redis/suspects.py``); the row written here is
 what outlives that process (a restart during the episode) and what the other processes read
-(``HybridStrategy``, once a second each): whichever of them next reaches Redis writes the
-marks and deletes the rows. Times come from the database's clock (``store/clock.py``).
+(``HybridStrategy``, at most once a second each): whichever of them next reaches Redis
+writes the marks and deletes the rows. Times come from the database's clock
+(``store/clock.py``).
 """
 
 from __future__ import annotations

@@ -14,13 +14,14 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connections, transaction
 
 from ..conf import conf
 from ..errors import LeaseLost, StoreUnavailable
 from ..models import IdempotencyOutbox, IdempotencySuspect
 from ..store.databases import key_databases
 from ..store.records import KeyRecord
+from ..store.sql.deadline import bounded
 from ..values.response import StoredResponse
 from .base import Attempt, Delegate, InProgress, Mismatch, Outcome, Replay, store_failed
 from .db import DatabaseClaim, DatabaseStrategy
@@ -125,8 +126,12 @@ def suspect(attempt: Attempt, seconds: float) -> None:
     scope = redis_scope(attempt)
     row = None
     try:
-        row = IdempotencySuspect.objects.note(scope, attempt.key, seconds, using=attempt.database)
+        with bounded(connections[attempt.database]):  # DATABASE_TIMEOUT
+            row = IdempotencySuspect.objects.note(
+                scope, attempt.key, seconds, using=attempt.database
+            )
     except DatabaseError:
+        drop_if_broken(attempt.database)
         logger.warning(
             "idempotency key %s (scope %s) is handled without Redis, and the database did not "
             "take its note for the other processes",
@@ -135,6 +140,15 @@ def suspect(attempt: Attempt, seconds: float) -> None:
             exc_info=True,
         )
     suspects.add(scope, attempt.key, seconds, row=row)
+
+
+def drop_if_broken(using: str) -> None:
+    """After a failed statement of the suspects' (outside any transaction): a connection
+    that is no longer usable (cut by ``DATABASE_TIMEOUT``) is closed, so that the request's
+    next statement opens a new one instead of failing on it."""
+    connection = connections[using]
+    if not connection.in_atomic_block:
+        connection.close_if_unusable_or_obsolete()
 
 
 # -- the Redis claim -------------------------------------------------------------------------
@@ -262,8 +276,6 @@ class HybridStrategy(RedisStrategy):
 
     def claim(self, attempt: Attempt) -> Outcome:
         store = None
-        if suspects.read_due():
-            self.read_suspects()
         try:
             store = get_store()
             outcome, record = self._claim(store, attempt, self._marker_applies(store, attempt))
@@ -321,6 +333,10 @@ class HybridStrategy(RedisStrategy):
             store, attempt, lambda token: HybridClaim(self, store, attempt, token), claim
         )
         if isinstance(outcome, HybridClaim):
+            if suspects.read_due():
+                # A key new in Redis, whose view writes in the database anyway: a replay or a
+                # 409 from Redis never waits on the database for this read.
+                self.read_suspects()
             if suspects.holds(redis_scope(attempt), attempt.key):
                 outcome.check_db = True
             elif claim is None:
@@ -509,9 +525,11 @@ class HybridStrategy(RedisStrategy):
         every key database); a database that does not answer is read again next time."""
         for using in key_databases():
             try:
-                live = IdempotencySuspect.objects.live(using=using)
+                with bounded(connections[using]):  # DATABASE_TIMEOUT
+                    live = IdempotencySuspect.objects.live(using=using)
             except DatabaseError:
                 logger.debug("could not read the suspect keys of %s", using, exc_info=True)
+                drop_if_broken(using)
                 continue
             for found in live:
                 suspects.add(found.scope, found.key, found.seconds, row=found.row)
@@ -529,6 +547,8 @@ class HybridStrategy(RedisStrategy):
             IdempotencySuspect.objects.settle(rows)
         except DatabaseError:
             logger.debug("could not delete the marked suspect keys", exc_info=True)
+            for using in {row.database for row in rows}:
+                drop_if_broken(using)
 
     # -- the drain ------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from rest_framework.test import APIClient
 from django_idempotency import strategies
 from django_idempotency.store.sql.deadline import watchdog
 from django_idempotency.strategies.redis.strategy import RedisClaim
+from django_idempotency.strategies.redis.suspects import suspects
 from tests.testapp.models import SideEffect
 
 from ..support import faults, services
@@ -53,7 +54,7 @@ def proxied(
     api.raise_request_exception = False
     strategy = getattr(request, "param", "db")
     settings.IDEMPOTENCY = {"STRATEGY": strategy, "DATABASE_TIMEOUT": TIMEOUT, "LOCK_TIMEOUT": 3}
-    if strategy == "redis":
+    if strategy in ("redis", "hybrid"):
         settings.IDEMPOTENCY.update(
             REDIS_URL=services.REDIS_URL, REDIS_KEY_PREFIX=request.getfixturevalue("redis_prefix")
         )
@@ -101,6 +102,29 @@ def test_a_claim_that_meets_a_silent_database(
     again = requester.ask(key)
     assert again.status_code == 201 and replayed(again)
     assert faults.runs[key] == 1 and committed(key) == 1
+
+
+@pytest.mark.usefixtures("forget_queued_drains")
+@pytest.mark.parametrize("proxied", ["hybrid"], indirect=True)
+def test_a_hybrid_replay_never_waits_on_a_silent_database_for_the_suspect_read(
+    proxied: tuple[FaultProxy, Requester],
+) -> None:
+    """The read of the suspect rows (due here: a new process) is made only for a key new
+    in Redis, whose view writes in the database anyway: a replay from Redis while the
+    database is silent is answered without a statement sent there (none is cut)."""
+    proxy, requester = proxied
+    key = faults.new_key()
+    first = requester.ask(key)
+    assert first.status_code == 201, first.content
+    suspects.forget()  # the read is due
+    cut = watchdog.cut
+    proxy.silence()
+    again = requester.ask(key)
+    proxy.heal()
+    assert again.status_code == 201 and replayed(again), again.content
+    assert watchdog.cut == cut, "no statement was sent into the silence"
+    assert suspects.read_due(), "and the read was not made: still due"
+    assert faults.runs[key] == 1
 
 
 def test_a_completion_that_meets_a_silent_database(

@@ -8,8 +8,9 @@ Redis knows nothing of it, and its next claim there would succeed and run the vi
 * in this process, until its record can no longer live (its ``TTL``, and the lease of a
   claim still running): the claim path of this process looks it up in PostgreSQL;
 * in the key's database, as an ``IdempotencySuspect`` row (``store/suspects.py``), which
-  every process reads once every ``read_interval`` seconds, and so learns of the keys
-  another process handled, even one that ended since;
+  every process reads when it claims a key new in Redis, at most once every
+  ``read_interval`` seconds, and so learns of the keys another process handled, even one
+  that ended since;
 * in Redis, as a *suspect mark* next to the key's record (same hash slot), written by the
   first process whose claim Redis answers again while it knows of the key; the claim script
   reads it with the loss marker, so a claim in any process looks the key up in PostgreSQL
@@ -66,8 +67,8 @@ class Suspects:
         return bool(self._pending)
 
     def read_due(self) -> bool:
-        """Whether this process reads the database's rows now (the first call, then once
-        every ``read_interval`` seconds); True starts the next interval."""
+        """Whether this process reads the database's rows now (the first call, then at most
+        once every ``read_interval`` seconds); True starts the next interval."""
         now = self.clock()
         with self._lock:
             if now < self.next_read:
