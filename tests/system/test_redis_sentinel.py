@@ -75,10 +75,13 @@ def configure(settings: Any) -> Iterator[Callable[..., dict[str, Any]]]:
             kwargs = options["SENTINEL_KWARGS"]
             kwargs["socket_connect_timeout"] = kwargs["socket_timeout"] = timeout
             options["SOCKET_CONNECT_TIMEOUT"] = options["SOCKET_TIMEOUT"] = timeout
-            redis_store.reset_clients()
-            _forget_django_redis_pools()
         settings.CACHES = {**settings.CACHES, "idempotency": cache}
         settings.IDEMPOTENCY = {**namespace["IDEMPOTENCY"], **more}
+        if timeout is not None:
+            # After the settings: a client made in between (a waiter's listener, say) from
+            # the old ones would be the process's client, and its pool django-redis's.
+            redis_store.reset_clients()
+            _forget_django_redis_pools()
         return namespace
 
     yield apply
@@ -324,6 +327,9 @@ def test_a_master_killed_is_failed_over_and_no_key_runs_twice_unless_documented(
     # a loaded machine does not reach (at 0.25 s, a lookup that a busy machine served late
     # was "no master found": that racer fell back to the db strategy beside the others).
     configure(topology, timeout=5.0, STRATEGY=strategy, REDIS_FAILURE_MODE=mode)
+    client: Any = redis_store.get_client()
+    sentinel = client.connection_pool.sentinel_manager.sentinels[0]
+    assert sentinel.connection_pool.connection_kwargs["socket_timeout"] == 5.0
     _after_the_failover(topology, ledger, user, strategy, [replicated, missed, inflight, *outage])
     # Nothing ran that the responses do not show, and nothing twice but the documented.
     assert SideEffect.objects.count() == ledger.total()
