@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -279,6 +280,16 @@ def test_on_rabbitmq_a_worker_killed_in_the_body_runs_once(
     workers: Callable[..., Worker], broker: RedisServer, queue: str
 ) -> None:
     """RabbitMQ hands the message back as soon as the killed worker's connection closes."""
+    with rabbitmq_producer(broker, queue) as app:
+        _kill_in_the_body(
+            workers, app, broker, "tests.block_once", TEST_CELERY_BROKER_URL=RABBITMQ_URL
+        )
+
+
+@contextmanager
+def rabbitmq_producer(broker: RedisServer, queue: str) -> Iterator[Celery]:
+    """A producer on RabbitMQ (results in ``broker``); the queue is deleted after. A
+    RabbitMQ that does not answer skips the test, or fails it when ``CI`` is set."""
     if not answers(RABBITMQ_URL, 5672):
         if in_ci():
             pytest.fail(f"CI is set but RabbitMQ does not answer at {RABBITMQ_URL}")
@@ -286,9 +297,7 @@ def test_on_rabbitmq_a_worker_killed_in_the_body_runs_once(
     app = Celery("producer", broker=RABBITMQ_URL, backend=broker.url, set_as_current=False)
     app.conf.task_default_queue = queue
     try:
-        _kill_in_the_body(
-            workers, app, broker, "tests.block_once", TEST_CELERY_BROKER_URL=RABBITMQ_URL
-        )
+        yield app
     finally:
         with app.connection_for_write() as conn:
             conn.default_channel.queue_delete(queue)
@@ -340,13 +349,7 @@ def test_on_rabbitmq_a_task_in_steps_killed_between_two_resumes(
     workers: Callable[..., Worker], broker: RedisServer, queue: str
 ) -> None:
     """RabbitMQ hands the killed worker's message back when its connection closes."""
-    if not answers(RABBITMQ_URL, 5672):
-        if in_ci():
-            pytest.fail(f"CI is set but RabbitMQ does not answer at {RABBITMQ_URL}")
-        pytest.skip(f"RabbitMQ does not answer at {RABBITMQ_URL}")
-    app = Celery("producer", broker=RABBITMQ_URL, backend=broker.url, set_as_current=False)
-    app.conf.task_default_queue = queue
-    try:
+    with rabbitmq_producer(broker, queue) as app:
         _kill_between_steps(
             workers,
             app,
@@ -355,10 +358,6 @@ def test_on_rabbitmq_a_task_in_steps_killed_between_two_resumes(
             "call_provider",
             TEST_CELERY_BROKER_URL=RABBITMQ_URL,
         )
-    finally:
-        with app.connection_for_write() as conn:
-            conn.default_channel.queue_delete(queue)
-        app.close()
 
 
 def _kill_between_steps(
