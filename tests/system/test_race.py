@@ -72,12 +72,28 @@ def test_concurrent_retries_charge_exactly_once(backend: str, strategy: str) -> 
     "backend",
     [pytest.param("postgres", marks=pytest.mark.postgres), "sqlite"],
 )
-def test_naive_select_then_insert_double_charges(backend: str) -> None:
-    """The control: the same race against hand-written SELECT-then-INSERT idempotency."""
-    with scratch_database(backend) as db, example_server(db, psp_delay_ms=300) as server:
-        race(server.url + "/baseline/naive-charges/", n=CLIENTS, key="pay-1", body=CHARGE)
+def test_naive_select_then_insert_double_charges(backend: str, tmp_path: Path) -> None:
+    """The control: the same race against hand-written SELECT-then-INSERT idempotency.
+    The provider call holds until two racers have made it (``PSP_HOLD_MARKER``): both
+    passed the SELECT before either inserted, however the busy machine spaced them."""
+    hold, calls = tmp_path / "hold", tmp_path / "calls"
+    hold.touch()
+    calls.write_text("")
+    env = {"PSP_HOLD_MARKER": str(hold), "PSP_CALL_LOG": str(calls)}
+    with scratch_database(backend) as db, example_server(db, env=env) as server:
+        url = server.url + "/baseline/naive-charges/"
+        racing = threading.Thread(target=race, args=(url,), kwargs=_NAIVE_RACE)
+        racing.start()
+        try:
+            wait_until(lambda: len(calls.read_text().split()) >= 2, timeout=60)
+        finally:
+            hold.unlink()
+        racing.join(120)
         charges = count_rows(db, "payments_charge")
     assert charges > 1, "the harness must be able to observe a double charge"
+
+
+_NAIVE_RACE = {"n": CLIENTS, "key": "pay-1", "body": CHARGE}
 
 
 @pytest.mark.postgres
