@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from django.conf import settings as django_settings
 from django.db import connection
+from django.db.models import Value
 
 from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
 from django_idempotency.store.status import COMPLETED
@@ -112,6 +113,23 @@ def _wait(condition: Callable[[], bool], timeout: float, what: str, *logs: Worke
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}\n" + "\n".join(w.log() for w in logs))
+
+
+def _places() -> tuple[set[str], set[str]]:
+    """The keys still in the outbox and the keys drained, read in one statement (one
+    snapshot: a transaction in flight commits before or after both reads, never between)."""
+    rows = (
+        IdempotencyOutbox.objects.annotate(place=Value("left"))
+        .values_list("place", "key")
+        .union(
+            IdempotencyKey.objects.annotate(place=Value("done")).values_list("place", "key"),
+            all=True,
+        )
+    )
+    places: dict[str, set[str]] = {"left": set(), "done": set()}
+    for place, key in rows:
+        places[place].add(key)
+    return places["left"], places["done"]
 
 
 def _check_drained(keys: list[str], *others: str) -> None:
@@ -209,26 +227,31 @@ def test_worker_killed_mid_drain_loses_nothing(workers: Callable[..., Worker], q
     drain_outbox.apply_async(kwargs={"batch_size": 250}, queue=queue)
     _wait(
         lambda: IdempotencyOutbox.objects.count() <= total - 500,
-        30,
+        120,
         "the first batches",
         worker,
     )
     worker.kill()
-    left = set(IdempotencyOutbox.objects.values_list("key", flat=True))
-    done = set(IdempotencyKey.objects.values_list("key", flat=True))
+    left, done = _places()
     assert left, "the worker was killed before it finished"
-    # The batch in flight rolled back with the connection: every key is in exactly one place.
+    # The batch in flight rolled back with the connection, or committed (its COMMIT sent
+    # before the kill): every key is in exactly one place.
     assert not left & done
     assert left | done == set(keys)
 
     again = workers("restarted", queue)
     # The beat entry would send this; send it until the rows the dead connection held
     # are free again (PostgreSQL ends that backend as soon as it sees the socket close).
+    # Each round waits for its drain to finish, however long the machine takes.
     for _round in range(10):
+        finished = again.log().count(" succeeded in ")
         drain_outbox.apply_async(kwargs={"batch_size": 1000}, queue=queue)
-        deadline = time.monotonic() + 10
-        while IdempotencyOutbox.objects.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _wait(
+            lambda: again.log().count(" succeeded in ") > finished,  # noqa: B023
+            300,
+            "the drain after the restart",
+            again,
+        )
         if not IdempotencyOutbox.objects.exists():
             break
     assert not IdempotencyOutbox.objects.exists(), again.log()
