@@ -15,6 +15,7 @@ EXAMPLE_MIDDLEWARE        1 installs IdempotencyMiddleware (after an API-token m
 DATABASE_CONN_MAX_AGE     seconds a PostgreSQL connection is kept (default 600; 0 under ASGI,
                           where every request runs its database work in a thread of its own)
 IDEMPOTENCY_REDIS_PREFIX  the Redis key prefix of the redis and hybrid strategies (default idem)
+IDEMPOTENCY_REDIS_SOCKET_TIMEOUT  seconds a Redis reply is waited for (the library's default)
 CELERY_BROKER_URL         the Celery broker (default: REDIS_URL, else redis://127.0.0.1:6379/0)
 CELERY_TASK_DEFAULT_QUEUE the Celery queue the outbox drain is sent to (default celery)
 """
@@ -176,6 +177,8 @@ if os.environ.get("IDEMPOTENCY_WAIT_MAX_WAITERS"):
 
 if os.environ.get("IDEMPOTENCY_REDIS_PREFIX"):
     IDEMPOTENCY["REDIS_KEY_PREFIX"] = os.environ["IDEMPOTENCY_REDIS_PREFIX"]
+if os.environ.get("IDEMPOTENCY_REDIS_SOCKET_TIMEOUT"):
+    IDEMPOTENCY["REDIS_SOCKET_TIMEOUT"] = float(os.environ["IDEMPOTENCY_REDIS_SOCKET_TIMEOUT"])
 
 # Time partitions of the key table (PostgreSQL; docs/operations.md): seconds per partition.
 if os.environ.get("IDEMPOTENCY_PARTITION_INTERVAL"):
