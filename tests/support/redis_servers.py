@@ -44,6 +44,15 @@ def _cli(port: int, *args: str, timeout: float = 10, tls: TlsFiles | None = None
     return result.stdout + result.stderr
 
 
+def _probe(port: int, *args: str, tls: TlsFiles | None = None) -> str:
+    """``redis-cli`` asked in a wait loop: "" when it has not answered in 2 s (a server
+    that is starting or failing over, a busy machine), and the loop asks again."""
+    try:
+        return _cli(port, *args, timeout=2, tls=tls)
+    except subprocess.TimeoutExpired:
+        return ""
+
+
 def _tls_cli_args(tls: TlsFiles) -> tuple[str, ...]:
     """redis-cli over TLS, trusting the test CA and showing the client certificate."""
     return (
@@ -155,7 +164,7 @@ class RedisServer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"redis-server exited:\n{self.log()}")
-            if self.cli("PING", timeout=2).strip() == "PONG":
+            if _probe(self.port, "PING", tls=self.tls).strip() == "PONG":
                 return self
             time.sleep(0.05)
         self.stop()
@@ -226,7 +235,10 @@ def wait_replicated(port: int, timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
-            info = client.info("replication")
+            try:
+                info = client.info("replication")
+            except redis.TimeoutError:  # a busy machine: ask again
+                continue
             written = int(info.get("master_repl_offset", 0))
             replicas = [v for k, v in info.items() if k.startswith("slave") and k[5:].isdigit()]
             if any(
@@ -484,7 +496,7 @@ class RedisSentinels:
 
     def reported_master(self, sentinel: RedisServer) -> int | None:
         """The master's port as ``sentinel`` reports it (None when it does not answer)."""
-        answer = sentinel.cli("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service, timeout=2)
+        answer = _probe(sentinel.port, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service)
         words = answer.split()
         return int(words[1]) if len(words) == 2 and words[1].isdigit() else None
 
@@ -495,7 +507,7 @@ class RedisSentinels:
         while time.monotonic() < deadline:
             live = [sentinel for sentinel in self.sentinels if sentinel.running]
             reported = {self.reported_master(sentinel) for sentinel in live}
-            if reported == {port} and _cli(port, "ROLE", timeout=2).split()[:1] == ["master"]:
+            if reported == {port} and _probe(port, "ROLE").split()[:1] == ["master"]:
                 return
             time.sleep(0.1)
         raise RuntimeError(f"the sentinels did not promote 127.0.0.1:{port} within {timeout} s")

@@ -335,8 +335,10 @@ def test_a_master_killed_is_failed_over_and_no_key_runs_twice_unless_documented(
     assert SideEffect.objects.count() == ledger.total()
     runs_again = set() if strategy == "hybrid" else {missed}
     if strategy == "redis" and mode == "db":
+        # Each key a request handed to the db fallback (its row), in the outage or in the
+        # race after it: Redis did not see that run (the documented limit).
         runs_again |= {
-            key for key in outage[:-1] if IdempotencyKey.objects.filter(key=key).exists()
+            key for key in ledger.responses if IdempotencyKey.objects.filter(key=key).exists()
         }
     twice = {key for key in ledger.responses if ledger.executions(key) > 1}
     assert twice == runs_again, (twice, runs_again)
