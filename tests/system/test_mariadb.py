@@ -253,31 +253,14 @@ def _must_not_run() -> Any:
     raise AssertionError("the view ran although the key was never claimed")
 
 
-@pytest.fixture
-def long_lock_waits() -> Iterator[None]:
-    """Django's connection to MariaDB waits ten minutes for a row lock: only a deadlock
-    ends its waits, never a lock wait timeout (1205) on a busy machine."""
-    with connections[ALIAS].cursor() as cursor:
-        cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {LONG_LOCK_WAIT}")
-    yield
-    connections[ALIAS].close()
-
-
-#: Seconds: a lock wait that only a deadlock ends (a hang, not a slow machine, reaches it).
-LONG_LOCK_WAIT = 600
-
-
 @pytest.mark.django_db(databases=["mariadb"], transaction=True)
-def test_a_real_deadlock_is_transient(long_lock_waits: None) -> None:
+def test_a_real_deadlock_is_transient() -> None:
     """Two transactions take two rows in opposite orders; InnoDB kills one with 1213,
-    which is classified as a conflict a retry gets past (503 transient-conflict). The
-    second updates of both are sent without waiting for each other: in either order the
-    later one closes the cycle, and InnoDB sees the deadlock at once."""
+    which is classified as a conflict a retry gets past (503 transient-conflict)."""
     first, second = claim("a"), claim("b")
     connection = connections[ALIAS]
     with server_connection() as other:
-        cursor = other.cursor()
-        cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {LONG_LOCK_WAIT}")
+        cursor, other_id = other.cursor(), other.thread_id()
         cursor.execute("BEGIN")
         cursor.execute(f"UPDATE {KEYS} SET locked_at = locked_at WHERE id = %s", [second.pk])
         errors: list[BaseException] = []
@@ -293,21 +276,43 @@ def test_a_real_deadlock_is_transient(long_lock_waits: None) -> None:
 
             waiting = threading.Thread(target=cross)
             waiting.start()
+            _wait_for_lock_wait(other_id, waiting)
+            assert waiting.is_alive(), f"the cross update ended before it waited: {errors}"
             try:
                 with connection.cursor() as mine:
                     mine.execute(f"UPDATE {KEYS} SET fingerprint = 'y' WHERE id = %s", [second.pk])
             except OperationalError as exc:
                 errors.append(exc)
-            if not errors:  # the cross update was picked: its error ends it
-                waiting.join(LONG_LOCK_WAIT)
+            waiting.join(30)
         other.rollback()
-        waiting.join(LONG_LOCK_WAIT)
     assert len(errors) == 1, errors
     error = errors[0]
     if isinstance(error, OperationalError):  # Django's, from mysqlclient's
         assert is_transient(error)
     else:
         assert error.args[0] == 1213
+
+
+def _wait_for_lock_wait(waiter: int, thread: threading.Thread, timeout: float = 120.0) -> None:
+    """Until the transaction of the connection whose thread id is ``waiter`` waits for a
+    row lock (that one: the server is shared, another's lock wait says nothing), or
+    ``thread``, which sent its statement, has ended (it failed instead of waiting: the
+    caller tells why). ``timeout`` only tells a hang."""
+    from ..support.waiting import wait_until
+
+    with server_connection() as watcher:
+        watcher.autocommit(True)  # each poll a statement of its own
+        cursor = watcher.cursor()
+
+        def waiting() -> bool:
+            cursor.execute(
+                "SELECT COUNT(*) FROM information_schema.INNODB_TRX "
+                "WHERE trx_mysql_thread_id = %s AND trx_state = 'LOCK WAIT'",
+                [waiter],
+            )
+            return bool(cursor.fetchone()[0])
+
+        wait_until(lambda: waiting() or not thread.is_alive(), timeout=timeout)
 
 
 @pytest.mark.django_db(databases=["mariadb"], transaction=True)
