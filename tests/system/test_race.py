@@ -22,6 +22,7 @@ from ..support.example import (
     request,
     scratch_database,
 )
+from ..support.threads import in_background
 from ..support.waiting import wait_until
 
 pytestmark = [pytest.mark.server, pytest.mark.django_db(transaction=False)]
@@ -82,18 +83,14 @@ def test_naive_select_then_insert_double_charges(backend: str, tmp_path: Path) -
     env = {"PSP_HOLD_MARKER": str(hold), "PSP_CALL_LOG": str(calls)}
     with scratch_database(backend) as db, example_server(db, env=env) as server:
         url = server.url + "/baseline/naive-charges/"
-        racing = threading.Thread(target=race, args=(url,), kwargs=_NAIVE_RACE)
-        racing.start()
+        racing = in_background(lambda: race(url, n=CLIENTS, key="pay-1", body=CHARGE))
         try:
             wait_until(lambda: len(calls.read_text().split()) >= 2, timeout=60)
         finally:
             hold.unlink()
-        racing.join(120)
+        racing.result(120)
         charges = count_rows(db, "payments_charge")
     assert charges > 1, "the harness must be able to observe a double charge"
-
-
-_NAIVE_RACE = {"n": CLIENTS, "key": "pay-1", "body": CHARGE}
 
 
 @pytest.mark.postgres
