@@ -6,9 +6,13 @@ import time
 from collections.abc import Callable
 
 
-def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+def wait_until(
+    condition: Callable[[], bool], timeout: float = 10.0, interval: float = 0.01
+) -> None:
+    """Until ``condition()`` holds, asked every ``interval`` seconds; ``timeout`` only
+    tells a hang."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
-        time.sleep(0.01)  # polling interval
+        time.sleep(interval)
