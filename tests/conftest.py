@@ -109,6 +109,21 @@ def forget_queued_drains() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
+def _forget_pending_redis_work() -> None:
+    """Each test starts as a new process would: with no deletions or confirmations pending
+    for Redis and no keys suspected (``strategies/redis/discards.py``, ``suspects.py``).
+    An earlier test's pending deletion, against a Redis of its own, would otherwise be sent
+    before this test's first claim, on the connection the test prepared for that claim
+    (``test_faults.py``, seed 2307552980: that deletion's reply was lost, its connection
+    closed, and the claim went out on a new one whose handshake was lost too)."""
+    from django_idempotency.strategies.redis.discards import discards
+    from django_idempotency.strategies.redis.suspects import suspects
+
+    discards.forget()
+    suspects.forget()
+
+
+@pytest.fixture(autouse=True)
 def _stop_wait_listeners() -> Iterator[None]:
     """A WAIT listener (started by any request whose view waits) holds a connection of its
     own to the test database: stop it after each test, so that it neither leaks into the
