@@ -49,6 +49,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from .conf import conf
 from .errors import DatabaseMisconfigured, FingerprintMismatch, LeaseLost
+from .protocol.engine import steps_strategy
 from .protocol.keysource import check_key
 from .protocol.lease import keeper
 from .protocol.lifecycle import Lifecycle
@@ -59,7 +60,7 @@ from .protocol.shards import ROUTER
 from .protocol.steps import Steps
 from .strategies import load_strategy
 from .strategies.base import Attempt, Claim, InProgress, Mismatch, Replay
-from .strategies.stepped import StepClaim, stepped
+from .strategies.stepped import StepClaim
 
 #: The strategies whose claim commits with the body's transaction: a task's ``strategy``.
 TASK_STRATEGIES = ("db", "advisory_lock")
@@ -237,8 +238,7 @@ def run_claimed(task: IdempotentTask, attempt: Attempt, args: tuple[Any, ...], k
     conf.ensure_valid()
     strategy = load_strategy(task.idempotency_strategy)
     if task.idempotency_steps:
-        # A strategy of TASK_STRATEGIES: each has its stepped form.
-        strategy = stepped(strategy) or strategy
+        strategy = steps_strategy(strategy)  # each of TASK_STRATEGIES has its stepped form
     try:
         with ExitStack() as stack:
             # Entered first, left last: the lease is no longer renewed when it commits.
