@@ -391,7 +391,7 @@ def test_a_dead_sentinel_costs_no_request_more_than_a_timeout(
     the replica, and no request waits for redis-py's retries of the dead sentinel (the
     recipe's ``retry`` in SENTINEL_KWARGS; with redis-py's retries, the requests wait for
     seconds): counted, not timed, each discovery of the master asks the dead sentinel
-    once."""
+    without retrying it."""
     assert topology.master is not None and topology.replica is not None
     configure(topology, STRATEGY="hybrid", REDIS_FAILURE_MODE="db")
     user = UserFactory()
@@ -402,10 +402,16 @@ def test_a_dead_sentinel_costs_no_request_more_than_a_timeout(
     topology.sentinels[0].kill()
     topology.master.kill()
     outage = _during_the_outage(topology, ledger, user, [before])
-    # The dead sentinel was asked, and never twice in one discovery of the master: no
-    # request waits for redis-py's retries of it (each one a back-off longer).
+    # The dead sentinel was asked, and not retried: no request waits for redis-py's retries
+    # of it (each a back-off longer; redis-py 8 retries a connect ten times by default).
+    # Once per discovery, or more when racing requests discover at once: discover_master
+    # moves the sentinel that answered to the front of the list it shares with the other
+    # threads, so a discovery that asked the dead one may meet it again in a later slot
+    # (twice in make stress-test, seed 534943228). One pass of that list: a connect per
+    # slot at most.
     dead = topology.sentinels[0].port
-    assert connects.per_discovery[dead] == 1, (dead, connects.per_discovery)
+    slots = len(topology.sentinels)
+    assert 1 <= connects.per_discovery[dead] <= slots, (dead, connects.per_discovery)
     assert ledger.most <= 2, ledger.most
     topology.wait_master(topology.replica.port)
     assert _sentinel_pool().get_master_address() == ("127.0.0.1", topology.replica.port)
