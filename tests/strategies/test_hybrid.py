@@ -64,10 +64,9 @@ pytestmark = [
 
 @pytest.fixture(autouse=True)
 def _suspect_rows_read(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No key was handled without Redis, and this process's read of the suspect rows (one
-    a second, test_hybrid_episodes.py) is not due during a test: the statements counted
-    here are the requests' own."""
-    suspects.forget()  # no marks pending from an earlier test: their writes are not counted
+    """This process's read of the suspect rows (one a second, test_hybrid_episodes.py) is
+    not due during a test: the statements counted here are the requests' own (and no mark
+    is pending from an earlier test: tests/conftest.py forgets them before each test)."""
     monkeypatch.setattr(suspects, "next_read", math.inf)
 
 

@@ -50,13 +50,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _new_process() -> Iterator[None]:
-    suspects.forget()
-    yield
-    suspects.forget()
-
-
 @pytest.fixture
 def hybrid(redis_settings: Any, running_private_redis: RedisServer) -> Any:
     """``hybrid(**more)``: the hybrid strategy on the private server, default settings."""
