@@ -49,7 +49,6 @@ from django.core.exceptions import ImproperlyConfigured
 
 from .conf import conf
 from .errors import DatabaseMisconfigured, FingerprintMismatch, LeaseLost
-from .protocol.engine import steps_strategy
 from .protocol.keysource import check_key
 from .protocol.lease import keeper
 from .protocol.lifecycle import Lifecycle
@@ -60,7 +59,7 @@ from .protocol.shards import ROUTER
 from .protocol.steps import Steps
 from .strategies import load_strategy
 from .strategies.base import Attempt, Claim, InProgress, Mismatch, Replay
-from .strategies.stepped import StepClaim
+from .strategies.stepped import StepClaim, steps_strategy
 
 #: The strategies whose claim commits with the body's transaction: a task's ``strategy``.
 TASK_STRATEGIES = ("db", "advisory_lock")

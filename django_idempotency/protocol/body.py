@@ -31,6 +31,7 @@ from django.http import HttpRequest, QueryDict
 from django.http.multipartparser import MultiPartParser, MultiPartParserError
 from django.http.request import RawPostDataException
 from django.utils.datastructures import MultiValueDict
+from django.utils.translation import gettext_lazy as _
 
 from ..errors import IncompleteBody, InvalidBody, RequestTooLarge
 
@@ -113,6 +114,33 @@ def load(request: HttpRequest) -> Body:
         loaded = Body(read_body(django_request))
         setattr(django_request, _LOADED, loaded)
     return loaded
+
+
+def member_values(request: HttpRequest, name: str) -> list[Any] | None:
+    """The values of the top-level member ``name`` of the request's JSON body (:func:`load`),
+    in the order they were sent: empty when the body is empty, is not a JSON object or has
+    no such member; None when it is not JSON. ``RequestTooLarge`` and ``IncompleteBody`` as
+    :func:`load`; ``InvalidBody`` when something read the body as a stream before: nothing
+    can be told about what it carries, nor can it be fingerprinted."""
+    try:
+        body = load(request)
+    except RawPostDataException as exc:
+        raise InvalidBody(_READ_AS_A_STREAM) from exc
+    if not body.raw:
+        return []
+    try:
+        parsed = body.json()
+    except (ValueError, RecursionError):
+        return None
+    if not is_object(parsed):
+        return []
+    return [value for member, value in parsed if member == name]
+
+
+_READ_AS_A_STREAM = _(
+    "The request body was read before its idempotency key, so the key cannot be "
+    "read from it and the body cannot be fingerprinted."
+)
 
 
 def parsed_by_django(request: HttpRequest) -> bool:

@@ -21,7 +21,6 @@ from django.db import DatabaseError, InterfaceError, connections
 from django.dispatch import Signal
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
-from django.utils.translation import gettext_lazy as _
 
 from .. import signals
 from ..conf import conf
@@ -33,18 +32,16 @@ from ..errors import (
     ReplayNotAcceptable,
     RequestInProgress,
     ResponseNotStored,
-    StoreUnavailable,
     TransientConflict,
 )
 from ..store.errors import DATABASE_ERRORS, classify_database_error, retry_after
 from ..strategies import get_strategy, waiting
 from ..strategies.base import Attempt, Claim, InProgress, Mismatch, Outcome, Replay, Strategy
-from ..strategies.stepped import STEP_STRATEGIES, StepClaim, stepped
-from .body import preload
+from ..strategies.stepped import StepClaim, steps_strategy
 from .fingerprint import fingerprint
 from .header import header_value
 from .keys import downstream_key, key_digest
-from .keysource import KeyFunc, check_key, may_carry_body_key, missing_detail, request_key
+from .keysource import KeyFunc, may_carry_body_key, missing_detail, request_key
 from .lease import Keeping, keeper
 from .lifecycle import Lifecycle
 from .negotiation import retry_accepts
@@ -56,11 +53,6 @@ from .shards import key_database
 from .steps import Steps
 
 logger = logging.getLogger("django_idempotency")
-
-#: The detail of the 503 for a view with steps under a strategy that does not run them.
-STEPS_UNSUPPORTED = _(
-    "This endpoint is configured to run in steps under a strategy that cannot run them."
-)
 
 
 @dataclass(frozen=True)
@@ -112,22 +104,6 @@ class IdempotentRequest:
 
     # -- key -> scope -> fingerprint ---------------------------------------------------------
 
-    @staticmethod
-    def read_key(request: HttpRequest, options: Options, key: KeyFunc | None = None) -> str | None:
-        """The validated key: the view's ``key`` hook's, else the header's or the JSON body's
-        (``keysource.request_key``); None when absent and optional; raises 400 errors. The
-        body is read into memory first, so that a hook that parses it leaves it for the
-        fingerprint."""
-        if key is None:
-            found = request_key(request)
-        else:
-            preload(request)
-            raw = key(request)
-            found = None if raw is None else check_key(raw)
-        if found is None and options.resolve().required:
-            raise MissingKey(missing_detail(hook=key is not None))
-        return found
-
     @classmethod
     def from_request(
         cls,
@@ -140,13 +116,16 @@ class IdempotentRequest:
         ``key`` is the view's own key hook (None: the header and ``KEY_BODY_FIELD``).
         Raises ``InvalidConfiguration`` first when the settings have an error."""
         conf.ensure_valid()
+        resolved = options.resolve()
         if not options.applies_to(request.method):
             return None
-        found = cls.read_key(request, options, key)
+        # The key (raises 400 errors), read with the body: see keysource.request_key.
+        found = request_key(request, key)
         if found is None:
+            if resolved.required:
+                raise MissingKey(missing_detail(hook=key is not None))
             return None
         bounded = bounded_scope(scope(request))
-        resolved = options.resolve()
         strategy = get_strategy(resolved.strategy)
         if options.steps:
             strategy = steps_strategy(strategy)
@@ -464,22 +443,6 @@ class IdempotentRequest:
             strategy=self.strategy.name,
             **more,
         )
-
-
-def steps_strategy(strategy: Strategy) -> Strategy:
-    """The strategy that runs a view with steps in place of ``strategy``;
-    ``StoreUnavailable`` (a 503, logged) under one that cannot (a view's own strategy is
-    refused when it is declared, check E090; this is the ``STRATEGY`` setting's)."""
-    found = stepped(strategy)
-    if found is not None:
-        return found
-    logger.error(
-        "a view declared with steps=True runs under the strategy %r, which does not run "
-        "steps (%s do); refused with a 503 (see docs/steps.md)",
-        strategy.name,
-        ", ".join(STEP_STRATEGIES),
-    )
-    raise StoreUnavailable(STEPS_UNSUPPORTED)
 
 
 #: What an entry point answers with a problem (:func:`problem_for`) instead of a 500.

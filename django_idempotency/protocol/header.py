@@ -1,5 +1,7 @@
-"""The ``Idempotency-Key`` header: the bare form and the RFC 8941 sf-string with its
-parameters (see docs/how-it-works.md, "The Idempotency-Key header")."""
+"""What an idempotency key is (:func:`check_key`: 1 to ``MAX_KEY_LENGTH`` visible ASCII
+characters), and the ``Idempotency-Key`` header that carries it: the bare form and the RFC
+8941 sf-string with its parameters (:func:`parse_key`; see docs/how-it-works.md, "The
+Idempotency-Key header")."""
 
 from __future__ import annotations
 
@@ -77,6 +79,55 @@ def parse_key(raw: str) -> str:
             )
         )
     return value
+
+
+def check_key(value: object, field: str | None = None) -> str:
+    """``value`` when it is a key: a string of 1 to ``MAX_KEY_LENGTH`` visible ASCII
+    characters, as a bare header key is; ``InvalidKey`` naming the body's ``field`` (or the
+    key, for a hook's) otherwise. Unlike the header, a quoted value is not unquoted."""
+    problem = _key_problem(value)
+    if problem is None:
+        assert isinstance(value, str)
+        return value
+    messages = _FIELD_PROBLEMS if field is not None else _HOOK_PROBLEMS
+    raise InvalidKey(format_lazy(messages[problem], field=field, max_length=MAX_KEY_LENGTH))
+
+
+def _key_problem(value: object) -> str | None:
+    # Not isinstance(): a JSON number from the body is a str subclass (its text, as sent).
+    if type(value) is not str:
+        return "type"
+    if not value:
+        return "empty"
+    if len(value) > MAX_KEY_LENGTH:
+        return "length"
+    if not _is_visible_ascii(value):
+        return "characters"
+    return None
+
+
+#: What is wrong with a key in the body's field, by problem: whole sentences, translated.
+_FIELD_PROBLEMS: dict[str, StrOrPromise] = {
+    "type": _('The body field "{field}" must be a string: the idempotency key.'),
+    "empty": _('The body field "{field}" is empty; it must hold the idempotency key.'),
+    "length": _(
+        'The idempotency key in the body field "{field}" is longer than {max_length} characters.'
+    ),
+    "characters": _(
+        'The idempotency key in the body field "{field}" may only contain visible ASCII '
+        "characters (no spaces or control characters)."
+    ),
+}
+#: The same for a key that a view's own hook returned.
+_HOOK_PROBLEMS: dict[str, StrOrPromise] = {
+    "type": _("The idempotency key must be a string."),
+    "empty": _("The idempotency key is empty."),
+    "length": _("The idempotency key is longer than {max_length} characters."),
+    "characters": _(
+        "The idempotency key may only contain visible ASCII characters "
+        "(no spaces or control characters)."
+    ),
+}
 
 
 _LIST_OF_KEYS = _(

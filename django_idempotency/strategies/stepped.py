@@ -36,6 +36,7 @@ from django.db import DatabaseError, connections
 from django.db.models import DateTimeField, ExpressionWrapper, Value
 from django.db.models.expressions import CombinedExpression
 from django.db.models.functions import Now
+from django.utils.translation import gettext_lazy as _
 
 from ..errors import LeaseLost, StoreUnavailable
 from ..models import IdempotencyKey
@@ -49,6 +50,11 @@ logger = logging.getLogger("django_idempotency")
 
 #: The strategies that run a view in steps, by name.
 STEP_STRATEGIES = ("db", "advisory_lock")
+
+#: The detail of the 503 for a view with steps under a strategy that does not run them.
+STEPS_UNSUPPORTED = _(
+    "This endpoint is configured to run in steps under a strategy that cannot run them."
+)
 
 SESSION_LOCK_SQL = "SELECT pg_advisory_lock(hashtextextended(%s, 0))"
 SESSION_UNLOCK_SQL = "SELECT pg_advisory_unlock(hashtextextended(%s, 0))"
@@ -271,3 +277,19 @@ def stepped(strategy: Strategy) -> Strategy | None:
     if found is None:
         return None
     return _STEPPED.setdefault(found.name, found())
+
+
+def steps_strategy(strategy: Strategy) -> Strategy:
+    """The strategy that runs a view with steps in place of ``strategy``;
+    ``StoreUnavailable`` (a 503, logged) under one that cannot (a view's own strategy is
+    refused when it is declared, check E090; this is the ``STRATEGY`` setting's)."""
+    found = stepped(strategy)
+    if found is not None:
+        return found
+    logger.error(
+        "a view declared with steps=True runs under the strategy %r, which does not run "
+        "steps (%s do); refused with a 503 (see docs/steps.md)",
+        strategy.name,
+        ", ".join(STEP_STRATEGIES),
+    )
+    raise StoreUnavailable(STEPS_UNSUPPORTED)

@@ -275,6 +275,18 @@ def test_a_body_too_large_to_read_is_413(entry: str) -> None:
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
+def test_every_entry_point_reads_the_body_before_it_judges_the_header(entry: str) -> None:
+    """With ``KEY_BODY_FIELD`` set the body is read first, once, on every entry point: a body
+    too large to read is a 413 whatever the header says, a readable one with a bad header
+    is the header's 400."""
+    with entry_point(entry), override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=100):
+        too_large = send(entry, charge(note="x" * 200), header="bad key")
+        assert_problem(too_large, 413, "request-too-large")
+        assert_problem(send(entry, charge(), header="bad key"), 400, "invalid-key")
+    assert runs(entry) == 0
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
 def test_without_the_setting_the_field_is_the_views_data(entry: str) -> None:
     with entry_point(entry, KEY_BODY_FIELD=None):
         first = send(entry, charge("not-a-key"))
