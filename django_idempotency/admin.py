@@ -352,7 +352,7 @@ class IdempotencyKeyAdmin(KeyDatabaseAdmin):
         ),
         (
             _("Steps"),
-            {"fields": ("recovery_point", "steps_done")},
+            {"fields": ("recovery_point", "steps_done", "completer")},
         ),
         (
             _("Times"),
@@ -362,6 +362,7 @@ class IdempotencyKeyAdmin(KeyDatabaseAdmin):
     readonly_fields = (
         "recovery_point",
         "steps_done",
+        "completer",
         "scope",
         "key",
         "status",
@@ -466,6 +467,26 @@ class IdempotencyKeyAdmin(KeyDatabaseAdmin):
                 ),
             ),
         )
+
+    @admin.display(description=_("completer"))
+    def completer(self, obj: IdempotencyKey) -> str:
+        """What the completer knows of the key (docs/steps.md, "The completer"): whether
+        its request is kept, the completer's runs of it, and whether it gave it up."""
+        steps = obj.steps if isinstance(obj.steps, dict) else {}
+        state = steps.get("completer") or {}
+        if "request" not in steps and not state:
+            return "-"
+        runs = int(state.get("attempts", 0))
+        text = ngettext(
+            "request kept; run %(runs)d time by the completer",
+            "request kept; run %(runs)d times by the completer",
+            runs,
+        ) % {"runs": runs}
+        if state.get("dead"):
+            text += "; " + gettext("dead-lettered: %(reason)s") % {
+                "reason": state.get("reason", "")
+            }
+        return text
 
     # -- actions --------------------------------------------------------------------------
 

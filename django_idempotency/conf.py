@@ -41,10 +41,11 @@ ERRORS = "Errors"
 REDIS = "Redis and hybrid"
 PARTITIONS = "Time partitions"
 MIDDLEWARE = "The middleware"
+COMPLETER = "The completer"
 EXTRAS = "Admin, metrics and tests"
 GROUPS: tuple[str, ...] = (
     *(COMMON, DATABASES, KEYS, WAITING, STORED, SCOPES),
-    *(ERRORS, REDIS, PARTITIONS, MIDDLEWARE, EXTRAS),
+    *(ERRORS, REDIS, PARTITIONS, MIDDLEWARE, COMPLETER, EXTRAS),
 )
 
 #: The methods ``METHODS`` (and a view's ``methods``) may name.
@@ -639,6 +640,35 @@ class IdempotencySettings:
         'every view not exempt ("all").',
         MIDDLEWARE,
         checks=("E101",),
+    )
+
+    # -- the completer ---------------------------------------------------------------------
+    COMPLETER_AFTER = Setting(
+        60,
+        float,
+        "Seconds past a lapsed lease (the view's LOCK_TIMEOUT) that the completer leaves a "
+        "request with completer=True to its client's retry before it finishes it itself.",
+        COMPLETER,
+        rule=Rule(
+            "E093",
+            _at_least_zero,
+            "{label} is {value!r}.",
+            "Use a number of seconds, 0 or more; the default is {default!r}. See "
+            "docs/steps.md, 'The completer'.",
+        ),
+    )
+    COMPLETER_ATTEMPTS = Setting(
+        5,
+        int,
+        "How many times the completer runs a request before it leaves it dead-lettered.",
+        COMPLETER,
+        rule=Rule(
+            "E094",
+            _whole(1),
+            "{label} is {value!r}.",
+            "Use a whole number of at least 1; the default is {default!r}. See "
+            "docs/steps.md, 'The completer'.",
+        ),
     )
 
     # -- admin, metrics and tests ----------------------------------------------------------

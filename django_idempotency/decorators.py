@@ -190,6 +190,12 @@ def idempotency_opt_in(
     with an attribute the middleware reads; it does nothing without the middleware."""
     check_key_hook("@idempotency_opt_in", key)
     opt_in = OptIn(Options.declared("@idempotency_opt_in", **options), scope or default_scope, key)
+    if opt_in.options.completer:
+        raise TypeError(
+            "@idempotency_opt_in: completer=True is for @idempotent, @idempotent_api_view and "
+            "IdempotencyMixin views: the completer sends a request to its view without the "
+            "project's middleware, which would leave this one unprotected."
+        )
 
     def decorate(func: ViewFunc) -> ViewFunc:
         conf.validate_view(func, **opt_in.options.as_dict())

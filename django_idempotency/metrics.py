@@ -12,6 +12,10 @@ The app config installs them at start-up; nothing else imports this module, so
     lock, and for a duplicate that waits (``WAIT``) its wait), by outcome: ``claimed``,
     ``taken_over``, ``in_progress``, ``replay``, ``mismatch`` or ``error``.
 
+``django_idempotency_completer_runs_total{outcome}``
+    one per key the completer handled (``signals.completer_ran``): ``completed``,
+    ``failed``, ``dead_lettered`` or ``taken``.
+
 ``django_idempotency_redis_fallback_requests_total{strategy}``
     requests the ``redis`` or ``hybrid`` strategy handled without Redis (the ``db``
     fallback, or 503 with ``REDIS_FAILURE_MODE = "fail_closed"``).
@@ -84,6 +88,7 @@ class Metrics:
     claim_seconds: Any = field(init=False)
     fallbacks: Any = field(init=False)
     fallback_active: Any = field(init=False)
+    completer_runs: Any = field(init=False)
     _receivers: dict[str, Any] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -112,6 +117,12 @@ class Metrics:
             registry=self.registry,
             multiprocess_mode="livemax",
         )
+        self.completer_runs = Counter(
+            "django_idempotency_completer_runs",
+            "Keys the completer handled, by outcome.",
+            ["outcome"],
+            registry=self.registry,
+        )
 
     def connect(self) -> None:
         for event, signal in EVENTS.items():
@@ -119,6 +130,9 @@ class Metrics:
             self._receivers[event] = receiver
             signal.connect(receiver, weak=False, dispatch_uid=_uid(event))
         signals.claim_timed.connect(self.observe_claim, weak=False, dispatch_uid=_uid("claim"))
+        signals.completer_ran.connect(
+            self.observe_completer, weak=False, dispatch_uid=_uid("completer")
+        )
         redis_health.monitor.observer = self.observe_fallback
 
     def disconnect(self) -> None:
@@ -126,9 +140,11 @@ class Metrics:
             signal.disconnect(dispatch_uid=_uid(event))
         self._receivers.clear()
         signals.claim_timed.disconnect(dispatch_uid=_uid("claim"))
+        signals.completer_ran.disconnect(dispatch_uid=_uid("completer"))
         if redis_health.monitor.observer == self.observe_fallback:
             redis_health.monitor.observer = None
-        for collector in (self.events, self.claim_seconds, self.fallbacks, self.fallback_active):
+        collectors = (self.events, self.claim_seconds, self.fallbacks, self.fallback_active)
+        for collector in (*collectors, self.completer_runs):
             with contextlib.suppress(KeyError):  # already unregistered
                 self.registry.unregister(collector)
 
@@ -142,6 +158,13 @@ class Metrics:
             )
         except Exception:  # a metric must never fail a request
             logger.exception("could not record the claim duration")
+
+    def observe_completer(self, sender: Any, outcome: str = "", **kwargs: Any) -> None:
+        """``signals.completer_ran``'s receiver: one key the completer handled."""
+        try:
+            self.completer_runs.labels(outcome=outcome or "unknown").inc()
+        except Exception:  # a metric must never fail the completer
+            logger.exception("could not count the completer's run")
 
     def observe_fallback(self, event: str, strategy: str) -> None:
         """``redis_health``'s observer: a request without Redis, or the episode's end."""

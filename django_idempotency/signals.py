@@ -1,5 +1,6 @@
-"""Signals sent by the engine. Each is sent with ``sender`` = the strategy class and
-keyword arguments ``request``, ``scope``, ``key`` and ``strategy`` (its name)."""
+"""Signals sent by the engine and the completer. The engine's are sent with ``sender`` = the
+strategy class and keyword arguments ``request``, ``scope``, ``key`` and ``strategy`` (its
+name); the completer's are described at the end."""
 
 from django.dispatch import Signal
 
@@ -29,3 +30,12 @@ wait_timed_out = Signal()
 #: ``taken_over``, ``in_progress``, ``replay``, ``mismatch``, or ``error`` when the claim
 #: raised) and ``seconds``; only timed while a receiver is connected (metrics connect one).
 claim_timed = Signal()
+
+# -- the completer (docs/steps.md, "The completer"): sent with ``sender`` = IdempotencyKey --
+#: The completer ran a key's request (or found it taken first): sent with ``scope``, ``key``,
+#: ``outcome`` (``completed``, ``failed``, ``dead_lettered`` or ``taken``), ``attempts`` (the
+#: completer's runs of the key, this one included) and ``status`` (the response's, or None).
+completer_ran = Signal()
+#: The completer gave a key up (no attempts left, or a request it cannot send again): sent
+#: with ``scope``, ``key``, ``attempts`` and ``reason``. Its client's retry still resumes it.
+request_dead_lettered = Signal()

@@ -39,6 +39,8 @@ logger = logging.getLogger("django_idempotency")
 
 DRAIN_TASK = "django_idempotency.drain_outbox"
 PURGE_TASK = "django_idempotency.purge_expired_keys"
+#: The completer's task (defined in ``completer_tasks``, which sits above this module).
+COMPLETE_TASK = "django_idempotency.complete_requests"
 
 #: Seconds one ``drain_outbox`` run may spend before it hands the rest to a new task.
 DRAIN_TIME_BUDGET = 30.0
@@ -49,6 +51,7 @@ def beat_schedule(
     drain_every: float = 10.0,
     purge_every: float = 3600.0,
     purge_older_than: float = 0.0,
+    complete_every: float | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Entries for ``CELERY_BEAT_SCHEDULE`` (``beat_schedule`` in Celery's own naming).
 
@@ -59,9 +62,13 @@ def beat_schedule(
       (with ``PARTITION_INTERVAL``: dropping the expired partitions and creating those
       ahead, which must run more often than the partitions ahead last: a day past TTL).
 
-    Both tasks ignore their results; no result backend is needed.
+    * ``django-idempotency-complete-requests``, with ``complete_every``: the completer
+      (``django_idempotency.completer_tasks``, which the worker must import: add it to
+      Celery's ``include``), every ``complete_every`` seconds.
+
+    The tasks ignore their results; no result backend is needed.
     """
-    return {
+    schedule = {
         "django-idempotency-drain-outbox": {
             "task": DRAIN_TASK,
             "schedule": float(drain_every),
@@ -74,6 +81,13 @@ def beat_schedule(
             "options": {"expires": float(purge_every)},
         },
     }
+    if complete_every is not None:
+        schedule["django-idempotency-complete-requests"] = {
+            "task": COMPLETE_TASK,
+            "schedule": float(complete_every),
+            "options": {"expires": float(complete_every)},
+        }
+    return schedule
 
 
 @shared_task(name=DRAIN_TASK, ignore_result=True)  # type: ignore[untyped-decorator]

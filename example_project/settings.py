@@ -6,6 +6,8 @@ IDEMPOTENCY_STRATEGY      db (default), advisory_lock, redis, hybrid
 IDEMPOTENCY_LOCK_TIMEOUT  seconds before an in-progress lease counts as abandoned (default 60)
 IDEMPOTENCY_WAIT          seconds a duplicate waits for the first request's answer (default 0)
 IDEMPOTENCY_WAIT_MAX_WAITERS  duplicates that may wait at once in one process (default 16)
+IDEMPOTENCY_COMPLETER_AFTER  seconds past a lapsed lease before the completer finishes a
+                          request of the stepped charge (default 60)
 PSP_DELAY_MS              how long the fake payment provider takes (default 0)
 PSP_FAIL_MARKER           a file path: while it exists, the next payment call fails once (tests)
 PSP_CALL_LOG              a file path: each payment call appends its process id (tests)
@@ -165,6 +167,8 @@ IDEMPOTENCY = {
     "LOCK_TIMEOUT": float(os.environ.get("IDEMPOTENCY_LOCK_TIMEOUT", "60")),
     "WAIT": float(os.environ.get("IDEMPOTENCY_WAIT", "0")),
 }
+if os.environ.get("IDEMPOTENCY_COMPLETER_AFTER"):
+    IDEMPOTENCY["COMPLETER_AFTER"] = float(os.environ["IDEMPOTENCY_COMPLETER_AFTER"])
 if os.environ.get("IDEMPOTENCY_TTL"):
     IDEMPOTENCY["TTL"] = float(os.environ["IDEMPOTENCY_TTL"])
 if os.environ.get("REDIS_CLUSTER_URL"):

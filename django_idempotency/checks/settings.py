@@ -85,6 +85,7 @@ def view_option_errors(
     strategy: Any = None,
     wait: Any = None,
     steps: Any = None,
+    completer: Any = None,
 ) -> list[CheckMessage]:
     """The checks of the settings, applied to the options a view declares (``None``: the
     setting's, checked with the settings). ``where`` names the view in the messages."""
@@ -104,6 +105,19 @@ def view_option_errors(
         messages += boolean_errors(f"{where}: steps", steps)
         if steps is True and strategy is not None:
             messages += _steps_strategy_errors(where, strategy)
+    if completer is not None:
+        messages += boolean_errors(f"{where}: completer", completer)
+        if completer is True and steps is not True:
+            messages.append(
+                Error(
+                    f"{where}: completer=True, but the view does not run in steps.",
+                    hint=(
+                        "The completer resumes a request from its recovery point: declare "
+                        "steps=True as well, or drop completer=True; see docs/steps.md."
+                    ),
+                    id=ID + "E092",
+                )
+            )
     return messages
 
 

@@ -48,6 +48,7 @@ from .negotiation import retry_accepts
 from .options import Options
 from .problems import problem_response
 from .replay import NotStorable, StoredResponse, capture
+from .resend import check_resent, kept_request
 from .scope import bounded_scope, default_scope
 from .shards import key_database
 from .steps import Steps
@@ -87,8 +88,12 @@ class IdempotentRequest:
     through :func:`problem_response`.
     """
 
-    def __init__(self, request: HttpRequest, attempt: Attempt, strategy: Strategy) -> None:
+    def __init__(
+        self, request: HttpRequest, attempt: Attempt, strategy: Strategy, *, completer: bool = False
+    ) -> None:
         self.request = request
+        #: Whether the view's steps keep its request for the completer (``completer=True``).
+        self.completer = completer
         self.attempt = attempt
         self.strategy = strategy
         self.key, self.scope, self.fingerprint = attempt.key, attempt.scope, attempt.fingerprint
@@ -117,20 +122,23 @@ class IdempotentRequest:
         Raises ``InvalidConfiguration`` first when the settings have an error."""
         conf.ensure_valid()
         resolved = options.resolve()
+        # DRF's Request hands method and path over from Django's: ask Django's.
+        django_request: HttpRequest = getattr(request, "_request", request)
         if not options.applies_to(request.method):
+            check_resent(django_request, None, None)  # never unprotected: the completer's
             return None
         # The key (raises 400 errors), read with the body: see keysource.request_key.
         found = request_key(request, key)
         if found is None:
+            check_resent(django_request, None, None)
             if resolved.required:
                 raise MissingKey(missing_detail(hook=key is not None))
             return None
         bounded = bounded_scope(scope(request))
+        check_resent(django_request, bounded, found)  # the completer's (docs/steps.md)
         strategy = get_strategy(resolved.strategy)
         if options.steps:
             strategy = steps_strategy(strategy)
-        # DRF's Request hands method and path over from Django's: ask Django's.
-        django_request: HttpRequest = getattr(request, "_request", request)
         routed = conf.DATABASE_ROUTING is not None
         database = key_database(request) if routed else conf.DATABASE
         attempt = Attempt(
@@ -146,7 +154,7 @@ class IdempotentRequest:
             wait=resolved.wait,
             shard=database if routed else "",
         )
-        return cls(request, attempt, strategy)
+        return cls(request, attempt, strategy, completer=bool(options.steps and options.completer))
 
     # -- the lifecycle: claim, lease ---------------------------------------------------------
 
@@ -176,7 +184,11 @@ class IdempotentRequest:
         if not isinstance(outcome, StepClaim):
             return None
         assert self.lifecycle is not None
-        self.steps = Steps(self.lifecycle, outcome, self.scope, self.key)
+        keep = None
+        if self.completer and "request" not in outcome.kept:
+            kept = kept_request(self.request, self.attempt.lock_timeout)
+            keep = None if kept is None else {"request": kept}
+        self.steps = Steps(self.lifecycle, outcome, self.scope, self.key, keep)
         return self.steps
 
     def _claim(self) -> Outcome:

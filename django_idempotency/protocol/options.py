@@ -28,6 +28,7 @@ class ViewOptions(TypedDict, total=False):
     strategy: str | None
     wait: float | None
     steps: bool | None
+    completer: bool | None
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,9 @@ class Options:
     #: The view runs in steps with recovery points (``request.idempotency.steps``,
     #: docs/steps.md); no setting: False unless a view says so.
     steps: bool | None = None
+    #: A view with steps whose requests the completer finishes when their client does not
+    #: come back (docs/steps.md, "The completer"); no setting: False unless a view says so.
+    completer: bool | None = None
 
     def __post_init__(self) -> None:
         methods: Any = self.methods

@@ -55,10 +55,20 @@ def as_json(value: Any) -> Any:
 class Steps:
     """The steps of one claimed request (``request.idempotency.steps``)."""
 
-    def __init__(self, lifecycle: Lifecycle, claim: StepClaim, scope: str, key: str) -> None:
+    def __init__(
+        self,
+        lifecycle: Lifecycle,
+        claim: StepClaim,
+        scope: str,
+        key: str,
+        keep: dict[str, Any] | None = None,
+    ) -> None:
         self._lifecycle = lifecycle
         self._claim = claim
         self._scope, self._key = scope, key
+        #: Members of the row's ``steps`` the first commit writes (the completer's request),
+        #: None once written or when there are none.
+        self._keep = keep or None
         #: Steps recorded by a commit (loaded at the claim, then ours), in order.
         self._done: list[dict[str, Any]] = list(claim.done)
         #: Remote steps done, waiting for the next commit.
@@ -87,7 +97,8 @@ class Steps:
         with self._lifecycle.phase():
             result = as_json(fn(*args, **kwargs))
             entry = {"name": name, "kind": LOCAL, "result": result}
-            self._claim.record([*self._done, *self._pending, entry], name)
+            self._claim.record([*self._done, *self._pending, entry], name, self._keep)
+        self._keep = None
         self._commit_recorded(entry)
         return result
 
@@ -112,13 +123,15 @@ class Steps:
         return downstream_key(conf.DOWNSTREAM_KEY_SECRET, self._scope, self._key, name)
 
     def flush(self) -> None:
-        """Record the remote steps' results waiting for a commit, in one of their own.
-        The completion calls it; a view need not."""
-        if not self._pending:
+        """Record the remote steps' results waiting for a commit (and, before the first
+        step, what the first commit keeps), in one of their own. The completion and every
+        remote step call it; a view need not."""
+        if not self._pending and self._keep is None:
             return
-        last = self._pending[-1]
+        point = self._pending[-1]["name"] if self._pending else self.recovery_point
         with self._lifecycle.phase():
-            self._claim.record([*self._done, *self._pending], last["name"])
+            self._claim.record([*self._done, *self._pending], point, self._keep)
+        self._keep = None
         self._done += self._pending
         self._pending = []
 

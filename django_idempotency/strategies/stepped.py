@@ -65,17 +65,25 @@ LAPSED = datetime.timedelta(days=3650)
 
 @dataclass
 class StepState:
-    """What a key's row says of its steps: the fingerprint of the request that ran them
-    and the steps done, in order (``{"name", "kind", "result"}`` each)."""
+    """What a key's row says of its steps: the fingerprint of the request that ran them,
+    the steps done, in order (``{"name", "kind", "result"}`` each), and what else the row's
+    ``steps`` holds (the completer's request and attempts, :mod:`~django_idempotency.
+    completer`), which every record of a step keeps as it found it."""
 
     fingerprint: str = ""
     done: list[dict[str, Any]] = field(default_factory=list)
+    kept: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, stored: Any) -> StepState | None:
         if not isinstance(stored, dict):
             return None
-        return cls(str(stored.get("fingerprint", "")), list(stored.get("done") or []))
+        kept = {name: value for name, value in stored.items() if name not in _OWN}
+        return cls(str(stored.get("fingerprint", "")), list(stored.get("done") or []), kept)
+
+
+#: The members of a row's ``steps`` that :class:`StepState` reads itself.
+_OWN = frozenset({"fingerprint", "done"})
 
 
 def load_state(attempt: Attempt, pk: int) -> StepState | None:
@@ -102,19 +110,26 @@ class StepClaim(DatabaseClaim):
         super().__init__(*args, **kwargs)
         #: The steps done, in order, as the row holds them (loaded at the claim).
         self.done: list[dict[str, Any]] = []
+        #: The other members of the row's ``steps``, written back as they were loaded
+        #: (``StepState.kept``), with ``keep``'s added by the next record.
+        self.kept: dict[str, Any] = {}
 
-    def record(self, done: list[dict[str, Any]], point: str) -> None:
-        """Write ``done`` and the recovery point ``point`` in the current transaction, the
-        step's last statement, only while the claim is this one's (and the lease with it):
-        ``LeaseLost`` otherwise, and the step's transaction rolls back."""
+    def record(
+        self, done: list[dict[str, Any]], point: str | None, keep: dict[str, Any] | None = None
+    ) -> None:
+        """Write ``done``, the recovery point ``point`` and the kept members (with
+        ``keep``'s) in the current transaction, the step's last statement, only while the
+        claim is this one's (and the lease with it): ``LeaseLost`` otherwise, and the step's
+        transaction rolls back."""
         a = self.attempt
+        kept = {**self.kept, **(keep or {})}
         try:
             count = (
                 IdempotencyKey.objects.using(a.database)
                 .filter(pk=self.pk, claim_token=self.token, status=IN_PROGRESS)
                 .update(
                     recovery_point=point,
-                    steps={"fingerprint": a.fingerprint, "done": done},
+                    steps={**kept, "fingerprint": a.fingerprint, "done": done},
                     locked_at=Now(),
                 )
             )
@@ -122,7 +137,11 @@ class StepClaim(DatabaseClaim):
             raise StoreUnavailable() from exc
         if count != 1:
             raise LeaseLost()
-        self.done = done
+        self.done, self.kept = done, kept
+
+    def found(self, state: StepState) -> None:
+        """Take the steps ``state`` holds as this claim's (a resumed key's)."""
+        self.done, self.kept = state.done, state.kept
 
     def release(self) -> bool:
         """Give the key back: deleted when no step committed; else kept for the retry to
@@ -169,12 +188,11 @@ class SteppedDatabaseStrategy(DatabaseStrategy):
             raise StoreUnavailable() from exc
         if state is None:
             return outcome
+        outcome.found(state)
         if state.fingerprint != attempt.fingerprint:
             # Taken over from a crashed request with other content: not this one's to resume.
-            outcome.done = state.done
             outcome.hand_back(fingerprint=state.fingerprint)
             return Mismatch()
-        outcome.done = state.done
         return outcome
 
 
@@ -256,7 +274,7 @@ class SteppedAdvisoryStrategy(AdvisoryLockStrategy):
             if taken != 1:
                 return InProgress()
             claim = AdvisoryStepClaim(self, attempt, row.pk, token, True)
-            claim.done = state.done
+            claim.found(state)
         with connections[attempt.database].cursor() as cursor:
             cursor.execute(SESSION_LOCK_SQL, [lock_name(attempt.scope, attempt.key)])
         return claim

@@ -115,11 +115,13 @@ STEPS_STRATEGY = (
 @csrf_exempt
 @require_POST
 @api_user_required
-@idempotent(required=True, steps=True, strategy=STEPS_STRATEGY)
+@idempotent(required=True, steps=True, completer=True, strategy=STEPS_STRATEGY)
 def stepped_charge(request: HttpRequest) -> JsonResponse:
     """POST {"amount": n, "currency": "EUR"}: a charge in four steps, each done once per
     key however often the request is retried and wherever it crashed: the charge row, the
-    provider's call (with a key of its own), the provider's answer, the receipt."""
+    provider's call (with a key of its own), the provider's answer, the receipt. A charge
+    whose client does not come back is finished by the completer
+    (``manage.py complete_idempotency_keys``)."""
     try:
         payload = json.loads(request.body or b"{}")
         amount, currency = int(payload["amount"]), str(payload["currency"])[:3]

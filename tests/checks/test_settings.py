@@ -811,6 +811,32 @@ def test_e050_wait_listen_database(value: Any, valid: bool) -> None:
     assert all(isinstance(m, Error) and m.hint for m in found)
 
 
+def test_e092_the_completer_needs_steps() -> None:
+    from django_idempotency.checks.settings import view_option_errors
+
+    (message,) = view_option_errors("pay", completer=True)
+    assert message.id == "django_idempotency.E092"
+    assert "steps=True" in (message.hint or "")
+    assert view_option_errors("pay", completer=True, steps=True) == []
+    assert view_option_errors("pay", completer=False) == []
+    (invalid,) = view_option_errors("pay", completer="yes", steps=True)
+    assert invalid.id == "django_idempotency.E015"
+
+
+@pytest.mark.parametrize("value", [-1, "soon", float("nan"), True])
+def test_e093_completer_after_is_seconds_of_at_least_zero(value: Any) -> None:
+    message = only(run({"COMPLETER_AFTER": value}), "E093")
+    assert "COMPLETER_AFTER" in message.msg
+    assert not [m for m in run({"COMPLETER_AFTER": 0}) if m.id == "django_idempotency.E093"]
+
+
+@pytest.mark.parametrize("value", [0, 2.5, "3", True])
+def test_e094_completer_attempts_is_a_whole_number_of_at_least_one(value: Any) -> None:
+    message = only(run({"COMPLETER_ATTEMPTS": value}), "E094")
+    assert "COMPLETER_ATTEMPTS" in message.msg
+    assert not [m for m in run({"COMPLETER_ATTEMPTS": 1}) if m.id == "django_idempotency.E094"]
+
+
 def test_e090_a_view_in_steps_under_a_strategy_that_cannot_run_them() -> None:
     from django_idempotency.checks.settings import view_option_errors
 
