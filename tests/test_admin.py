@@ -560,3 +560,21 @@ def test_outbox_rows_are_shown_read_only(admin_client: Client) -> None:
     assert admin_client.get(add).status_code == 403
     page = admin_client.get(changelist).content.decode()
     assert 'value="delete_selected"' not in page
+
+
+def test_a_key_page_shows_what_the_completer_knows(admin_client: Client) -> None:
+    """docs/steps.md, "In the admin": the kept request, the completer's runs, a dead letter."""
+    key = IdempotencyKeyFactory(
+        steps={
+            "fingerprint": "f",
+            "done": [{"name": "create", "kind": "local", "result": 1}],
+            "request": {"method": "POST", "path": "/pay/"},
+            "completer": {"attempts": 5, "dead": True, "reason": "no attempts left"},
+        },
+        recovery_point="create",
+    )
+    page = html.unescape(admin_client.get(reverse(CHANGE, args=[key.pk])).content.decode())
+    assert "request kept; run 5 times by the completer; dead-lettered: no attempts left" in page
+    plain = IdempotencyKeyFactory()
+    page = admin_client.get(reverse(CHANGE, args=[plain.pk])).content.decode()
+    assert "by the completer" not in page

@@ -69,7 +69,28 @@ class SteppedView(IdempotencyMixin, APIView):
         return Response(json.loads(answer.content), status=answer.status_code)
 
 
+#: The downstream keys the remote-first view's provider was called with.
+CALLS: list[str] = []
+
+
+def _remote_first(request: HttpRequest) -> HttpResponse:
+    """A view whose first step is the provider's call: the request is kept before it."""
+    steps = request.idempotency.steps  # type: ignore[attr-defined]
+
+    def provider(key: str) -> str:
+        CALLS.append(key)
+        return f"ref-{key[:8]}"
+
+    answer = steps.remote("call", provider)
+    if FAIL and FAIL[0] == "after-call":
+        FAIL.pop(0)
+        raise RuntimeError("failed after the provider's call")
+    created = steps.local("record", lambda: SideEffect.objects.create(label="remote:record").pk)
+    return JsonResponse({"answer": answer, "created": created}, status=201)
+
+
 urlpatterns = [
+    path("c/remote/", csrf_exempt(idempotent(steps=True, completer=True)(_remote_first))),
     path("c/", csrf_exempt(idempotent(steps=True, completer=True)(_view))),
     path("c/drf/", SteppedView.as_view()),
     path(
@@ -275,3 +296,32 @@ def test_a_path_whose_view_no_longer_declares_the_completer_is_not_run(
     assert complete_requests()["dead_lettered"] == 1
     assert "does not declare" in kept("k7")["completer"]["reason"]
     assert not SideEffect.objects.filter(label="unprotected").exists()
+
+
+def test_a_request_whose_first_step_is_remote_is_kept_before_the_call(client: Client) -> None:
+    """A charge made at the provider is never left without the request that can finish it:
+    the request is committed before the first remote call, whose result the completer's
+    run then gets again with the same downstream key."""
+    CALLS.clear()
+    FAIL.append("after-call")
+    assert post(client, "k8", "remote", "/c/remote/").status_code == 500
+    assert "request" in kept("k8") and kept("k8")["done"] == []
+
+    assert complete_requests()["completed"] == 1
+    assert len(CALLS) == 2 and CALLS[0] == CALLS[1]  # the same key: the provider dedups
+    assert SideEffect.objects.filter(label="remote:record").count() == 1
+
+
+class Gone:
+    """A URLconf in which the kept request's path no longer resolves."""
+
+    urlpatterns: list[Any] = []
+
+
+def test_a_path_that_no_longer_resolves_is_dead_lettered(client: Client, settings: Any) -> None:
+    FAIL.append("record")
+    assert post(client, "k9", "h").status_code == 500
+    settings.ROOT_URLCONF = Gone
+
+    assert complete_requests()["dead_lettered"] == 1
+    assert "no longer resolves" in kept("k9")["completer"]["reason"]

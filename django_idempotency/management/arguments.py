@@ -63,10 +63,15 @@ def add_progress_every(parser: CommandParser, help_text: str) -> None:
     )
 
 
-def add_database(parser: CommandParser, help_text: str) -> None:
+def add_database(parser: CommandParser, help_text: str | None = None) -> None:
     """``--database ALIAS``: one database; by default every key database
     (``IDEMPOTENCY["KEY_DATABASES"]``, which is ``DATABASE`` alone unless the data is
-    sharded)."""
+    sharded). ``help_text`` defaults to the keys' (a command on the keys' table)."""
+    if help_text is None:
+        help_text = _(
+            "Database alias holding the keys (default: every key database, "
+            "IDEMPOTENCY['KEY_DATABASES'] or IDEMPOTENCY['DATABASE'])."
+        )
     parser.add_argument("--database", default=None, help=help_text)
 
 

@@ -144,9 +144,11 @@ class StepClaim(DatabaseClaim):
         self.done, self.kept = state.done, state.kept
 
     def release(self) -> bool:
-        """Give the key back: deleted when no step committed; else kept for the retry to
-        resume, under a token no one holds and a lease that has lapsed."""
-        if not self.done:
+        """Give the key back: deleted when nothing committed; else (a step, or the request
+        the completer keeps before a first remote call, which may have taken effect) kept
+        for the retry or the completer to resume, under a token no one holds and a lease
+        that has lapsed."""
+        if not self.done and "request" not in self.kept:
             return super().release()
         return self.hand_back()
 

@@ -9,17 +9,18 @@ when the flag file names the point reached, the worker sends itself SIGKILL ther
 point a fresh key is sent, the worker dies, and the retry (served by the worker gunicorn
 starts in its place, once the lease has lapsed for ``db``, at once for ``advisory_lock``,
 whose session lock died with the connection) must finish the charge: one row of each step,
-in order, one provider charge, and a replay after that. Then the same with no retry: the
-completer (``manage.py complete_idempotency_keys``, in a process of its own) finishes each
-charge alone, and once racing the client's retries. Then duplicates of one key race from
-threads on two workers.
+in order, one provider charge, and a replay after that. Then duplicates of one key race from
+threads on two workers. The same killed worker with no retry, finished by the completer
+alone: ``tests/system/test_completer_crash.py``.
 """
 
 from __future__ import annotations
 
-import functools
 import http.client
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +28,13 @@ import pytest
 
 from ..support.databases import count_rows, query_scalar
 from ..support.example import (
+    ExampleServer,
     example_server,
     is_replay,
-    manage,
     race,
     request,
     scratch_database,
-    server_settings,
 )
-from ..support.threads import run_at_once
 from ..support.waiting import wait_until
 
 pytestmark = [pytest.mark.server, pytest.mark.postgres, pytest.mark.django_db(transaction=False)]
@@ -102,14 +101,14 @@ def post_worker_init(worker):
 """
 
 
-def _steps_of(db: str, key: str) -> list[str]:
+def steps_of(db: str, key: str) -> list[str]:
     stored = query_scalar(
         db, "SELECT steps::text FROM django_idempotency_idempotencykey WHERE key = %s", (key,)
     )
     return [step["name"] for step in json.loads(stored)["done"]]
 
 
-def _retry(url: str, key: str, body: dict[str, Any]) -> tuple[int, Any]:
+def retry(url: str, key: str, body: dict[str, Any]) -> tuple[int, Any]:
     """The retry, sent again while the key is in progress (409: the killed worker's lease
     has not lapsed yet)."""
     answers: list[tuple[int, Any]] = []
@@ -122,7 +121,7 @@ def _retry(url: str, key: str, body: dict[str, Any]) -> tuple[int, Any]:
     return answers[-1]
 
 
-def _effects(db: str, amount: int) -> dict[str, int]:
+def effects(db: str, amount: int) -> dict[str, int]:
     """The rows of each local step for the charges of ``amount`` (one amount per point)."""
     charges = f"SELECT id FROM payments_charge WHERE amount = {amount}"
     return {
@@ -132,15 +131,27 @@ def _effects(db: str, amount: int) -> dict[str, int]:
     }
 
 
-@pytest.mark.parametrize("strategy", ["db", "advisory_lock"])
-def test_a_worker_killed_at_every_step_boundary_leaves_one_effect_per_step(
-    tmp_path: Path, strategy: str
-) -> None:
+@dataclass
+class Killing:
+    """A scratch database and the example served by one gunicorn worker that kills itself
+    where ``flag`` says (``HOOK``), with the fake provider's call log and ledger."""
+
+    db: str
+    server: ExampleServer
+    flag: Path
+    calls: Path
+    ledger: Path
+    psp: dict[str, str]
+
+
+@contextmanager
+def killing_server(tmp_path: Path, strategy: str) -> Iterator[Killing]:
     hook, flag = tmp_path / "hook.py", tmp_path / "kill"
     calls, ledger = tmp_path / "calls.log", tmp_path / "ledger"
     hook.write_text(HOOK)
     calls.touch()
     ledger.touch()
+    psp = {"PSP_CALL_LOG": str(calls), "PSP_LEDGER": str(ledger)}
     with (
         scratch_database("postgres") as db,
         example_server(
@@ -149,14 +160,19 @@ def test_a_worker_killed_at_every_step_boundary_leaves_one_effect_per_step(
             lock_timeout=1,
             workers=1,
             threads=2,
-            env={
-                "PSP_CALL_LOG": str(calls),
-                "PSP_LEDGER": str(ledger),
-                "STEPS_KILL_FLAG": str(flag),
-                "GUNICORN_CMD_ARGS": f"--config {hook}",
-            },
+            env={**psp, "STEPS_KILL_FLAG": str(flag), "GUNICORN_CMD_ARGS": f"--config {hook}"},
         ) as server,
     ):
+        yield Killing(db, server, flag, calls, ledger, psp)
+
+
+@pytest.mark.parametrize("strategy", ["db", "advisory_lock"])
+def test_a_worker_killed_at_every_step_boundary_leaves_one_effect_per_step(
+    tmp_path: Path, strategy: str
+) -> None:
+    with killing_server(tmp_path, strategy) as killing:
+        db, server, flag, ledger = killing.db, killing.server, killing.flag, killing.ledger
+        calls = killing.calls
         url = server.url + "/api/stepped/charges/"
         for index, point in enumerate(POINTS):
             key, body = f"{strategy}-{point}", {"amount": 1000 + index, "currency": "EUR"}
@@ -164,10 +180,10 @@ def test_a_worker_killed_at_every_step_boundary_leaves_one_effect_per_step(
             with pytest.raises((ConnectionError, http.client.HTTPException)):
                 request(url, key=key, body=body, timeout=60)
             assert not flag.exists(), (point, server.log())
-            status, answer = _retry(url, key, body)
+            status, answer = retry(url, key, body)
             assert status == 201, (point, answer, server.log())
-            assert _effects(db, 1000 + index) == ONE_EACH, point
-            assert _steps_of(db, key) == STEPS, point
+            assert effects(db, 1000 + index) == ONE_EACH, point
+            assert steps_of(db, key) == STEPS, point
             reference = answer["psp_reference"]
             assert (
                 query_scalar(
@@ -210,98 +226,6 @@ def test_duplicates_racing_on_one_key_run_each_step_once(tmp_path: Path, strateg
         assert statuses.count(201) >= 1
         ids = {answer["id"] for status, answer in results if status == 201}
         assert len(ids) == 1, results
-        assert _effects(db, 4242) == ONE_EACH
+        assert effects(db, 4242) == ONE_EACH
         assert len(ledger.read_text().splitlines()) == 1
-        assert _steps_of(db, "race-1") == STEPS
-
-
-def _status(db: str, key: str) -> str:
-    sql = "SELECT status FROM django_idempotency_idempotencykey WHERE key = %s"
-    return str(query_scalar(db, sql, (key,)))
-
-
-def _lapsed(db: str, key: str) -> bool:
-    """Whether the key's lease (1 s) has lapsed, on the database's clock; True when it has
-    no row (under ``advisory_lock`` the claim's row commits with the first step)."""
-    return bool(
-        query_scalar(
-            db,
-            "SELECT coalesce(bool_and(locked_at < now() - interval '1 second'), true) "
-            "FROM django_idempotency_idempotencykey WHERE key = %s",
-            (key,),
-        )
-    )
-
-
-@pytest.mark.parametrize("strategy", ["db", "advisory_lock"])
-def test_the_completer_alone_finishes_a_charge_killed_at_every_step_boundary(
-    tmp_path: Path, strategy: str
-) -> None:
-    hook, flag = tmp_path / "hook.py", tmp_path / "kill"
-    calls, ledger = tmp_path / "calls.log", tmp_path / "ledger"
-    hook.write_text(HOOK)
-    calls.touch()
-    ledger.touch()
-    psp = {"PSP_CALL_LOG": str(calls), "PSP_LEDGER": str(ledger)}
-    completer = server_settings(strategy, 0, 1, {**psp, "IDEMPOTENCY_COMPLETER_AFTER": "0"})
-    with (
-        scratch_database("postgres") as db,
-        example_server(
-            db,
-            strategy=strategy,
-            lock_timeout=1,
-            workers=1,
-            threads=2,
-            env={
-                **psp,
-                "STEPS_KILL_FLAG": str(flag),
-                "GUNICORN_CMD_ARGS": f"--config {hook}",
-            },
-        ) as server,
-    ):
-        url = server.url + "/api/stepped/charges/"
-
-        def killed_at(point: str, key: str, body: dict[str, Any]) -> None:
-            flag.write_text(point)
-            with pytest.raises((ConnectionError, http.client.HTTPException)):
-                request(url, key=key, body=body, timeout=60)
-            assert not flag.exists(), (point, server.log())
-            wait_until(lambda: _lapsed(db, key), timeout=60)
-
-        def completed(key: str) -> bool:
-            manage(db, "complete_idempotency_keys", env=completer)
-            return _status(db, key) == "completed"
-
-        for index, point in enumerate(POINTS):
-            key, body = f"c-{strategy}-{point}", {"amount": 2000 + index, "currency": "EUR"}
-            killed_at(point, key, body)
-            if point == "before:create_charge":
-                # Nothing done, nothing kept: the completer leaves it to its client.
-                assert not completed(key)
-                status, _answer = _retry(url, key, body)
-                assert status == 201, (point, server.log())
-            else:
-                wait_until(functools.partial(completed, key), timeout=120, interval=0.2)
-            assert _effects(db, 2000 + index) == ONE_EACH, point
-            assert _steps_of(db, key) == STEPS, point
-            replay = request(url, key=key, body=body, timeout=30)
-            assert replay[0] == 201 and is_replay(replay), (point, replay)
-
-        # The completer racing the client's retries, on one charge killed mid-way.
-        key, body = f"c-{strategy}-race", {"amount": 2999, "currency": "EUR"}
-        killed_at("before:record_answer", key, body)
-
-        def work(index: int) -> Any:
-            if index == 0:
-                return manage(db, "complete_idempotency_keys", env=completer)
-            return request(url, key=key, body=body, timeout=60)[0]
-
-        results = run_at_once(4, work)
-        assert set(results[1:]) <= {201, 409}, results
-        wait_until(lambda: completed(key), timeout=120, interval=0.2)
-        assert _effects(db, 2999) == ONE_EACH
-        assert _steps_of(db, key) == STEPS
-        # One provider charge per key (the call is made twice for two points, with the
-        # first call's key, as with client retries).
-        lines = ledger.read_text().splitlines()
-        assert len(lines) == len(set(lines)) == len(POINTS) + 1
+        assert steps_of(db, "race-1") == STEPS

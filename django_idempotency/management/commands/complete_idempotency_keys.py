@@ -41,13 +41,7 @@ class Command(TranslatedCommand):
             default=DEFAULT_LIMIT,
             help=_("Keys finished at most, per database (default %(default)s)."),
         )
-        add_database(
-            parser,
-            _(
-                "Database alias holding the keys (default: every key database, "
-                "IDEMPOTENCY['KEY_DATABASES'] or IDEMPOTENCY['DATABASE'])."
-            ),
-        )
+        add_database(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         for using in databases(options):

@@ -46,13 +46,7 @@ class Command(TranslatedCommand):
                 "Partitions created past the longest TTL (default: IDEMPOTENCY['PARTITION_AHEAD'])."
             ),
         )
-        add_database(
-            parser,
-            _(
-                "Database alias holding the keys (default: every key database, "
-                "IDEMPOTENCY['KEY_DATABASES'] or IDEMPOTENCY['DATABASE'])."
-            ),
-        )
+        add_database(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         for using in databases(options):

@@ -73,13 +73,7 @@ class Command(TranslatedCommand):
                 "most this often (default %(every)ss; 0: after every batch)."
             ),
         )
-        add_database(
-            parser,
-            _(
-                "Database alias holding the keys (default: every key database, "
-                "IDEMPOTENCY['KEY_DATABASES'] or IDEMPOTENCY['DATABASE'])."
-            ),
-        )
+        add_database(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         for using in databases(options):
