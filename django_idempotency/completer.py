@@ -39,10 +39,8 @@ from django.urls import Resolver404, resolve
 
 from . import signals
 from .conf import conf
-from .decorators import OPTIONS_ATTR
-from .middleware import drf_view_class
+from .middleware import view_options
 from .models import IdempotencyKey
-from .protocol.options import Options
 from .protocol.resend import CannotResend, rebuild
 from .store.databases import key_databases
 from .store.status import COMPLETED, IN_PROGRESS
@@ -86,6 +84,13 @@ class Due:
     def attempts(self) -> int:
         return int((self.steps.get("completer") or {}).get("attempts", 0))
 
+    @property
+    def wait(self) -> datetime.timedelta:
+        """How long after its last renewal the key is the completer's: the view's lease
+        (its ``LOCK_TIMEOUT``, kept with the request) and ``COMPLETER_AFTER``."""
+        lease = float(self.steps["request"].get("lock_timeout", 0))
+        return datetime.timedelta(seconds=lease + conf.COMPLETER_AFTER)
+
 
 def complete_requests(*, using: str | None = None, limit: int = 100) -> Report:
     """Finish up to ``limit`` due keys on the database ``using``, or on each key database
@@ -116,8 +121,7 @@ def due_keys(alias: str, limit: int) -> list[Due]:
         due = Due(*row)  # type: ignore[arg-type]  # locked_at and steps: not null here
         # Its own lease too (the view's LOCK_TIMEOUT): a key not due yet is left to a
         # later run.
-        lease = datetime.timedelta(seconds=float(due.steps["request"].get("lock_timeout", 0)))
-        if due.locked_at + lease + after <= due.now:
+        if due.locked_at + due.wait <= due.now:
             found.append(due)
     return found
 
@@ -172,28 +176,10 @@ def send(request: HttpRequest) -> HttpResponseBase:
 
 
 def declares_completer(callback: Any) -> bool:
-    """Whether the view ``callback`` keeps its requests for the completer: an
-    ``@idempotent`` view (around it, or a function it wraps) or an ``IdempotencyMixin`` view
-    (``@idempotent_api_view``'s too) declared with ``steps=True, completer=True``."""
-    func, seen = callback, 0
-    while func is not None and seen < 50:
-        options = getattr(func, OPTIONS_ATTR, None)
-        if isinstance(options, Options):
-            return options.steps is True and options.completer is True
-        func, seen = getattr(func, "__wrapped__", None), seen + 1
-    cls = drf_view_class(callback)
-    if cls is None:
-        return False
-    from .mixins import OPTION_PREFIX, IdempotencyMixin  # DRF is loaded: the view is DRF's
-
-    if not issubclass(cls, IdempotencyMixin):
-        return False
-    initkwargs = getattr(callback, "view_initkwargs", None) or {}
-    declared = [
-        initkwargs.get(OPTION_PREFIX + name, getattr(cls, OPTION_PREFIX + name, None))
-        for name in ("steps", "completer")
-    ]
-    return declared == [True, True]
+    """Whether the view ``callback`` keeps its requests for the completer: declared with
+    ``steps=True, completer=True`` (:func:`~django_idempotency.middleware.view_options`)."""
+    options = view_options(callback)
+    return options is not None and options.steps is True and options.completer is True
 
 
 def _mark(alias: str, due: Due, completer: dict[str, Any]) -> bool:
@@ -201,7 +187,6 @@ def _mark(alias: str, due: Due, completer: dict[str, Any]) -> bool:
     it was read: the same claim token, in progress, and a lease still lapsed
     ``COMPLETER_AFTER`` ago on the database's clock (every record of a step, and every
     renewal, sets the lease anew: nothing they wrote is written over). Whether it was."""
-    lease = float(due.steps["request"].get("lock_timeout", 0)) + conf.COMPLETER_AFTER
     state = {**(due.steps.get("completer") or {}), **completer}
     marked = (
         IdempotencyKey.objects.using(alias)
@@ -209,7 +194,7 @@ def _mark(alias: str, due: Due, completer: dict[str, Any]) -> bool:
             pk=due.pk,
             claim_token=due.claim_token,
             status=IN_PROGRESS,
-            locked_at__lte=_ago(datetime.timedelta(seconds=lease)),
+            locked_at__lte=_ago(due.wait),
         )
         .update(steps={**due.steps, "completer": state})
     )

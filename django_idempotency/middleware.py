@@ -31,7 +31,7 @@ from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 
 from .conf import conf
-from .decorators import EXEMPT_ATTR, HANDLED_ATTR, OPT_IN_ATTR, OptIn
+from .decorators import EXEMPT_ATTR, HANDLED_ATTR, OPT_IN_ATTR, OPTIONS_ATTR, OptIn
 from .protocol.engine import ahandle, handle, takes_part
 from .protocol.options import Options
 from .protocol.scope import default_scope
@@ -50,6 +50,29 @@ def drf_view_class(view_func: Callable[..., Any]) -> type | None:
     except ImportError:  # pragma: no cover - DRF is an optional dependency
         return None
     return cls if issubclass(cls, APIView) else None
+
+
+def view_options(callback: Callable[..., Any]) -> Options | None:
+    """The options the view ``callback`` declares: ``@idempotent``'s (around it, or a
+    function it wraps), ``@idempotency_opt_in``'s, or an ``IdempotencyMixin`` view's (its
+    ``as_view()`` keywords, else its class's); None for a view that declares none."""
+    func: Any = callback
+    seen = 0
+    while func is not None and seen < 50:
+        options = getattr(func, OPTIONS_ATTR, None)
+        if options is None and isinstance(getattr(func, OPT_IN_ATTR, None), OptIn):
+            options = getattr(func, OPT_IN_ATTR).options
+        if isinstance(options, Options):
+            return options
+        func, seen = getattr(func, "__wrapped__", None), seen + 1
+    cls = drf_view_class(callback)
+    if cls is None:
+        return None
+    from .mixins import IdempotencyMixin, declared_options  # DRF is loaded: the view is DRF's
+
+    if not issubclass(cls, IdempotencyMixin):
+        return None
+    return Options(**declared_options(cls, getattr(callback, "view_initkwargs", None) or {}))
 
 
 def protection(view_func: Callable[..., Any]) -> OptIn | None:

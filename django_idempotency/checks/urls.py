@@ -14,8 +14,8 @@ from django.db import connections
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from ..conf import conf
-from ..decorators import EXEMPT_ATTR, HANDLED_ATTR, OPT_IN_ATTR, OPTIONS_ATTR, OptIn
-from ..middleware import drf_view_class
+from ..decorators import EXEMPT_ATTR, HANDLED_ATTR, OPT_IN_ATTR, OptIn
+from ..middleware import drf_view_class, view_options
 from . import ID
 from .middleware import PATH
 
@@ -233,22 +233,8 @@ def check_steps_under_the_setting(**kwargs: Any) -> list[CheckMessage]:
 
 
 def declared_steps(callback: Any) -> tuple[Any, Any]:
-    """``(steps, strategy)`` as the view ``callback`` declares them: ``@idempotent``'s
-    (around it, or a function it wraps), ``@idempotency_opt_in``'s, or an
-    ``IdempotencyMixin`` view's (its ``as_view()`` keywords, else its class's); ``(None,
-    None)`` for a view that declares neither."""
-    func, seen = callback, 0
-    while func is not None and seen < 50:
-        options = getattr(func, OPTIONS_ATTR, None)
-        if options is None and isinstance(getattr(func, OPT_IN_ATTR, None), OptIn):
-            options = getattr(func, OPT_IN_ATTR).options
-        if options is not None:
-            return options.steps, options.strategy
-        func, seen = getattr(func, "__wrapped__", None), seen + 1
-    cls = drf_view_class(callback)
-    if cls is None or not uses_mixin(cls):
-        return None, None
-    initkwargs = getattr(callback, "view_initkwargs", None) or {}
-    steps = initkwargs.get("idempotency_steps", getattr(cls, "idempotency_steps", None))
-    strategy = initkwargs.get("idempotency_strategy", getattr(cls, "idempotency_strategy", None))
-    return steps, strategy
+    """``(steps, strategy)`` as the view ``callback`` declares them
+    (:func:`~django_idempotency.middleware.view_options`); ``(None, None)`` for a view that
+    declares neither."""
+    options = view_options(callback)
+    return (None, None) if options is None else (options.steps, options.strategy)
