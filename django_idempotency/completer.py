@@ -19,6 +19,13 @@ once. Under ``advisory_lock`` a request still running (its session lock held) wh
 outlasts the lease counts a run when the completer finds it busy: give such views a
 ``COMPLETER_AFTER`` longer than their longest step.
 
+The completer's own statements (the query for due keys, each run's count, the read of the
+outcome) are bounded by ``DATABASE_TIMEOUT`` on PostgreSQL, as the requests' are: a
+database that falls silent ends the run with the driver's error (the command exits 1, the
+task fails and its next beat runs again), never a run that hangs. A count whose answer never
+came may have been written: the key then has one run counted that it did not have (its
+attempts run out one run early), never a run it was not counted for.
+
 Run it with ``manage.py complete_idempotency_keys`` (cron) or the Celery task
 ``django_idempotency.complete_requests`` (:mod:`.completer_tasks`).
 """
@@ -31,6 +38,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.db import connections
 from django.db.models import DateTimeField, ExpressionWrapper, Value
 from django.db.models.functions import Now
 from django.http import HttpRequest
@@ -43,6 +51,7 @@ from .middleware import view_options
 from .models import IdempotencyKey
 from .protocol.resend import CannotResend, rebuild
 from .store.databases import key_databases
+from .store.sql.deadline import bounded
 from .store.status import COMPLETED, IN_PROGRESS
 
 logger = logging.getLogger("django_idempotency")
@@ -116,8 +125,10 @@ def due_keys(alias: str, limit: int) -> list[Due]:
         .order_by("locked_at")
         .values_list("pk", "scope", "key", "claim_token", "locked_at", "steps", "now")
     )
+    with bounded(connections[alias]):  # DATABASE_TIMEOUT
+        listed = list(rows[: max(int(limit), 0)])
     found = []
-    for row in rows[: max(int(limit), 0)]:
+    for row in listed:
         due = Due(*row)  # type: ignore[arg-type]  # locked_at and steps: not null here
         # Its own lease too (the view's LOCK_TIMEOUT): a key not due yet is left to a
         # later run.
@@ -151,7 +162,9 @@ def complete(alias: str, due: Due) -> str:
         )
         response = None
     status = IdempotencyKey.objects.using(alias).filter(pk=due.pk).values_list("status", flat=True)
-    if status.first() == COMPLETED:
+    with bounded(connections[alias]):  # DATABASE_TIMEOUT
+        ended = status.first()
+    if ended == COMPLETED:
         return _ran(due, COMPLETED_RUN, attempts, response)
     return _ran(due, FAILED, attempts, response)
 
@@ -188,16 +201,17 @@ def _mark(alias: str, due: Due, completer: dict[str, Any]) -> bool:
     ``COMPLETER_AFTER`` ago on the database's clock (every record of a step, and every
     renewal, sets the lease anew: nothing they wrote is written over). Whether it was."""
     state = {**(due.steps.get("completer") or {}), **completer}
-    marked = (
-        IdempotencyKey.objects.using(alias)
-        .filter(
-            pk=due.pk,
-            claim_token=due.claim_token,
-            status=IN_PROGRESS,
-            locked_at__lte=_ago(due.wait),
+    with bounded(connections[alias]):  # DATABASE_TIMEOUT: an answer not come is unknown
+        marked = (
+            IdempotencyKey.objects.using(alias)
+            .filter(
+                pk=due.pk,
+                claim_token=due.claim_token,
+                status=IN_PROGRESS,
+                locked_at__lte=_ago(due.wait),
+            )
+            .update(steps={**due.steps, "completer": state})
         )
-        .update(steps={**due.steps, "completer": state})
-    )
     return bool(marked)
 
 

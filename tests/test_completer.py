@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection
+from django.db import DatabaseError, connection, connections
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import Client
 from django.urls import path
@@ -25,15 +25,17 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from django_idempotency import metrics, signals
+from django_idempotency import completer, metrics, signals
 from django_idempotency.completer import complete_requests
 from django_idempotency.decorators import idempotency_opt_in, idempotent
 from django_idempotency.errors import InvalidConfiguration
 from django_idempotency.mixins import IdempotencyMixin
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.protocol.replay import REPLAYED_HEADER
+from django_idempotency.store.sql.deadline import watchdog
 
-from .support.threads import run_at_once
+from .support.proxy import through_proxy
+from .support.threads import in_background, run_at_once
 from .testapp.models import SideEffect
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -325,3 +327,38 @@ def test_a_path_that_no_longer_resolves_is_dead_lettered(client: Client, setting
 
     assert complete_requests()["dead_lettered"] == 1
     assert "no longer resolves" in kept("k9")["completer"]["reason"]
+
+
+@pytest.mark.parametrize("silent_at", ["query", "count"])
+def test_a_database_that_falls_silent_ends_the_run_instead_of_hanging_it(
+    client: Client, settings: Any, monkeypatch: pytest.MonkeyPatch, silent_at: str
+) -> None:
+    """``DATABASE_TIMEOUT`` bounds the completer's own statements: a database silent at
+    the query for due keys, or at a run's count, ends the run with the driver's error and
+    runs no view; once it answers again, the next run finishes the key, each step once."""
+    if connection.vendor != "postgresql":
+        pytest.skip("DATABASE_TIMEOUT bounds statements on PostgreSQL")
+    settings.IDEMPOTENCY = {**settings.IDEMPOTENCY, "DATABASE_TIMEOUT": 1}
+    FAIL.append("record")
+    assert post(client, "k10", "s").status_code == 500
+    listed = completer.due_keys
+    with through_proxy("default") as proxy:
+
+        def due_keys(alias: str, limit: int) -> list[completer.Due]:
+            connections[alias].ensure_connection()  # the statement, not connecting, is cut
+            if silent_at == "query":
+                proxy.silence()
+            found = listed(alias, limit)
+            proxy.silence()
+            return found
+
+        monkeypatch.setattr(completer, "due_keys", due_keys)
+        cut = watchdog.cut
+        run = in_background(complete_requests)
+        with pytest.raises(DatabaseError):
+            run.result(timeout=60)  # DATABASE_TIMEOUT is 1 s: 60 only tells a hang
+        assert watchdog.cut == cut + 1
+    monkeypatch.setattr(completer, "due_keys", listed)
+    assert effects("s") == {"create": 1, "record": 0}
+    assert complete_requests()["completed"] == 1
+    assert effects("s") == {"create": 1, "record": 1}
