@@ -105,6 +105,19 @@ slots = Slots()
 # -- listeners -------------------------------------------------------------------------------
 
 
+class _Ready(threading.Event):
+    """Set while the listener listens; ``settled`` is set too, and also when an attempt to
+    listen ended without it (the store down, refusing, or not direct)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.settled = threading.Event()
+
+    def set(self) -> None:
+        super().set()
+        self.settled.set()
+
+
 class Listener:
     """A daemon thread that listens to one store and wakes the hub; (re)started lazily in
     each process (a forked worker starts its own)."""
@@ -117,30 +130,37 @@ class Listener:
         self._lock = threading.Lock()
         self._pid = 0
         self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
+        self._ready = _Ready()
         self._stop = threading.Event()
         #: The pid of the process in which the listener found it must not listen (its
         #: connection may be a transaction pooler's): its waiters poll until it restarts.
         self.gave_up = 0
 
     def ensure(self, timeout: float = 2.0) -> bool:
-        """Start the thread in this process if needed; whether it is listening (waits up to
-        ``timeout`` the first time). A waiter whose listener is not ready polls."""
+        """Start the thread in this process if needed; whether it is listening. The call
+        that starts it waits up to ``timeout`` for its first attempt to listen, and no
+        longer than that attempt; every other call answers at once. So a store that is
+        down, refusing or hanging costs one request that wait, not each request: a waiter
+        whose listener is not ready polls."""
         if self.gave_up == os.getpid():
             return False
+        started = False
         if self._pid != os.getpid() or self._thread is None or not self._thread.is_alive():
             with self._lock:
                 if self._pid != os.getpid() or self._thread is None or not self._thread.is_alive():
                     self._pid = os.getpid()
-                    self._ready = threading.Event()
+                    self._ready = _Ready()
                     self._stop = threading.Event()
                     self._thread = threading.Thread(
                         target=self._run, name=f"idempotency-{self.name}", daemon=True
                     )
                     self._thread.start()
+                    started = True
+        if started:
+            self._ready.settled.wait(timeout)
         if self.gave_up == os.getpid():
             return False
-        return self._ready.wait(timeout)
+        return self._ready.is_set()
 
     def stop(self, timeout: float = 3.0) -> None:
         """Stop the thread and wait for it to close its connection (up to ``timeout``)."""
@@ -163,6 +183,7 @@ class Listener:
                 )
                 self.gave_up = os.getpid()
                 ready.clear()
+                ready.settled.set()
                 return
             except Exception:
                 logger.warning(
@@ -171,6 +192,7 @@ class Listener:
                     exc_info=True,
                 )
             ready.clear()
+            ready.settled.set()
             stop.wait(self.reconnect_delay)
 
     def listen(self, ready: threading.Event, stop: threading.Event) -> None:

@@ -233,3 +233,42 @@ def test_the_redis_listener_on_a_cluster(
         with waiting.hub.subscribe(key_digest("user:1", key)) as woken:
             store.notify("user:1", key)
             assert woken.wait(3)
+
+
+def test_a_redis_that_refuses_costs_no_request_a_wait_for_its_listener(
+    redis_settings: Any,
+) -> None:
+    """The call that starts the listener waits for its first attempt, which a refused
+    connection ends at once; every later call answers at once while the listener tries
+    again: a Redis that is down (the ``redis`` strategy falling back to ``db``) costs no
+    waiting request the listener's timeout (it polls)."""
+    from django_idempotency.strategies.redis.store import get_store
+
+    from ..support.redis_servers import closed_port_url
+
+    redis_settings(closed_port_url())
+    listener = waiting.redis_listener(get_store())
+    started = time.monotonic()
+    assert listener.ensure(60) is False
+    assert listener.ensure(60) is False
+    assert time.monotonic() - started < 30  # the timeouts were not waited out
+
+
+def test_a_listener_that_hangs_costs_only_the_request_that_starts_it_a_wait() -> None:
+    """A store that accepts and never answers: the first call waits its timeout, every
+    later one answers at once (it is not listening) instead of waiting again."""
+    release = threading.Event()
+
+    class Hanging(waiting.Listener):
+        def listen(self, ready: threading.Event, stop: threading.Event) -> None:
+            release.wait()
+
+    listener = Hanging("hanging")
+    try:
+        assert listener.ensure(0.01) is False
+        started = time.monotonic()
+        assert listener.ensure(60) is False
+        assert time.monotonic() - started < 30  # not the 60 s of its timeout
+    finally:
+        listener.stop(timeout=0)
+        release.set()
