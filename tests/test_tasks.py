@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings as django_settings
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Value
 
 from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
@@ -117,7 +117,13 @@ def _wait(condition: Callable[[], bool], timeout: float, what: str, *logs: Worke
 
 def _places() -> tuple[set[str], set[str]]:
     """The keys still in the outbox and the keys drained, read in one statement (one
-    snapshot: a transaction in flight commits before or after both reads, never between)."""
+    snapshot: a transaction in flight commits before or after both reads, never between),
+    once no transaction is in flight on the outbox: a worker killed after sending its
+    COMMIT has that COMMIT reach PostgreSQL after the kill, and it may land after a read
+    made at once (the batch then looks left, yet was drained by the dead worker). Locking
+    every outbox row waits for that transaction's end, committed or rolled back."""
+    with transaction.atomic():
+        list(IdempotencyOutbox.objects.select_for_update().values_list("pk", flat=True))
     rows = (
         IdempotencyOutbox.objects.annotate(place=Value("left"))
         .values_list("place", "key")
