@@ -26,7 +26,11 @@ from .support.gates import gate as the_gate  # noqa: E402
 from .support.pgbouncer import pgbouncer_binary  # noqa: E402
 from .support.workers import delete_queue  # noqa: E402
 
-pytest_plugins = ["tests.support.redis_fixtures", "django_idempotency.testing.plugin"]
+pytest_plugins = [
+    "tests.support.redis_fixtures",
+    "tests.support.task_workers",
+    "django_idempotency.testing.plugin",
+]
 
 _CHECKS: dict[str, Callable[[], bool]] = {
     "postgres": lambda: connections["default"].vendor == "postgresql",

@@ -128,6 +128,11 @@ REST_FRAMEWORK = {
 }
 
 PSP_DELAY_MS = 0
+# The fake provider's ledger and call log, for the crash tests' worker processes.
+PSP_LEDGER = os.environ.get("PSP_LEDGER", "")
+PSP_CALL_LOG = os.environ.get("PSP_CALL_LOG", "")
 EXAMPLE_BASELINE_ROUTES = True
 IDEMPOTENCY: dict[str, object] = {}
+if os.environ.get("TEST_IDEMPOTENCY_LOCK_TIMEOUT"):  # a crash test's worker processes
+    IDEMPOTENCY["LOCK_TIMEOUT"] = float(os.environ["TEST_IDEMPOTENCY_LOCK_TIMEOUT"])
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

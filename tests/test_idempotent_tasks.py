@@ -1,8 +1,7 @@
 """Idempotent Celery tasks, run by real ``celery worker`` processes.
 
-The workers use a private Redis as their broker and result backend (a killed worker's
-message is taken back after a short visibility timeout, which must not touch the other
-test runs' messages on the shared Redis) and this run's test database. Each task body
+The workers (``tests/support/task_workers.py``) use a private Redis as their broker and
+result backend and this run's test database. Each task body
 writes one SideEffect row in its transaction and counts its runs in that Redis, outside
 any transaction; the tests count both from outside.
 """
@@ -10,19 +9,15 @@ any transaction; the tests count both from outside.
 from __future__ import annotations
 
 import os
-import tempfile
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 import redis
 from celery import Celery
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connection
 
 from django_idempotency.idempotent_tasks import (
     IdempotentTask,
@@ -37,80 +32,12 @@ from tests.testapp.tasks import block_once, block_once_locked, charge, retry_onc
 
 from .support.redis_servers import RedisServer
 from .support.services import answers, in_ci
-from .support.workers import ROOT, Worker
+from .support.task_workers import PATIENCE, wait_for
+from .support.workers import Worker
 
 pytestmark = [pytest.mark.celery, pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 RABBITMQ_URL = os.environ.get("TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
-#: Generous bounds for what a busy machine does in a few seconds: never reached when green.
-PATIENCE = 120.0
-
-
-@pytest.fixture
-def broker() -> Iterator[RedisServer]:
-    with RedisServer().start() as server:
-        yield server
-
-
-@pytest.fixture
-def queue() -> str:
-    return f"idem-tasks-{uuid.uuid4().hex[:12]}"
-
-
-@pytest.fixture
-def producer(broker: RedisServer, queue: str) -> Iterator[Celery]:
-    """A Celery app of a producer's own, which reads results back."""
-    app = Celery("producer", broker=broker.url, backend=broker.url, set_as_current=False)
-    app.conf.task_default_queue = queue
-    yield app
-    app.close()
-
-
-@pytest.fixture
-def workers(
-    transactional_db: None, broker: RedisServer, queue: str
-) -> Iterator[Callable[..., Worker]]:
-    """``workers(name, **env)`` starts a worker on this run's test database."""
-    started: list[Worker] = []
-    tmp = tempfile.TemporaryDirectory(prefix="idem-celery-")
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("CELERY_", "DJANGO_", "TEST_CEL"))
-    }
-    env.update(
-        DJANGO_SETTINGS_MODULE="tests.settings",
-        TEST_DATABASE_NAME=str(connection.settings_dict["NAME"]),
-        TEST_CELERY_BROKER_URL=broker.url,
-        TEST_CELERY_RESULT_BACKEND=broker.url,
-        TEST_CELERY_QUEUE=queue,
-        PYTHONPATH=str(ROOT),
-    )
-
-    def start(name: str, **extra: str) -> Worker:
-        worker = Worker(
-            name=f"{name}-{uuid.uuid4().hex[:6]}",
-            queue=queue,
-            prefetch_multiplier=1,
-            env={**env, **extra},
-            log_path=Path(tmp.name) / f"{name}.log",
-        )
-        started.append(worker)
-        return worker.start()
-
-    try:
-        yield start
-    finally:
-        for worker in started:
-            worker.stop()
-        tmp.cleanup()
-
-
-def _wait(condition: Callable[[], bool], what: str, *logs: Worker) -> None:
-    deadline = time.monotonic() + PATIENCE
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}\n" + "\n".join(w.log() for w in logs))
 
 
 def _runs(broker: RedisServer, label: str) -> int:
@@ -158,10 +85,10 @@ def test_a_duplicate_of_a_running_task_waits_for_its_result(
     label = f"hold-{uuid.uuid4().hex[:12]}"
     first, second = workers("first"), workers("second")
     running = producer.send_task("tests.hold", args=[label, broker.url])
-    _wait(lambda: _runs(broker, label) == 1, "the first run", first, second)
+    wait_for(lambda: _runs(broker, label) == 1, "the first run", first, second)
     duplicate = producer.send_task("tests.hold", args=[label, broker.url])
     # The other worker finds the key in progress and retries instead of running.
-    _wait(
+    wait_for(
         lambda: f"{duplicate.id}] retry:" in first.log() + second.log(),
         "the duplicate's retry",
         first,
@@ -191,7 +118,7 @@ def test_waiting_for_the_key_is_not_a_retry_of_the_body(
     assert held.pk is not None and held.token is not None
     worker = workers("waiting")
     sent = producer.send_task("tests.count_retries", args=[label, broker.url])
-    _wait(lambda: worker.log().count(f"{sent.id}] retry:") >= 3, "three waits", worker)
+    wait_for(lambda: worker.log().count(f"{sent.id}] retry:") >= 3, "three waits", worker)
     assert _runs(broker, label) == 0
     assert IdempotencyKey.objects.release(held.pk, held.token)
     assert sent.get(timeout=PATIENCE) == 0, worker.log()
@@ -256,7 +183,7 @@ def test_one_message_published_several_times_takes_effect_once(
     for thread in threads:
         thread.join()
     # Every one of the six deliveries ended (ran, or answered with the stored result).
-    _wait(
+    wait_for(
         lambda: (first.log() + second.log()).count(f"{task_id}] succeeded") == 6,
         "the six deliveries",
         first,
@@ -310,14 +237,14 @@ def _kill_in_the_body(
     label = f"block-{uuid.uuid4().hex[:12]}"
     doomed = workers("doomed", **env)
     sent = producer.send_task(task, args=[label, broker.url])
-    _wait(lambda: _runs(broker, label) == 1, "the body to block", doomed)
+    wait_for(lambda: _runs(broker, label) == 1, "the body to block", doomed)
     doomed.kill()
     # The killed transaction took its row with it.
     assert not SideEffect.objects.filter(label=label).exists()
     assert not _completed(f"task:{task}", sent.id)
 
     again = workers("again", **env)
-    _wait(lambda: _completed(f"task:{task}", sent.id), "the redelivery", again)
+    wait_for(lambda: _completed(f"task:{task}", sent.id), "the redelivery", again)
     assert SideEffect.objects.filter(label=label).count() == 1
     assert _runs(broker, label) == 2
 
@@ -377,7 +304,9 @@ def _kill_between_steps(
     sent = producer.send_task(task, args=[label, broker.url, stop_at])
     client = redis.Redis.from_url(broker.url)
     stopped = f"{label}:at:{stop_at}"
-    _wait(lambda: int(client.get(stopped) or 0) == 1, f"the body to stop after {stop_at}", doomed)
+    wait_for(
+        lambda: int(client.get(stopped) or 0) == 1, f"the body to stop after {stop_at}", doomed
+    )
     doomed.kill()
 
     again = workers("again", **env)

@@ -16,7 +16,8 @@ from django_idempotency.decorators import idempotent
 from django_idempotency.mixins import IdempotencyMixin
 
 from . import psp
-from .models import Charge, ProviderAnswer, Receipt, Refund
+from .charging import charge_in_steps
+from .models import Charge, Refund
 from .serializers import ChargeSerializer
 
 
@@ -87,23 +88,6 @@ def refund(request: HttpRequest) -> JsonResponse:
 # -- a charge in steps (docs/steps.md) ---------------------------------------------------------
 
 
-def _create_charge(user_id: int, amount: int, currency: str) -> int:
-    return Charge.objects.create(user_id=user_id, amount=amount, currency=currency).pk
-
-
-def _call_provider(idempotency_key: str, amount: int, currency: str) -> str:
-    return psp.charge(amount, currency, idempotency_key=idempotency_key)
-
-
-def _record_answer(charge_id: int, reference: str) -> None:
-    ProviderAnswer.objects.create(charge_id=charge_id, reference=reference)
-    Charge.objects.filter(pk=charge_id).update(psp_reference=reference)
-
-
-def _send_receipt(charge_id: int) -> int:
-    return Receipt.objects.create(charge_id=charge_id).pk
-
-
 #: Steps run under ``db`` and ``advisory_lock`` (docs/steps.md#strategies): under the
 #: project's ``STRATEGY`` when it is one of them, else (``redis``, ``hybrid``) under ``db``,
 #: a strategy of the view's own (check E091 refuses to start otherwise).
@@ -128,9 +112,4 @@ def stepped_charge(request: HttpRequest) -> JsonResponse:
     except (ValueError, KeyError, TypeError):
         return JsonResponse({"detail": 'Send {"amount": <int>, "currency": "EUR"}.'}, status=400)
     steps = request.idempotency.steps  # type: ignore[attr-defined]
-    charge_id = steps.local("create_charge", _create_charge, request.user.pk, amount, currency)
-    reference = steps.remote("call_provider", _call_provider, amount, currency)
-    steps.local("record_answer", _record_answer, charge_id, reference)
-    receipt = steps.local("send_receipt", _send_receipt, charge_id)
-    body = {"id": charge_id, "amount": amount, "currency": currency, "psp_reference": reference}
-    return JsonResponse({**body, "receipt": receipt}, status=201)
+    return JsonResponse(charge_in_steps(steps, request.user.pk, amount, currency), status=201)

@@ -9,6 +9,9 @@
 * ``redis_fixtures``: the Redis fixtures (a pytest plugin loaded by ``tests/conftest.py``);
 * ``commands``: this run's management commands in a subprocess, with their exit status;
 * ``workers``: real Celery worker processes, and removing a test's queue from the broker;
+* ``task_workers``: the idempotent-task tests' broker, producer and workers (a pytest plugin
+  loaded by ``tests/conftest.py``);
+* ``kill_points``: a worker that SIGKILLs itself at a step boundary of a charge in steps;
 * ``gates``: views whose timing a test controls (``@pytest.mark.urls("tests.support.gates")``);
 * ``waiting``: polling until a condition holds;
 * ``threads``: threads released together by a barrier, and work in a background thread;

@@ -36,13 +36,15 @@ class Worker:
     """One ``celery worker`` subprocess (solo pool: the task runs in this very process).
 
     ``queue``: consume only that queue (else the default one); ``prefetch_multiplier``:
-    Celery's ``--prefetch-multiplier`` (else Celery's default)."""
+    Celery's ``--prefetch-multiplier`` (else Celery's default); ``include``: modules the
+    worker imports at start-up (``--include``)."""
 
     name: str
     env: dict[str, str]
     log_path: Path
     queue: str | None = None
     prefetch_multiplier: int | None = None
+    include: tuple[str, ...] = ()
     process: subprocess.Popen[bytes] | None = None
     _log: Any = field(default=None, repr=False)
 
@@ -50,6 +52,8 @@ class Worker:
         options = ["--queues", self.queue] if self.queue else []
         if self.prefetch_multiplier is not None:
             options += ["--prefetch-multiplier", str(self.prefetch_multiplier)]
+        if self.include:
+            options += ["--include", ",".join(self.include)]
         self._log = self.log_path.open("ab")
         self.process = subprocess.Popen(
             [
@@ -86,6 +90,10 @@ class Worker:
             time.sleep(0.1)
         self.stop()
         raise RuntimeError(f"celery worker did not start:\n{self.log()}")
+
+    def exited(self) -> bool:
+        """Whether the worker process has ended (it was started and is gone)."""
+        return self.process is not None and self.process.poll() is not None
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

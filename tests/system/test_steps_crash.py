@@ -4,8 +4,9 @@ The example's ``/api/stepped/charges/`` runs four steps (docs/steps.md): ``creat
 (a Charge row), ``call_provider`` (the fake provider, whose ledger file remembers each
 downstream key across processes, as a real provider does), ``record_answer`` (a
 ProviderAnswer row) and ``send_receipt`` (a Receipt row). A gunicorn config file of the
-test's own wraps ``Steps.local``, ``Steps.remote`` and the provider's call in the worker:
-when the flag file names the point reached, the worker sends itself SIGKILL there. For each
+test's own wraps ``Steps.local``, ``Steps.remote`` and the provider's call in the worker
+(``tests/support/kill_points.py``): when the flag file names the point reached, the worker
+sends itself SIGKILL there. For each
 point a fresh key is sent, the worker dies, and the retry (served by the worker gunicorn
 starts in its place, once the lease has lapsed for ``db``, at once for ``advisory_lock``,
 whose session lock died with the connection) must finish the charge: one row of each step,
@@ -26,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from ..support import kill_points
 from ..support.databases import count_rows, query_scalar
 from ..support.example import (
     ExampleServer,
@@ -46,58 +48,14 @@ ONE_EACH = {"create_charge": 1, "record_answer": 1, "send_receipt": 1}
 #: Where the worker is killed: before each step (after the one before it committed), inside
 #: the remote step before and after the provider's call, and after the last step (before
 #: the completion).
-POINTS = [
-    "before:create_charge",
-    "before:call_provider",
-    "provider:before",
-    "provider:after",
-    "before:record_answer",
-    "before:send_receipt",
-    "after:send_receipt",
-]
+POINTS = list(kill_points.POINTS)
 
+#: The gunicorn config file: the worker installs the kill points once it has loaded the app.
 HOOK = """
-import os
-import signal
-from pathlib import Path
-
-FLAG = Path(os.environ["STEPS_KILL_FLAG"])
-
-
-def _kill_at(point):
-    try:
-        if FLAG.read_text() != point:
-            return
-    except FileNotFoundError:
-        return
-    FLAG.unlink()
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
 def post_worker_init(worker):
-    from django_idempotency.protocol.steps import Steps
-    from example_project.payments import psp
+    from tests.support.kill_points import install
 
-    def wrapped(method):
-        def step(self, name, fn, *args, **kwargs):
-            _kill_at("before:" + name)
-            result = method(self, name, fn, *args, **kwargs)
-            _kill_at("after:" + name)
-            return result
-
-        return step
-
-    Steps.local = wrapped(Steps.local)
-    Steps.remote = wrapped(Steps.remote)
-    charge = psp.charge
-
-    def killed_charge(*args, **kwargs):
-        _kill_at("provider:before")
-        result = charge(*args, **kwargs)
-        _kill_at("provider:after")
-        return result
-
-    psp.charge = killed_charge
+    install()
 """
 
 
