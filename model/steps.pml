@@ -1,0 +1,390 @@
+/*
+ * django-idempotency: a request in steps (docs/steps.md) as a Promela model, checked by Spin
+ * (make model), beside the claim protocol's (protocol.pml).
+ *
+ * One key; NREQ requests for it (the client's first attempt and its retries, or duplicates)
+ * and, with COMPLETER, the completer, race against a clock, crashes (a worker SIGKILLed at any
+ * point: before a step, inside the remote step before and after the provider's call, after
+ * the last step) and errors of the view (the key given back). The view runs the example's
+ * charge in four steps: create_charge (local), call_provider (remote: the payment provider,
+ * which charges once per downstream key and answers a key it has seen with its first answer),
+ * record_answer (local, which records the provider's answer with its own commit),
+ * send_receipt (local); then the completion. The assertions:
+ *
+ *   (s1) each local step takes effect at most once                       STEP_COMMITS()
+ *   (s2) in order: a step commits only on the recovery point of the      STEP_COMMITS()
+ *        step before it (none skipped, none done twice)
+ *   (s3) the completion commits once, and only with every step done      COMPLETES()
+ *        (the provider's charge recorded)
+ *   (s4) the steps of a key are one request's: no request with other     STEP_COMMITS()
+ *        content runs a step of a key that has steps of another's
+ *   (s5) a charge made at the provider is never left without its local   Orphan
+ *        record: from the provider's call on, the key's row holds the
+ *        charge's step, for a retry or the completer to resume
+ *
+ * Every step names the code it stands for in a comment, as protocol.pml's do:
+ * tests/system/test_model.py checks that each name exists.
+ *
+ * Time is the database's clock (now), in ticks. BUG_NOFENCE (a step recorded without the
+ * claim token), BUG_READ_FIRST (the steps read before the takeover) and BUG_DELETE (a
+ * claim given back deletes its row whatever its steps) model code that would be wrong, and
+ * the model finds each one's counterexample (model/configurations).
+ */
+
+#ifndef NREQ
+#define NREQ 2
+#endif
+#define DB 1
+#define ADV 2
+#ifndef STRATEGY
+#define STRATEGY DB
+#endif
+#ifndef COMPLETER
+#define COMPLETER 1
+#endif
+#ifndef ATTEMPTS
+#define ATTEMPTS 2  /* COMPLETER_ATTEMPTS */
+#endif
+#ifndef CRASHES
+#define CRASHES 2
+#endif
+#ifndef ERRORS
+#define ERRORS 1
+#endif
+#define LOCK 1      /* LOCK_TIMEOUT, in ticks */
+#define AFTER 1     /* COMPLETER_AFTER, in ticks past the lapsed lease */
+#ifndef PAUSE
+#define PAUSE 1     /* a live owner's heartbeat may stall this many ticks past its lease */
+#endif
+#ifndef MAXT
+#define MAXT 5
+#endif
+
+/* The actors: requests 1..NREQ, the completer NREQ + 1. The last request carries other
+ * content (another fingerprint) when OTHER is defined. */
+#define CID (NREQ + 1)
+#define NACT (NREQ + COMPLETER)
+#define HANDED (NACT + 1)  /* the token of a claim given back: held by no one */
+
+#define NONE 0
+#define INPROG 1
+#define DONE 2
+
+/* The steps, by position: the recovery point is how many are recorded. */
+#define NSTEPS 4
+#define REMOTE 1    /* call_provider */
+
+/* What a claim found. */
+#define O_CLAIM 1
+#define O_REPLAY 2
+#define O_BUSY 3
+#define O_MISMATCH 4
+#define O_LOST 5
+
+typedef KeyRow {  /* the key's row of IdempotencyKey */
+    byte st; byte tok; byte locked; byte fp;  /* fp: the fingerprint column */
+    byte rp; byte sfp;                        /* recovery_point, and steps' fingerprint */
+    bool kept                                 /* steps["request"]: the completer's */
+}
+
+KeyRow kt;
+byte lk;              /* advisory_lock: the session lock's holder, 0 when free */
+byte now;
+byte crashes = CRASHES;
+byte errors = ERRORS;
+byte finished;
+byte eff[NSTEPS];     /* the committed effects of each local step */
+bool charged;         /* the provider charged the downstream key */
+byte completions;
+/* own[id]: 1 + the time of the last renewal of id's lease while it owns a claim (db). */
+byte own[NACT + 1];
+
+/* (s1), (s2), (s4): a local step's commit, with the row as the step's transaction finds it
+ * under its fencing (see STEP_RECORD). */
+#define STEP_COMMITS(i, fp, pending) \
+    assert(kt.rp == i || (pending && kt.rp == i - 1)); \
+    assert(kt.rp == 0 || kt.sfp == fp); \
+    eff[i]++; assert(eff[i] == 1)
+/* (s3) */
+#define COMPLETES() \
+    assert(kt.rp == NSTEPS && eff[0] == 1 && eff[2] == 1 && eff[3] == 1 && charged); \
+    completions++; assert(completions == 1)
+
+#define CRASH_POINT if :: crashes > 0 -> crashes--; goto crashed :: true fi
+#define ERROR_POINT if :: errors > 0 -> errors--; goto failed :: true fi
+
+#define LAPSED(i) (own[i] != 0 && own[i] - 1 + LOCK + PAUSE <= now)
+#if NACT > 3
+#define OWNERS_LIVE (!LAPSED(1) && !LAPSED(2) && !LAPSED(3) && !LAPSED(4))
+#elif NACT > 2
+#define OWNERS_LIVE (!LAPSED(1) && !LAPSED(2) && !LAPSED(3))
+#else
+#define OWNERS_LIVE (!LAPSED(1) && !LAPSED(2))
+#endif
+
+proctype Clock() {
+end:
+    do
+    :: atomic { now < MAXT && OWNERS_LIVE -> now++ }
+    :: now == MAXT -> break
+    od
+}
+
+/* The heartbeat (db): code: protocol.lease.LeaseKeeper._renew, strategies.db.DatabaseClaim.renew,
+ * store.sql.owner.renew (fenced by the token) */
+#if STRATEGY == DB
+#define RENEW(id) do \
+    :: atomic { kt.st == INPROG && kt.tok == id && kt.locked < now -> kt.locked = now; own[id] = now + 1 } \
+    :: break \
+    od
+#else
+#define RENEW(id) skip
+#endif
+
+/* (s5), at every state. */
+active proctype Orphan() {
+end:
+    atomic { charged && !(kt.st == DONE || (kt.st == INPROG && kt.rp >= 1)) -> assert(false) }
+}
+
+proctype Request(byte id; byte fp; bool completer) {
+    byte res, got, i, attempts;
+    bool pending, fresh;
+
+again:
+    if
+    :: completer ->
+        /* The completer: a key in progress, its request kept, its lease lapsed AFTER ago,
+         * counted on its row while the row is as it was read (the token, still lapsed).
+         * code: completer.due_keys, completer.complete, completer._mark */
+end_due:
+        atomic {
+            attempts < ATTEMPTS && kt.st == INPROG && kt.kept && kt.locked + LOCK + AFTER <= now ->
+            attempts++; fp = kt.sfp  /* the kept request: its content, its fingerprint */
+        }
+    :: else
+    fi;
+
+#ifdef BUG_READ_FIRST
+    got = kt.rp;  /* the steps read before the claim: stale by the time it is taken */
+#endif
+
+#if STRATEGY == DB
+    /* The claim: the INSERT, or the takeover of a stale claim (keeping its steps and
+     * recovery point), re-checked on the row in one statement.
+     * code: strategies.stepped.SteppedDatabaseStrategy.claim, strategies.db.DatabaseStrategy.claim,
+     * store.sql.claim.claim, store.sql.claim.take_over */
+    atomic {
+        if
+        :: kt.st == NONE ->
+            kt.st = INPROG; kt.tok = id; kt.locked = now; kt.fp = fp; kt.rp = 0; kt.sfp = 0;
+            kt.kept = false; res = O_CLAIM; own[id] = now + 1
+        :: kt.st == INPROG && kt.locked + LOCK <= now ->
+            kt.tok = id; kt.locked = now; kt.fp = fp; res = O_CLAIM; own[id] = now + 1
+        :: kt.st == INPROG && kt.locked + LOCK > now -> res = O_BUSY
+        :: kt.st == DONE && kt.fp == fp -> res = O_REPLAY
+        :: kt.st == DONE && kt.fp != fp -> res = O_MISMATCH
+        fi
+    }
+    if
+    :: res != O_CLAIM -> goto answered
+    :: else
+    fi;
+    /* The steps the row holds, read after the claim (an owner that was taken over can no
+     * longer record one: STEP_RECORD), and handed back as found to a request with other
+     * content. code: strategies.stepped.load_state, strategies.stepped.StepClaim.found,
+     * strategies.stepped.StepClaim.hand_back */
+    atomic {
+#ifndef BUG_READ_FIRST
+        got = kt.rp;
+#endif
+        if
+        :: kt.rp > 0 && kt.sfp != fp -> res = O_MISMATCH
+        :: else
+        fi
+    }
+    if
+    :: res == O_MISMATCH ->
+        atomic {
+            if
+            :: kt.tok == id && kt.st == INPROG -> kt.tok = HANDED; kt.locked = 0; kt.fp = kt.sfp
+            :: else
+            fi;
+            own[id] = 0
+        };
+        goto answered
+    :: else
+    fi;
+#else
+    /* advisory_lock: the key's lock (a 409 when the wait ends), then under it: the row
+     * read; a new claim, or the takeover of a row whose owner is gone (its session lock
+     * with it), or the row's answer. The session lock is held until the last commit. The
+     * claim is made in the view's transaction: a new row is durable with the first step's
+     * commit (fresh until then), and gone with a crash or an error before it.
+     * code: strategies.stepped.SteppedAdvisoryStrategy.claim,
+     * strategies.stepped.SteppedAdvisoryStrategy._claim_locked, strategies.advisory.lock */
+    if
+    :: atomic { lk == 0 -> lk = id }
+    :: res = O_BUSY; goto answered
+    fi;
+    atomic {
+        if
+        :: kt.st == DONE && kt.fp == fp -> res = O_REPLAY; lk = 0
+        :: kt.st == DONE && kt.fp != fp -> res = O_MISMATCH; lk = 0
+        :: kt.st != DONE && kt.st != NONE && kt.fp != fp -> res = O_MISMATCH; lk = 0
+        :: kt.st == NONE -> fresh = true; res = O_CLAIM; got = 0
+        :: kt.st == INPROG && kt.fp == fp && kt.rp > 0 ->
+            kt.tok = id; kt.locked = now; res = O_CLAIM;
+#ifndef BUG_READ_FIRST
+            got = kt.rp
+#else
+            skip
+#endif
+        :: kt.st == INPROG && kt.fp == fp && kt.rp == 0 -> res = O_BUSY; lk = 0
+        fi
+    }
+    if
+    :: res != O_CLAIM -> goto answered
+    :: else
+    fi;
+#endif
+
+    /* The view, from the first step not recorded. code: protocol.steps.Steps.local,
+     * protocol.steps.Steps.remote, protocol.steps.Steps.flush */
+    i = got;
+    pending = false;
+    do
+    :: i == NSTEPS -> break
+    :: i == REMOTE ->
+        RENEW(id);
+        CRASH_POINT;
+        /* the provider's call, outside every transaction, with the downstream key of
+         * this request and step: the same for every attempt.
+         * code: protocol.steps.Steps.downstream_key, protocol.keys.downstream_key */
+        charged = true;
+        CRASH_POINT;
+        ERROR_POINT;
+        pending = true; i++
+    :: i != REMOTE && i < NSTEPS ->
+        RENEW(id);
+        CRASH_POINT;
+        /* The step's writes and its record (the recovery point, the results, the
+         * provider's answer pending from the remote step before it, the completer's
+         * request with the first) in one transaction, whose last statement is fenced by
+         * the claim token: LeaseLost and a rollback when the claim is no longer this one's.
+         * code: strategies.stepped.StepClaim.record, protocol.resend.kept_request */
+        atomic {
+            if
+            :: fresh ->  /* advisory_lock: the claim's row commits with the first step */
+                assert(kt.st == NONE);
+                kt.st = INPROG; kt.tok = id; kt.fp = fp; kt.rp = 0; kt.sfp = 0; fresh = false
+            :: else
+            fi;
+#ifdef BUG_NOFENCE
+            if
+            :: kt.st == INPROG ->
+#else
+            if
+            :: kt.st == INPROG && kt.tok == id ->
+#endif
+                STEP_COMMITS(i, fp, pending);
+                kt.rp = i + 1; kt.sfp = fp; kt.kept = COMPLETER; kt.locked = now;
+                if
+                :: own[id] != 0 -> own[id] = now + 1
+                :: else
+                fi;
+                res = O_CLAIM
+            :: else -> res = O_LOST
+            fi
+        }
+        if
+        :: res == O_LOST -> goto lost
+        :: else
+        fi;
+        pending = false; i++;
+        ERROR_POINT
+    od;
+    RENEW(id);
+    CRASH_POINT;
+    /* The completion, fenced by the token, in the last transaction.
+     * code: strategies.db.DatabaseClaim.store, store.sql.owner.complete,
+     * protocol.lifecycle.Lifecycle.complete */
+    atomic {
+        if
+        :: kt.st == INPROG && kt.tok == id -> COMPLETES(); kt.st = DONE; res = O_CLAIM
+        :: else -> res = O_LOST
+        fi;
+        lk = (lk == id -> 0 : lk)
+    }
+    if
+    :: res == O_LOST -> goto lost
+    :: else
+    fi;
+    goto answered;
+
+failed:
+    /* The view raised: the claim given back. Deleted when nothing was recorded, else kept
+     * in progress under a token no one holds and a lapsed lease, for the next claim.
+     * code: strategies.stepped.StepClaim.release, strategies.stepped.StepClaim.hand_back,
+     * strategies.stepped.AdvisoryStepClaim.release */
+    atomic {
+        if
+        :: kt.tok == id && kt.st == INPROG ->
+#ifdef BUG_DELETE
+            kt.st = NONE; kt.tok = 0; kt.rp = 0; kt.sfp = 0; kt.kept = false
+#else
+            if
+            :: kt.rp == 0 && !kt.kept -> kt.st = NONE; kt.tok = 0
+            :: else -> kt.tok = HANDED; kt.locked = 0
+            fi
+#endif
+        :: else
+        fi;
+        lk = (lk == id -> 0 : lk)
+    }
+    goto answered;
+
+lost:
+    /* LeaseLost: the step's transaction rolled back. code: strategies.stepped.AdvisoryStepClaim.lost */
+    atomic { lk = (lk == id -> 0 : lk) }
+    goto answered;
+
+crashed:
+    /* The process dies: its transaction rolls back, its connection closes (and with it a
+     * session lock), its heartbeat stops. */
+    atomic { lk = (lk == id -> 0 : lk) }
+
+answered:
+    atomic {
+        own[id] = 0; res = 0; got = 0; i = 0; pending = false; fresh = false;
+        if
+        :: !completer -> finished++
+        :: else
+        fi
+    }
+    if
+    :: completer -> goto again  /* the completer's next run */
+    :: else
+    fi
+}
+
+init {
+    atomic {
+        run Clock();
+        run Request(1, 1, false);
+#ifdef OTHER
+        run Request(NREQ, 2, false);
+#if NREQ > 2
+        run Request(2, 1, false);
+#endif
+#else
+        run Request(2, 1, false);
+#if NREQ > 2
+        run Request(3, 1, false);
+#endif
+#endif
+#if COMPLETER
+        run Request(CID, 1, true)
+#endif
+    }
+}
