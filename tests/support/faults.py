@@ -4,7 +4,9 @@ Every execution of a view takes the next step of ``plan`` (``"ok"`` once the pla
 empty), writes one ``SideEffect`` row labelled with the request's key on the alias
 that holds the keys, and answers with that row's id as ``effect``: a response names
 the execution that produced it, so a test can tell whether that execution's writes
-committed.
+committed. The views in steps (``/fault/drf-steps/``, ``/fault/fn-steps/``; the matrix's
+steps columns, :data:`stepped`) write it in a local step of their own (docs/steps.md): it
+commits with the key's recovery point, and a retry after it resumes with the stored row id.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ view_started = threading.Event()
 #: Every run of the view's body, by key: a ledger outside every transaction, which counts
 #: the runs whose writes rolled back too.
 runs: Counter[str] = Counter()
+#: Whether the requests go to the views in steps (set by the matrix for its steps columns).
+stepped = False
 
 
 class Refused(exceptions.APIException):
@@ -62,6 +66,8 @@ class Refused(exceptions.APIException):
 
 
 def reset() -> None:
+    global stepped
+    stepped = False
     plan.clear()
     interference.clear()
     _hooks_raised.clear()
@@ -82,8 +88,10 @@ def _payload(effect: int) -> bytes:
     return json.dumps({"effect": effect}).encode()
 
 
-def execute(key: str) -> HttpResponseBase:
-    """One execution of the view for ``key``: its step, its write and its answer."""
+def execute(key: str, request: Any = None) -> HttpResponseBase:
+    """One execution of the view for ``key``: its step, its write and its answer. The
+    write is a local step of the request's steps when it has some."""
+    steps = getattr(getattr(request, "idempotency", None), "steps", None)
     step = _next_step()
     with _plan_lock:
         runs[key] += 1
@@ -93,7 +101,7 @@ def execute(key: str) -> HttpResponseBase:
     if step == "interfere":
         for interfere in interference:
             interfere(key)
-    effect = _write(key)
+    effect = _write(key) if steps is None else steps.local("write", _write, key)
     if step == "interfere_late":  # after the view's write, before its completion
         for interfere in interference:
             interfere(key)
@@ -133,15 +141,21 @@ class FaultView(IdempotencyMixin, APIView):
     idempotency_required = True
 
     def post(self, request: Request) -> HttpResponseBase:
-        return execute(request.headers["Idempotency-Key"])
+        return execute(request.headers["Idempotency-Key"], request)
 
 
-@csrf_exempt
-@idempotent(required=True)
-def fault_function(request: HttpRequest) -> HttpResponseBase:
+class SteppedFaultView(FaultView):
+    idempotency_steps = True
+
+
+def _fault(request: HttpRequest) -> HttpResponseBase:
     if request.method != "POST":
         return JsonResponse({}, status=405)
-    return execute(request.headers["Idempotency-Key"])
+    return execute(request.headers["Idempotency-Key"], request)
+
+
+fault_function = csrf_exempt(idempotent(required=True)(_fault))
+stepped_fault_function = csrf_exempt(idempotent(required=True, steps=True)(_fault))
 
 
 #: A request that has not ended after this long is taken to hang (a wide margin over every
@@ -212,10 +226,14 @@ def settle(requester: Requester, key: str) -> Any:
         time.sleep(0.2)
 
 
-def post(client: Any, key: str) -> Any:
-    return client.post(
-        "/fault/drf/", b"{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY=key
-    )
+def url(entry: str = "drf") -> str:
+    """The path of the entry point ``entry`` (``drf``, ``fn``), in steps when
+    :data:`stepped` is set."""
+    return f"/fault/{entry}-steps/" if stepped else f"/fault/{entry}/"
+
+
+def post(client: Any, key: str, entry: str = "drf") -> Any:
+    return client.post(url(entry), b"{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY=key)
 
 
 def new_key() -> str:
@@ -236,4 +254,6 @@ def body_of(response: Any) -> dict[str, Any]:
 urlpatterns = [
     path("fault/drf/", FaultView.as_view()),
     path("fault/fn/", fault_function),
+    path("fault/drf-steps/", SteppedFaultView.as_view()),
+    path("fault/fn-steps/", stepped_fault_function),
 ]

@@ -104,6 +104,12 @@ class Setup:
     def uses_redis(self) -> bool:
         return self.name.startswith(("redis", "hybrid"))
 
+    @property
+    def steps(self) -> bool:
+        """The view runs in steps (docs/steps.md): its write is a local step, which
+        commits with the key's recovery point before the view goes on."""
+        return self.name.endswith("-steps")
+
 
 def _param(name: str, *marks: Any) -> Any:
     return pytest.param(name, marks=list(marks), id=name)
@@ -129,6 +135,9 @@ ALL = [
     _param("hybrid-after-loss", pytest.mark.redis, pytest.mark.postgres),
     _param("hybrid-cluster", pytest.mark.redis_cluster, pytest.mark.postgres),
     _param("custom", pytest.mark.postgres),  # tests/examples/custom_strategy.py, in docs/api.md
+    # The views in steps (tests/support/faults.py): the two strategies that run them.
+    _param("db-steps", pytest.mark.postgres),
+    _param("advisory_lock-steps", pytest.mark.postgres),
 ]
 #: The strategies on the private Redis node (which a test may flush or kill).
 NODE = [p for p in ALL if p.values[0] in ("redis", "hybrid", "hybrid-after-loss")]
@@ -142,7 +151,8 @@ def configure(request: pytest.FixtureRequest, settings: Any, prefix: str, name: 
     value: dict[str, Any] = {"MAX_STORED_BODY_SIZE": faults.LIMIT}
     alias = "default"
     server: Any = None
-    if name == "db-postgres":
+    faults.stepped = name.endswith("-steps")
+    if name in ("db-postgres", "db-steps"):
         value["STRATEGY"] = "db"
     elif name == "db-partitioned":
         value.update(STRATEGY="db", PARTITION_INTERVAL=PARTITION_INTERVAL)
@@ -152,7 +162,7 @@ def configure(request: pytest.FixtureRequest, settings: Any, prefix: str, name: 
     elif name == "db-mariadb":
         value.update(STRATEGY="db", DATABASE="mariadb")
         alias = "mariadb"
-    elif name == "advisory_lock":
+    elif name in ("advisory_lock", "advisory_lock-steps"):
         value["STRATEGY"] = "advisory_lock"
     elif name == "custom":
         value["STRATEGY"] = "tests.examples.custom_strategy.MemoryStrategy"
@@ -202,7 +212,7 @@ def client(api: APIClient) -> APIClient:
 
 def post(client: APIClient, key: str, entry: str = "drf") -> Any:
     return client.post(
-        f"/fault/{entry}/", b"{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY=key
+        faults.url(entry), b"{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY=key
     )
 
 
@@ -277,7 +287,8 @@ def test_api_exception(
     setup: Setup, client: APIClient, monkeypatch: pytest.MonkeyPatch, atomic_requests: bool
 ) -> None:
     """A DRF APIException is stored and replayed; with ATOMIC_REQUESTS DRF rolls the
-    view's writes back, and the response is stored after the rollback."""
+    view's writes back, and the response is stored after the rollback. A view in steps
+    keeps the write its step committed before the exception."""
     monkeypatch.setitem(connections[setup.alias].settings_dict, "ATOMIC_REQUESTS", atomic_requests)
     key = faults.new_key()
     faults.plan.append("refuse")
@@ -287,7 +298,7 @@ def test_api_exception(
     assert retry.status_code == 409 and replayed(retry)
     assert retry.content == first.content
     effect = check(setup, key, first, retry)
-    assert (effect is None) is atomic_requests
+    assert (effect is None) is (atomic_requests and not setup.steps)
 
 
 def test_api_exception_then_duplicate(
@@ -297,7 +308,8 @@ def test_api_exception_then_duplicate(
     view has begun (a fixed delay let B claim first on a loaded machine). Whatever B gets
     (409 while A holds the key, or, under advisory_lock, a run of its own after A's
     rollback), A's late store never overwrites a record another execution completed, and
-    C replays the execution that committed."""
+    C replays the execution that committed. In steps, A's write committed with its step
+    before the refusal: A completed the key, and B and C see A's."""
     monkeypatch.setitem(connections[setup.alias].settings_dict, "ATOMIC_REQUESTS", True)
     key = faults.new_key()
     faults.plan.extend(["slow_refuse", "ok"])
@@ -318,7 +330,10 @@ def test_api_exception_then_duplicate(
     b.join(30)
     c = post(client, key)
     effect = check(setup, key, results["a"], results["b"], c)
-    if effect is not None:  # B ran after A's rollback: C replays B's 201
+    if setup.steps:
+        assert effect is not None and results["b"].status_code == 409
+        assert c.status_code == 409 and replayed(c) and c.content == results["a"].content
+    elif effect is not None:  # B ran after A's rollback: C replays B's 201
         assert results["b"].status_code == 201
         assert c.status_code == 201 and replayed(c)
     else:
@@ -329,22 +344,26 @@ def test_api_exception_then_duplicate(
 @pytest.mark.parametrize("step", ["raise_before", "raise_after"])
 def test_exception_in_view(setup: Setup, client: APIClient, step: str, entry: str) -> None:
     """An exception before or after the view's writes rolls them back and releases the
-    key: the retry runs the view once, the next one replays it."""
+    key: the retry runs the view once, the next one replays it. In steps, a write whose
+    step committed before the exception stays, the key is given back with it, and the
+    retry resumes after it (the step's stored result, not a second write)."""
     key = faults.new_key()
     faults.plan.append(step)
     first = post(client, key, entry)
     assert first.status_code == 500
-    assert committed(setup, key) == []
+    kept = committed(setup, key)
+    assert len(kept) == (1 if setup.steps and step == "raise_after" else 0), kept
     second = post(client, key, entry)
     assert second.status_code == 201 and not replayed(second)
     third = post(client, key, entry)
     assert third.status_code == 201 and replayed(third)
-    assert check(setup, key, first, second, third, view_failed=True) is not None
+    effect = check(setup, key, first, second, third, view_failed=True)
+    assert effect is not None and kept in ([], [effect])
 
 
 @pytest.mark.parametrize(
-    "setup", [p for p in ALL if p.values[0] != "advisory_lock"], indirect=True
-)  # advisory_lock has no lease to lose: the transaction holds the lock
+    "setup", [p for p in ALL if not p.values[0].startswith("advisory_lock")], indirect=True
+)  # advisory_lock has no lease to lose: the lock holds the key (in steps, the session's)
 def test_lease_lost(setup: Setup, client: APIClient) -> None:
     """Another owner takes the key while the view runs: this request's writes never
     commit beside the other owner's."""
@@ -608,7 +627,12 @@ def test_connection_lost_during_commit(setup: Setup, client: APIClient, slow_com
 # -- PostgreSQL slow or silent (a proxy between the application and the server) -----------------
 
 #: The strategies whose claim and completion are the library's statements on PostgreSQL.
-SILENT = [p for p in ALL if p.values[0] in ("db-postgres", "db-partitioned", "advisory_lock")]
+SILENT = [
+    p
+    for p in ALL
+    if p.values[0]
+    in ("db-postgres", "db-partitioned", "advisory_lock", "db-steps", "advisory_lock-steps")
+]
 #: The same, and those whose view and outbox write there.
 SLOW = [*SILENT, *(p for p in ALL if p.values[0] in ("redis", "hybrid"))]
 
@@ -712,14 +736,15 @@ def test_database_reset_during_completion(
 ) -> None:
     """The connection is reset (an RST from the path) after the view's write, before its
     completion is sent: a 503 database-unavailable, nothing committed; the retries run the
-    view once more, and only that run commits."""
+    view once more, and only that run commits. In steps, the write committed with its
+    step before the reset: the retry resumes after it, and writes nothing more."""
     proxy, requester = proxied
     key = faults.new_key()
     faults.interference.append(lambda _key: proxy.reset())
     faults.plan.append("interfere_late")
     first = requester.ask(key)
     assert first.status_code == 503 and problem_slug(first) == "database-unavailable"
-    assert committed(setup, key) == []
+    assert len(committed(setup, key)) == (1 if setup.steps else 0)
     final = faults.settle(requester, key)
     again = requester.ask(key)
     assert final.status_code == 201 and not replayed(final), final.content
