@@ -141,7 +141,7 @@ def test_every_partition_leaves_room_for_a_hot_completion(partitioned: None) -> 
     (``EXPIRY_SLACK``: 0.1 s of this test's 10 s), which a busy machine may miss; a
     completion that moved its expiry changed an indexed column and is rightly not HOT. So
     the test takes new keys until one completion kept its expiry (at most 50 tries), and
-    holds that one to a HOT update."""
+    holds that one to its partition and to a HOT update."""
     created = partitions.maintain("default", ahead=AHEAD * 2).created
     found = fillfactors()
     assert created and set(created) <= set(found)
@@ -153,8 +153,10 @@ def test_every_partition_leaves_room_for_a_hot_completion(partitioned: None) -> 
         claimed_expiry = IdempotencyKey.objects.get(pk=done.pk).expires_at
         before = updates_of(partition)
         assert IdempotencyKey.objects.complete(done.pk, done.token, RESPONSE, ttl=10)
-        assert partition_of(done.pk) == partition  # the completion kept the partition
         if IdempotencyKey.objects.get(pk=done.pk).expires_at == claimed_expiry:
+            # The expiry kept, the partition with it (a completion that moved its expiry
+            # may rightly have moved its row into the next two-second partition).
+            assert partition_of(done.pk) == partition
             break
     else:
         pytest.fail("no completion in 50 came within 1 % of its TTL of its claim")
