@@ -8,12 +8,9 @@ What they did is read back from the database and from their logs.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,7 +37,7 @@ from .support.factories import (
     UserFactory,
 )
 from .support.redis_servers import RedisServer
-from .support.workers import ROOT, Worker, delete_queue
+from .support.workers import Worker, delete_queue, worker_env, worker_pool
 
 pytestmark = [
     pytest.mark.celery,
@@ -61,35 +58,9 @@ def queue() -> Iterator[str]:
 @pytest.fixture
 def workers(transactional_db: None) -> Iterator[Callable[..., Worker]]:
     """``workers(name, queue)`` starts a worker on this run's test database."""
-    started: list[Worker] = []
-    tmp = tempfile.TemporaryDirectory(prefix="idem-celery-")
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("CELERY_", "DJANGO_", "TEST_CEL"))
-    }
-    env.update(
-        DJANGO_SETTINGS_MODULE="tests.settings",
-        TEST_DATABASE_NAME=str(connection.settings_dict["NAME"]),
-        TEST_CELERY_BROKER_URL=str(django_settings.CELERY_BROKER_URL),
-        PYTHONPATH=str(ROOT),
-    )
-
-    def start(name: str, queue: str) -> Worker:
-        worker = Worker(
-            name=f"{name}-{uuid.uuid4().hex[:6]}",
-            queue=queue,
-            prefetch_multiplier=1,
-            env={**env, "TEST_CELERY_QUEUE": queue},
-            log_path=Path(tmp.name) / f"{name}.log",
-        )
-        started.append(worker)
-        return worker.start()
-
-    try:
+    env = worker_env(str(connection.settings_dict["NAME"]), str(django_settings.CELERY_BROKER_URL))
+    with worker_pool(env) as start:
         yield start
-    finally:
-        for worker in started:
-            worker.stop()
-        tmp.cleanup()
 
 
 def _fill_outbox(count: int, body_size: int = 200) -> list[str]:

@@ -8,18 +8,16 @@ test runs' messages on the shared Redis) and this run's test database.
 
 from __future__ import annotations
 
-import os
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
+from functools import partial
 
 import pytest
 from celery import Celery
 
 from .redis_servers import RedisServer
-from .workers import ROOT, Worker
+from .workers import Worker, worker_env, worker_pool
 
 #: Generous bounds for what a busy machine does in a few seconds: never reached when green.
 PATIENCE = 120.0
@@ -53,38 +51,17 @@ def workers(
     (``include``: modules it imports at start-up, Celery's ``--include``)."""
     from django.db import connection
 
-    started: list[Worker] = []
-    tmp = tempfile.TemporaryDirectory(prefix="idem-celery-")
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("CELERY_", "DJANGO_", "TEST_CEL"))
-    }
-    env.update(
-        DJANGO_SETTINGS_MODULE="tests.settings",
-        TEST_DATABASE_NAME=str(connection.settings_dict["NAME"]),
-        TEST_CELERY_BROKER_URL=broker.url,
-        TEST_CELERY_RESULT_BACKEND=broker.url,
-        TEST_CELERY_QUEUE=queue,
-        PYTHONPATH=str(ROOT),
+    env = worker_env(
+        str(connection.settings_dict["NAME"]), broker.url, TEST_CELERY_RESULT_BACKEND=broker.url
     )
+    with worker_pool(env) as start:
+        yield partial(_on_queue, start, queue)
 
-    def start(name: str, include: tuple[str, ...] = (), **extra: str) -> Worker:
-        worker = Worker(
-            name=f"{name}-{uuid.uuid4().hex[:6]}",
-            queue=queue,
-            prefetch_multiplier=1,
-            include=include,
-            env={**env, **extra},
-            log_path=Path(tmp.name) / f"{name}.log",
-        )
-        started.append(worker)
-        return worker.start()
 
-    try:
-        yield start
-    finally:
-        for worker in started:
-            worker.stop()
-        tmp.cleanup()
+def _on_queue(
+    start: Callable[..., Worker], queue: str, name: str, include: tuple[str, ...] = (), **extra: str
+) -> Worker:
+    return start(name, queue, include, **extra)
 
 
 def wait_for(condition: Callable[[], bool], what: str, *logs: Worker) -> None:

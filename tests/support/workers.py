@@ -18,7 +18,11 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,6 +123,48 @@ class Worker:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+
+def worker_env(database: str, broker: str, **extra: str) -> dict[str, str]:
+    """The environment of a worker on the test database ``database`` and the broker
+    ``broker``: this process's, without its Celery and Django settings, and ``extra``."""
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("CELERY_", "DJANGO_", "TEST_CEL"))
+    }
+    env.update(
+        DJANGO_SETTINGS_MODULE="tests.settings",
+        TEST_DATABASE_NAME=database,
+        TEST_CELERY_BROKER_URL=broker,
+        PYTHONPATH=str(ROOT),
+        **extra,
+    )
+    return env
+
+
+@contextmanager
+def worker_pool(env: dict[str, str]) -> Iterator[Callable[..., Worker]]:
+    """``start(name, queue, include=(), **extra)`` starts a worker (one task at a time) on
+    ``queue`` with ``env`` and ``extra``; every worker started is stopped at the end."""
+    started: list[Worker] = []
+    with tempfile.TemporaryDirectory(prefix="idem-celery-") as tmp:
+
+        def start(name: str, queue: str, include: tuple[str, ...] = (), **extra: str) -> Worker:
+            worker = Worker(
+                name=f"{name}-{uuid.uuid4().hex[:6]}",
+                queue=queue,
+                prefetch_multiplier=1,
+                include=include,
+                env={**env, "TEST_CELERY_QUEUE": queue, **extra},
+                log_path=Path(tmp) / f"{name}.log",
+            )
+            started.append(worker)
+            return worker.start()
+
+        try:
+            yield start
+        finally:
+            for worker in started:
+                worker.stop()
 
 
 def delete_queue(name: str, url: str = services.REDIS_URL) -> None:
