@@ -201,8 +201,16 @@ def test_a_stalled_heartbeat_connection_costs_no_lease(
     are renewed on a new connection all the same: a duplicate of each then gets a 409 (not
     a takeover that would run the view again), and each request completes its one run."""
     api.raise_request_exception = False
-    # No DATABASE_TIMEOUT: the heartbeat's own bound is what is tested.
-    settings.IDEMPOTENCY = {"STRATEGY": "db", "DATABASE_TIMEOUT": None, "LOCK_TIMEOUT": 3}
+    # No DATABASE_TIMEOUT: the heartbeat's own bound is what is tested. A 6 s lease, renewed
+    # every 2 s, a stalled renewal given up after 1 s: the renewals on the new connection
+    # have 4 s before a lease could lapse (with 3 s, a starved thread on a loaded machine
+    # missed that window and a duplicate took a live request's key over).
+    lock_timeout = 6
+    settings.IDEMPOTENCY = {
+        "STRATEGY": "db",
+        "DATABASE_TIMEOUT": None,
+        "LOCK_TIMEOUT": lock_timeout,
+    }
     strategies.reset()
     faults.reset()
     database = connections["default"].settings_dict
@@ -224,7 +232,7 @@ def test_a_stalled_heartbeat_connection_costs_no_lease(
             stalled = renewing_link(proxy, timeout=faults.HANG)
             stalled.silence()
             silent_since = _db_now()
-            wait_until(lambda: _db_now() > silent_since + 2 * 3, timeout=faults.HANG)
+            wait_until(lambda: _db_now() > silent_since + 2 * lock_timeout, timeout=faults.HANG)
             duplicates = [requesters[3].ask(key) for key in keys]
             assert stalled.silent and not stalled.closed
             release.set()
