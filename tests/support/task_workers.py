@@ -3,7 +3,8 @@
 
 The workers use a private Redis as their broker and result backend (a killed worker's
 message is taken back after a short visibility timeout, which must not touch the other
-test runs' messages on the shared Redis) and this run's test database.
+test runs' messages on the shared Redis) and this run's test database. Celery is imported
+when a fixture needs it: the matrix's smoke sessions run without it.
 """
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from functools import partial
+from typing import TYPE_CHECKING
 
 import pytest
-from celery import Celery
 
 from .redis_servers import RedisServer
 from .workers import Worker, worker_env, worker_pool
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 #: Generous bounds for what a busy machine does in a few seconds: never reached when green.
 PATIENCE = 120.0
@@ -37,6 +41,8 @@ def queue() -> str:
 @pytest.fixture
 def producer(broker: RedisServer, queue: str) -> Iterator[Celery]:
     """A Celery app of a producer's own, which reads results back."""
+    from celery import Celery
+
     app = Celery("producer", broker=broker.url, backend=broker.url, set_as_current=False)
     app.conf.task_default_queue = queue
     yield app
