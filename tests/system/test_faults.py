@@ -45,6 +45,7 @@ from tests.testapp.models import SideEffect
 from ..support import faults
 from ..support.api import replayed
 from ..support.assertions import problem_slug
+from ..support.faults import post
 from ..support.mariadb import with_mariadb
 from ..support.proxy import FaultProxy, through_proxy
 from ..support.redis_servers import RedisClusterNodes, RedisServer
@@ -208,12 +209,6 @@ def client(api: APIClient) -> APIClient:
     """The ``api`` client, answering a view's exception with a 500 instead of raising it."""
     api.raise_request_exception = False
     return api
-
-
-def post(client: APIClient, key: str, entry: str = "drf") -> Any:
-    return client.post(
-        faults.url(entry), b"{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY=key
-    )
 
 
 def committed(setup: Setup, key: str) -> list[int]:
