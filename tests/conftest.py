@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -72,6 +73,26 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         if services.in_ci():
             pytest.fail(reason + ", and CI is set", pytrace=False)
         pytest.skip(reason + " (with CI set this fails)")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _scratch_templates() -> Iterator[None]:
+    """The databases the example project's scratch databases are copied from
+    (``tests/support/example.py``) go when the session ends."""
+    yield
+    from .support.example import drop_templates
+
+    drop_templates()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadscope`` with the longest modules first (``tests/support/scheduling.py``)."""
+    if config.getoption("dist") != "loadscope":
+        return None
+    from .support.scheduling import LongestFirst
+
+    return LongestFirst(config, log)
 
 
 @pytest.fixture

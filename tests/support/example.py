@@ -12,7 +12,9 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -20,7 +22,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +67,59 @@ def manage(database_url: str, *args: str, env: Mapping[str, str] | None = None) 
     return result.stdout
 
 
+#: The migrated and seeded databases that :func:`scratch_database` copies, by kind and
+#: server, each made on its first use in this process: a copy (PostgreSQL's ``CREATE
+#: DATABASE ... TEMPLATE``, a SQLite file's bytes) takes a fraction of a second, where
+#: ``migrate`` and ``seed_demo`` are two Django processes and seconds of CPU each time.
+#: ``drop_templates`` removes them (the session fixture ``_scratch_templates``).
+_templates: dict[tuple[str, str], str] = {}
+
+
+def _migrate_and_seed(url: str) -> None:
+    manage(url, "migrate", "--noinput", "-v", "0")
+    manage(url, "seed_demo")
+
+
+def _postgres_template(admin_url: str) -> str:
+    """The name of this process's migrated and seeded PostgreSQL database on the server of
+    ``admin_url``, made if there is none yet. No one stays connected to it: ``CREATE
+    DATABASE ... TEMPLATE`` needs it alone."""
+    name = _templates.get(("postgres", admin_url))
+    if name is None:
+        name = f"idem_template_{uuid.uuid4().hex[:12]}"
+        pg_admin(f'CREATE DATABASE "{name}"', admin_url)
+        _templates["postgres", admin_url] = name
+        _migrate_and_seed(with_database(admin_url, name))
+    return name
+
+
+def _sqlite_template() -> str:
+    """The path of this process's migrated and seeded SQLite file, made if there is none."""
+    path = _templates.get(("sqlite", ""))
+    if path is None:
+        path = tempfile.mkdtemp(prefix="idem-template-") + "/db.sqlite3"
+        _templates["sqlite", ""] = path
+        _migrate_and_seed(f"sqlite:///{path}")
+    return path
+
+
+def _copy_sqlite(source: str, target: str) -> None:
+    """``source``'s database into a new file ``target``, through SQLite's backup (which
+    reads what the write-ahead log holds too)."""
+    with closing(sqlite3.connect(source)) as old, closing(sqlite3.connect(target)) as new:
+        old.backup(new)
+
+
+def drop_templates() -> None:
+    """Remove the databases :func:`scratch_database` copied from."""
+    while _templates:
+        (kind, admin_url), name = _templates.popitem()
+        if kind == "postgres":
+            pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', admin_url)
+        else:
+            shutil.rmtree(Path(name).parent, ignore_errors=True)
+
+
 @contextmanager
 def scratch_database(
     kind: str, *, admin_url: str = POSTGRES_URL, prefix: str = "idem_scratch_"
@@ -72,16 +127,15 @@ def scratch_database(
     """A new database with the example project migrated and seeded; dropped afterwards.
 
     ``kind`` is "postgres" (created through ``admin_url``, named ``prefix`` + a random
-    suffix), "mariadb" (on the server of ``MARIADB_URL``, named alike) or "sqlite" (a file
-    in a temporary directory)."""
+    suffix, as a copy of :func:`_postgres_template`'s), "mariadb" (on the server of
+    ``MARIADB_URL``, named alike, migrated and seeded anew) or "sqlite" (a copy of
+    :func:`_sqlite_template`'s file in a temporary directory)."""
     if kind == "postgres":
+        template = _postgres_template(admin_url)
         name = f"{prefix}{uuid.uuid4().hex[:12]}"
-        pg_admin(f'CREATE DATABASE "{name}"', admin_url)
-        url = with_database(admin_url, name)
+        pg_admin(f'CREATE DATABASE "{name}" TEMPLATE "{template}"', admin_url)
         try:
-            manage(url, "migrate", "--noinput", "-v", "0")
-            manage(url, "seed_demo")
-            yield url
+            yield with_database(admin_url, name)
         finally:
             pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', admin_url)
     elif kind == "mariadb":
@@ -91,17 +145,15 @@ def scratch_database(
         mysql_admin(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
         url = with_database(MARIADB_URL, name)
         try:
-            manage(url, "migrate", "--noinput", "-v", "0")
-            manage(url, "seed_demo")
+            _migrate_and_seed(url)
             yield url
         finally:
             mysql_admin(f"DROP DATABASE IF EXISTS `{name}`")
     elif kind == "sqlite":
+        template = _sqlite_template()
         with tempfile.TemporaryDirectory(prefix="idem-scratch-") as tmp:
-            url = f"sqlite:///{tmp}/db.sqlite3"
-            manage(url, "migrate", "--noinput", "-v", "0")
-            manage(url, "seed_demo")
-            yield url
+            _copy_sqlite(template, f"{tmp}/db.sqlite3")
+            yield f"sqlite:///{tmp}/db.sqlite3"
     else:  # pragma: no cover
         raise ValueError(kind)
 
