@@ -36,6 +36,11 @@ from contextlib import contextmanager, suppress
 #: How often the accepting thread looks whether the proxy was stopped (seconds).
 ACCEPT_POLL = 0.1
 
+#: The jitter's own generator: the pumps run in threads of their own, and drawing from the
+#: ``random`` module's would change its state under whatever the test's thread draws
+#: (Hypothesis warns of that, for a proxy's pump still running while a later test draws).
+_JITTER = random.Random()
+
 
 class Link:
     """One proxied connection: the client's socket and the proxy's to the server."""
@@ -89,7 +94,7 @@ class Link:
                 data = source.recv(65536)
                 with proxy._changed:
                     proxy._changed.wait_for(lambda: not self._held())
-                    delay = proxy._latency + random.uniform(0.0, proxy._jitter)
+                    delay = proxy._latency + _JITTER.uniform(0.0, proxy._jitter)
                 if self.closed:
                     return
                 if delay > 0:
