@@ -287,29 +287,40 @@ class RedisClusterNodes:
             str(port + 10000),
         )
 
+    def _start_node(self, root: Path, tries: int = 5) -> RedisServer:
+        """A cluster node on a free port pair, started; on another port when a process
+        outside this one bound the port between the check and the node's start."""
+        for _ in range(tries - 1):
+            try:
+                return self._node(root, free_port(with_bus=True)).start()
+            except RuntimeError as exc:
+                if "Address already in use" not in str(exc):
+                    raise
+        return self._node(root, free_port(with_bus=True)).start()
+
+    def _node(self, root: Path, port: int) -> RedisServer:
+        directory = root / str(port)
+        directory.mkdir()
+        return RedisServer(
+            port=port,
+            directory=directory,
+            extra=(
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                str(directory / "nodes.conf"),
+                "--cluster-node-timeout",
+                "2000",
+                *self._announce(port),
+            ),
+        )
+
     def start(self, count: int = 6, timeout: float = 60) -> RedisClusterNodes:
         self._tmp = tempfile.TemporaryDirectory(prefix="idem-redis-cluster-")
         root = Path(self._tmp.name)
         try:
             for _ in range(count):
-                port = free_port(with_bus=True)
-                directory = root / str(port)
-                directory.mkdir()
-                node = RedisServer(
-                    port=port,
-                    directory=directory,
-                    extra=(
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        str(directory / "nodes.conf"),
-                        "--cluster-node-timeout",
-                        "2000",
-                        *self._announce(port),
-                    ),
-                )
-                self.nodes.append(node)
-                node.start()
+                self.nodes.append(self._start_node(root))
             addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
             result = subprocess.run(
                 [
