@@ -88,8 +88,12 @@ def _postgres_template(admin_url: str) -> str:
     if name is None:
         name = f"idem_template_{uuid.uuid4().hex[:12]}"
         pg_admin(f'CREATE DATABASE "{name}"', admin_url)
+        try:
+            _migrate_and_seed(with_database(admin_url, name))
+        except BaseException:
+            pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', admin_url)
+            raise
         _templates["postgres", admin_url] = name
-        _migrate_and_seed(with_database(admin_url, name))
     return name
 
 
@@ -98,8 +102,12 @@ def _sqlite_template() -> str:
     path = _templates.get(("sqlite", ""))
     if path is None:
         path = tempfile.mkdtemp(prefix="idem-template-") + "/db.sqlite3"
+        try:
+            _migrate_and_seed(f"sqlite:///{path}")
+        except BaseException:
+            shutil.rmtree(Path(path).parent, ignore_errors=True)
+            raise
         _templates["sqlite", ""] = path
-        _migrate_and_seed(f"sqlite:///{path}")
     return path
 
 
