@@ -511,14 +511,29 @@ class RedisSentinels:
         words = answer.split()
         return int(words[1]) if len(words) == 2 and words[1].isdigit() else None
 
+    def healthy_master(self, sentinel: RedisServer) -> bool:
+        """Whether ``sentinel``'s record of the master passes redis-py's
+        ``check_master_state``: flagged a master, neither subjectively nor objectively down.
+        A sentinel can report the promoted replica's address before its record of it passes
+        that check, and discovery skips such a sentinel (a quiet run of the suite found no
+        master right after every sentinel had reported the new address)."""
+        words = _probe(sentinel.port, "SENTINEL", "MASTER", self.service).split()
+        fields = dict(zip(words[::2], words[1::2], strict=False))
+        flags = set(fields.get("flags", "").split(","))
+        return "master" in flags and not flags & {"s_down", "o_down"}
+
     def wait_master(self, port: int, timeout: float = 30) -> None:
-        """Until every sentinel still running reports ``port`` as the master and it
-        answers as one."""
+        """Until every sentinel still running reports ``port`` as a healthy master and it
+        answers as one: until redis-py's discovery finds it through any of them."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             live = [sentinel for sentinel in self.sentinels if sentinel.running]
             reported = {self.reported_master(sentinel) for sentinel in live}
-            if reported == {port} and _probe(port, "ROLE").split()[:1] == ["master"]:
+            if (
+                reported == {port}
+                and all(self.healthy_master(sentinel) for sentinel in live)
+                and _probe(port, "ROLE").split()[:1] == ["master"]
+            ):
                 return
             time.sleep(0.1)
         raise RuntimeError(f"the sentinels did not promote 127.0.0.1:{port} within {timeout} s")
