@@ -322,9 +322,13 @@ def example_server(
     """The example payments API under gunicorn (gthread workers) on a free port.
 
     ``timeout`` is gunicorn's worker timeout; ``ready_timeout`` how long to wait for the
-    first answer."""
+    first answer. The application is loaded once, in the arbiter, and its workers are forks
+    of it (``--preload``): a worker costs no import of its own, at its start or when a test
+    has killed one (``tests/system/test_startup.py`` starts workers that load it
+    themselves)."""
     command = [
         *gunicorn_command("example_project.wsgi", workers, threads),
+        "--preload",
         "--timeout",
         str(int(timeout)),
         "--graceful-timeout",
