@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import kombu.transport.redis  # noqa: F401  (see below)
 import pytest
 import redis
 from celery import Celery
@@ -36,6 +37,11 @@ from .support.task_workers import PATIENCE, wait_for
 from .support.workers import Worker
 
 pytestmark = [pytest.mark.celery, pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+# The publishing threads below make Celery apps of their own; the first connection of one
+# imports kombu's Redis transport. It is imported here, in one thread: three threads
+# importing it at once for the first time, one of them failed inside CPython 3.11's importlib
+# (KeyError: 'kombu.transport.redis' in _load_unlocked) and its three tasks were never sent.
 
 RABBITMQ_URL = os.environ.get("TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
 
