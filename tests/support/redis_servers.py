@@ -511,16 +511,21 @@ class RedisSentinels:
         words = answer.split()
         return int(words[1]) if len(words) == 2 and words[1].isdigit() else None
 
-    def healthy_master(self, sentinel: RedisServer) -> bool:
-        """Whether ``sentinel``'s record of the master passes redis-py's
-        ``check_master_state``: flagged a master, neither subjectively nor objectively down.
-        A sentinel can report the promoted replica's address before its record of it passes
-        that check, and discovery skips such a sentinel (a quiet run of the suite found no
-        master right after every sentinel had reported the new address)."""
+    def healthy_master(self, sentinel: RedisServer, port: int) -> bool:
+        """Whether ``sentinel``'s record of the master (``SENTINEL MASTER``, the record
+        redis-py's discovery reads) names ``port`` and passes its ``check_master_state``:
+        flagged a master, neither subjectively nor objectively down. A sentinel can report
+        the promoted replica's address before its record of it passes that check, and
+        discovery skips such a sentinel (a quiet run of the suite found no master right after
+        every sentinel had reported the new address)."""
         words = _probe(sentinel.port, "SENTINEL", "MASTER", self.service).split()
         fields = dict(zip(words[::2], words[1::2], strict=False))
         flags = set(fields.get("flags", "").split(","))
-        return "master" in flags and not flags & {"s_down", "o_down"}
+        return (
+            fields.get("port") == str(port)
+            and "master" in flags
+            and not flags & {"s_down", "o_down"}
+        )
 
     def wait_master(self, port: int, timeout: float = 30) -> None:
         """Until every sentinel still running reports ``port`` as a healthy master and it
@@ -528,10 +533,9 @@ class RedisSentinels:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             live = [sentinel for sentinel in self.sentinels if sentinel.running]
-            reported = {self.reported_master(sentinel) for sentinel in live}
             if (
-                reported == {port}
-                and all(self.healthy_master(sentinel) for sentinel in live)
+                live
+                and all(self.healthy_master(sentinel, port) for sentinel in live)
                 and _probe(port, "ROLE").split()[:1] == ["master"]
             ):
                 return
