@@ -52,7 +52,8 @@ REDIS_ERRORS: tuple[type[BaseException], ...] = (RedisError, RedisClusterExcepti
 
 # -- clients -------------------------------------------------------------------------------
 
-_clients: dict[tuple[str, str, bool], RedisClient] = {}
+_Ident = tuple[str, str, bool, float]
+_clients: dict[_Ident, RedisClient] = {}
 _clients_lock = threading.Lock()
 
 
@@ -75,17 +76,19 @@ def get_client() -> RedisClient:
     with _clients_lock:
         client = _clients.get(ident)
         if client is None:
-            client = _clients[ident] = _connect(ident, conf.REDIS_SOCKET_TIMEOUT)
+            client = _clients[ident] = _connect(ident)
     return client
 
 
-def _ident() -> tuple[str, str, bool]:
+def _ident() -> _Ident:
+    """What makes a client: the cache alias, or the URL, the cluster flag and the socket
+    timeout (a changed timeout gets a client of its own, not the one built before)."""
     alias = conf.REDIS_CACHE_ALIAS
     url = conf.REDIS_URL
     if alias:
-        return ("alias", alias, False)
+        return ("alias", alias, False, 0.0)
     if url:
-        return ("url", url, conf.REDIS_CLUSTER)
+        return ("url", url, conf.REDIS_CLUSTER, conf.REDIS_SOCKET_TIMEOUT)
     raise RedisNotConfigured(
         "The redis and hybrid idempotency strategies need IDEMPOTENCY['REDIS_URL'] "
         "or IDEMPOTENCY['REDIS_CACHE_ALIAS']."
@@ -96,11 +99,11 @@ def new_client() -> tuple[RedisClient, bool]:
     """A client for the settings that no request shares (the deploy check), and whether
     the caller closes it (not the client of a cache, which belongs to the cache)."""
     ident = _ident()
-    return _connect(ident, conf.REDIS_SOCKET_TIMEOUT), ident[0] == "url"
+    return _connect(ident), ident[0] == "url"
 
 
-def _connect(ident: tuple[str, str, bool], timeout: float) -> RedisClient:
-    kind, target, cluster = ident
+def _connect(ident: _Ident) -> RedisClient:
+    kind, target, cluster, timeout = ident
     if kind == "alias":
         return _cache_client(target)
     options: dict[str, Any] = {

@@ -76,7 +76,7 @@ def test_a_claim_a_cluster_client_retried_into_a_hung_connect_is_unknown(
     does not send it again on a new connection (whose login would time out too, an error
     from before a command was sent that would pass for the whole outcome): unknown, and
     applied once the primaries run again."""
-    client = _connect(("url", redis_cluster.url, True), 0.25)
+    client = _connect(("url", redis_cluster.url, True, 0.25))
     try:
         store = RedisStore(client, redis_prefix)
         store.get("s", "k")  # connected: the claim itself is what is sent to the stopped server

@@ -315,6 +315,24 @@ def test_get_client_is_built_once_per_url_with_the_socket_timeout(
         redis_store.reset_clients()
 
 
+def test_a_changed_socket_timeout_gets_a_client_of_its_own(
+    settings: Any, shared_redis_url: str, redis_prefix: str
+) -> None:
+    """A client built before (by any earlier request of the process) is not handed out
+    under another ``REDIS_SOCKET_TIMEOUT``: the timeout is part of what makes a client."""
+    settings.IDEMPOTENCY = {"REDIS_URL": shared_redis_url, "REDIS_SOCKET_TIMEOUT": 0.25}
+    try:
+        before = get_client()
+        settings.IDEMPOTENCY = {"REDIS_URL": shared_redis_url, "REDIS_SOCKET_TIMEOUT": 0.3}
+        after = get_client()
+        assert isinstance(before, redis.Redis) and isinstance(after, redis.Redis)
+        assert after is not before
+        assert after.connection_pool.connection_kwargs["socket_timeout"] == 0.3
+        assert before.connection_pool.connection_kwargs["socket_timeout"] == 0.25
+    finally:
+        redis_store.reset_clients()
+
+
 def test_get_client_uses_a_django_redis_cache(
     settings: Any, shared_redis_url: str, redis_prefix: str
 ) -> None:
