@@ -315,7 +315,7 @@ def test_e012_cache_alias_must_be_a_redis_cache() -> None:
 def test_e012_accepts_django_redis_and_djangos_own_redis_cache(backend: str) -> None:
     caches = {
         "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
-        "idem": {"BACKEND": backend, "LOCATION": "redis://127.0.0.1:6379/15"},
+        "idem": {"BACKEND": backend, "LOCATION": "redis://127.0.0.1:6379/15?socket_timeout=0.25"},
     }
     with override_settings(CACHES=caches):
         assert run({"STRATEGY": "redis", "REDIS_CACHE_ALIAS": "idem"}) == []

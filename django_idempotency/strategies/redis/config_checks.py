@@ -1,6 +1,7 @@
 """System checks of how the ``redis`` and ``hybrid`` strategies connect: a django-redis
 Sentinel cache without its connection factory (E080), TLS files that do not exist (E081),
-and TLS without certificate verification (W080). Nothing here connects to Redis or
+TLS without certificate verification (W080), and a cache whose client would wait for a
+reply for ever (E082). Nothing here connects to Redis or
 imports redis-py or django-redis; see docs/redis.md ("Sentinel", "TLS").
 
 Without these, each mistake would surface only at the first request: django-redis
@@ -11,7 +12,9 @@ request falls back to the database or gets 503 for as long as the process runs.
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -29,13 +32,14 @@ TLS_FILES = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
 
 
 def check_redis_connection(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """E080, E081, W080. One of the settings' validators (``checks.settings.SETTINGS_VALIDATORS``):
-    listed by the system check and, for the errors, enforced at start-up."""
+    """E080, E081, E082, W080. One of the settings' validators
+    (``checks.settings.SETTINGS_VALIDATORS``): listed by the system check and, for the
+    errors, enforced at start-up."""
     if not isinstance(getattr(settings, "IDEMPOTENCY", None) or {}, Mapping):
         return []  # E001 reports it
     if conf.STRATEGY not in REDIS_STRATEGIES:
         return []
-    messages = _check_sentinel_cache()
+    messages = _check_sentinel_cache() + _check_cache_timeouts()
     for where, name, value in _tls_parameters():
         messages.extend(_check_tls_parameter(where, name, value))
     return messages
@@ -80,6 +84,84 @@ def _check_sentinel_cache() -> list[CheckMessage]:
             id=ID + "E080",
         )
     ]
+
+
+def _check_cache_timeouts() -> list[CheckMessage]:
+    """E082: the client of the cache REDIS_CACHE_ALIAS names must time out. redis-py waits
+    for a reply, and for a connection, for ever by default: a Redis that accepts
+    connections and answers nothing (stopped, swapping, a half-open network path) would
+    hold every request, and neither the fallback to the database nor the 503 of
+    ``REDIS_FAILURE_MODE`` would ever happen. A ``REDIS_URL`` client always has
+    ``REDIS_SOCKET_TIMEOUT``; a cache's has what its ``OPTIONS`` or ``LOCATION`` say."""
+    cache = _alias_cache()
+    backend = str(cache.get("BACKEND", ""))
+    if not backend:
+        return []  # E012
+    options = cache.get("OPTIONS") or {}
+    if not isinstance(options, Mapping):
+        return []
+    django_redis = backend.startswith("django_redis.")
+    missing = []
+    if not _cache_times_out(cache, options, django_redis):
+        missing.append("no socket timeout for Redis")
+    sentinel_kwargs = options.get("SENTINEL_KWARGS")
+    sentinel = django_redis and str(options.get("CLIENT_CLASS", "")).endswith("SentinelClient")
+    # Without SENTINEL_KWARGS, redis-py gives the sentinels the socket_* options above.
+    if (
+        sentinel
+        and isinstance(sentinel_kwargs, Mapping)
+        and not _positive(sentinel_kwargs.get("socket_timeout"))
+    ):
+        missing.append("no socket_timeout in OPTIONS['SENTINEL_KWARGS'] for the sentinels")
+    if not missing:
+        return []
+    read, connect = (
+        ("SOCKET_TIMEOUT", "SOCKET_CONNECT_TIMEOUT")
+        if django_redis
+        else ("socket_timeout", "socket_connect_timeout")
+    )
+    return [
+        Error(
+            f"The cache {conf.REDIS_CACHE_ALIAS!r} (REDIS_CACHE_ALIAS) sets "
+            f"{' and '.join(missing)}: a Redis that accepts connections and does not answer "
+            "would hold every request for ever, and REDIS_FAILURE_MODE would never apply.",
+            hint=f"Set OPTIONS[{read!r}] and OPTIONS[{connect!r}] of the cache to a few "
+            "hundred milliseconds, e.g. 0.25 (docs/redis.md, 'Connecting').",
+            id=ID + "E082",
+        )
+    ]
+
+
+def _cache_times_out(
+    cache: Mapping[str, Any], options: Mapping[str, Any], django_redis: bool
+) -> bool:
+    """Whether the cache's client reads with a socket timeout: from its OPTIONS
+    (django-redis's ``SOCKET_TIMEOUT`` or ``CONNECTION_POOL_KWARGS``, Django's
+    ``socket_timeout``), or from the query of every URL of its LOCATION (redis-py reads
+    ``socket_timeout`` there). redis-py's connect timeout falls back to it."""
+    if django_redis:
+        pool_kwargs = options.get("CONNECTION_POOL_KWARGS") or {}
+        if _positive(options.get("SOCKET_TIMEOUT")) or (
+            isinstance(pool_kwargs, Mapping) and _positive(pool_kwargs.get("socket_timeout"))
+        ):
+            return True
+    elif _positive(options.get("socket_timeout")):
+        return True
+    locations = cache.get("LOCATION")
+    if isinstance(locations, str):
+        locations = [part for part in re.split("[;,]", locations) if part.strip()]
+    if not isinstance(locations, (list, tuple)) or not locations:
+        return False
+    return all(_positive(_query(location).get("socket_timeout")) for location in locations)
+
+
+def _positive(value: Any) -> bool:
+    """Whether ``value`` is a positive, finite number of seconds (or its text)."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return False
+    return 0 < seconds < math.inf
 
 
 def _query(url: Any) -> dict[str, str]:

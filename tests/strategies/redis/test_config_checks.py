@@ -1,6 +1,7 @@
 """The system checks of the Redis connection
 (django_idempotency.strategies.redis.config_checks): a Sentinel cache without its factory
-(E080), unreadable TLS files (E081), unverified TLS (W080).
+(E080), unreadable TLS files (E081), unverified TLS (W080), a cache without a socket
+timeout (E082).
 The recipes of docs/redis.md pass them."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from django.core.checks import CheckMessage, run_checks
 from django.test import override_settings
 
@@ -97,6 +99,7 @@ def test_e081_in_a_cache_location_query(tmp_path: Path) -> None:
     cache = {
         "BACKEND": "django_redis.cache.RedisCache",
         "LOCATION": f"rediss://r:6380/0?ssl_ca_certs={tmp_path}/nowhere.pem",
+        "OPTIONS": {"SOCKET_TIMEOUT": 0.25},
     }
     assert checked(ALIAS, {"idempotency": cache}) == ["django_idempotency.E081"]
 
@@ -106,7 +109,7 @@ def test_w080_certificates_not_verified(value: Any) -> None:
     cache = {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": "rediss://r:6380/0",
-        "OPTIONS": {"ssl_cert_reqs": value},
+        "OPTIONS": {"ssl_cert_reqs": value, "socket_timeout": 0.25},
     }
     assert checked(ALIAS, {"idempotency": cache}) == ["django_idempotency.W080"]
     url = {"STRATEGY": "hybrid", "REDIS_URL": "rediss://r:6380/0?ssl_cert_reqs=none"}
@@ -114,7 +117,11 @@ def test_w080_certificates_not_verified(value: Any) -> None:
 
 
 def test_the_url_is_ignored_when_a_cache_alias_wins(tmp_path: Path) -> None:
-    cache = {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": "redis://r:6379/0"}
+    cache = {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": "redis://r:6379/0",
+        "OPTIONS": {"SOCKET_TIMEOUT": 0.25},
+    }
     settings = {**ALIAS, "REDIS_URL": f"rediss://r/0?ssl_ca_certs={tmp_path}/nowhere.pem"}
     assert checked(settings, {"idempotency": cache}) == []
 
@@ -131,3 +138,122 @@ def test_e080_stops_the_process_like_the_other_settings_errors() -> None:
     ):
         ensure_valid()
     ensure_valid()  # the test settings again: valid
+
+
+# -- E082: a cache whose client would wait for ever ------------------------------------------
+
+DJANGO_REDIS = "django_redis.cache.RedisCache"
+DJANGO_CACHE = "django.core.cache.backends.redis.RedisCache"
+
+#: Caches whose client reads with a socket timeout, in each place redis-py takes it from.
+TIMED = {
+    "django-redis-options": {
+        "BACKEND": DJANGO_REDIS,
+        "LOCATION": "redis://r:6379/0",
+        "OPTIONS": {"SOCKET_TIMEOUT": 0.25},
+    },
+    "django-redis-pool-kwargs": {
+        "BACKEND": DJANGO_REDIS,
+        "LOCATION": "redis://r:6379/0",
+        "OPTIONS": {"CONNECTION_POOL_KWARGS": {"socket_timeout": 0.25}},
+    },
+    "django-redis-query": {
+        "BACKEND": DJANGO_REDIS,
+        "LOCATION": "redis://r:6379/0?socket_timeout=0.25",
+    },
+    "django-options": {
+        "BACKEND": DJANGO_CACHE,
+        "LOCATION": "redis://r:6379/0",
+        "OPTIONS": {"socket_timeout": 0.25},
+    },
+    "django-queries": {
+        "BACKEND": DJANGO_CACHE,
+        "LOCATION": "redis://r:6379/0?socket_timeout=0.25,redis://s:6379/0?socket_timeout=0.5",
+    },
+}
+
+#: Caches whose client would wait for a reply for ever.
+UNTIMED = {
+    "django-redis-bare": {"BACKEND": DJANGO_REDIS, "LOCATION": "redis://r:6379/0"},
+    # django-redis's names in Django's backend, and the other way round, are not read.
+    "django-redis-lowercase": {
+        "BACKEND": DJANGO_REDIS,
+        "LOCATION": "redis://r:6379/0",
+        "OPTIONS": {"socket_timeout": 0.25},
+    },
+    "django-uppercase": {
+        "BACKEND": DJANGO_CACHE,
+        "LOCATION": "redis://r:6379/0",
+        "OPTIONS": {"SOCKET_TIMEOUT": 0.25},
+    },
+    "connect-timeout-only": {
+        "BACKEND": DJANGO_REDIS,
+        "LOCATION": "redis://r:6379/0",
+        "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.25},
+    },
+    "zero": {
+        "BACKEND": DJANGO_CACHE,
+        "LOCATION": "redis://r:6379/0",
+        "OPTIONS": {"socket_timeout": 0},
+    },
+    "one-of-two-locations": {
+        "BACKEND": DJANGO_CACHE,
+        "LOCATION": ["redis://r:6379/0?socket_timeout=0.25", "redis://s:6379/0"],
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(TIMED))
+def test_a_cache_with_a_socket_timeout_passes(name: str) -> None:
+    assert checked(ALIAS, {"idempotency": TIMED[name]}) == []
+
+
+@pytest.mark.parametrize("name", sorted(UNTIMED))
+def test_e082_a_cache_without_a_socket_timeout(name: str) -> None:
+    assert checked(ALIAS, {"idempotency": UNTIMED[name]}) == ["django_idempotency.E082"]
+    assert checked({**ALIAS, "STRATEGY": "hybrid"}, {"idempotency": UNTIMED[name]}) == [
+        "django_idempotency.E082"
+    ]
+    assert checked({**ALIAS, "STRATEGY": "db"}, {"idempotency": UNTIMED[name]}) == []
+
+
+@pytest.mark.parametrize("name", sorted(TIMED))
+def test_what_e082_accepts_is_what_redis_py_reads(name: str) -> None:
+    """The client the store takes from each accepted cache (built, not connected) has the
+    timeout: the check reads the settings as django-redis, Django and redis-py do."""
+    from django.core.cache import caches
+
+    from django_idempotency.strategies.redis.store import _cache_client
+
+    with override_settings(CACHES={"default": {}, "idempotency": TIMED[name]}):
+        try:
+            client = _cache_client("idempotency")
+            assert isinstance(client, redis.Redis)
+            timeout = client.connection_pool.connection_kwargs.get("socket_timeout")
+            assert timeout is not None and timeout > 0
+        finally:
+            caches["idempotency"].close()
+
+
+def test_e082_the_sentinels_need_a_timeout_of_their_own_when_given_kwargs() -> None:
+    """Without SENTINEL_KWARGS redis-py gives the sentinels the cache's socket options; with
+    them, only theirs: a sentinel that hangs would hold every discovery of the master."""
+    untimed = {"socket_connect_timeout": 0.25}
+    assert checked(ALIAS, {"idempotency": sentinel_cache(SENTINEL_KWARGS=untimed)}) == [
+        "django_idempotency.E082"
+    ]
+    assert checked(ALIAS, {"idempotency": sentinel_cache(SENTINEL_KWARGS=None)}) == []
+    bare = sentinel_cache(SOCKET_TIMEOUT=None, SOCKET_CONNECT_TIMEOUT=None)
+    assert checked(ALIAS, {"idempotency": bare}) == ["django_idempotency.E082"]
+
+
+def test_e082_stops_the_process_like_the_other_settings_errors() -> None:
+    from django_idempotency.errors import InvalidConfiguration
+
+    caches = {"default": {}, "idempotency": UNTIMED["django-redis-bare"]}
+    with (
+        override_settings(CACHES=caches, IDEMPOTENCY=dict(ALIAS)),
+        pytest.raises(InvalidConfiguration, match=r"django_idempotency\.E082"),
+    ):
+        ensure_valid()
+    ensure_valid()
