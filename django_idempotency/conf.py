@@ -536,7 +536,7 @@ class IdempotencySettings:
         _text,
         "A Redis cache of CACHES whose connection the redis and hybrid strategies use.",
         REDIS,
-        checks=("E011", "E012", "E080", "E081", "E082", "W080"),
+        checks=("E011", "E012", "E080", "E081", "E082", "E083", "W080"),
     )
     REDIS_URL = Setting[str | None](
         None, _text, "A Redis URL, used when no cache alias is given.", REDIS, checks=("E011",)

@@ -212,9 +212,9 @@ def _listen_database_problem(value: Any) -> str:
 
 
 def _check_redis_connection() -> list[CheckMessage]:
-    """E080, E081, E082, W080: how the Redis strategies connect (see the redis_config_checks
+    """E080-E083, W080: how the Redis strategies connect (see the redis_config_checks
     module): a Sentinel cache that would fail every request, TLS files that do not exist,
-    a cache whose client would wait for a reply for ever."""
+    a cache whose client would wait for a reply for ever or send a command twice."""
     from ..strategies.redis.config_checks import check_redis_connection
 
     return check_redis_connection()

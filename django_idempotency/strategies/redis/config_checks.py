@@ -1,8 +1,9 @@
 """System checks of how the ``redis`` and ``hybrid`` strategies connect: a django-redis
 Sentinel cache without its connection factory (E080), TLS files that do not exist (E081),
-TLS without certificate verification (W080), and a cache whose client would wait for a
-reply for ever (E082). Nothing here connects to Redis or
-imports redis-py or django-redis; see docs/redis.md ("Sentinel", "TLS").
+TLS without certificate verification (W080), a cache whose client would wait for a
+reply for ever (E082), and one whose client sends a command again by itself (E083).
+Nothing here connects to Redis or imports redis-py or django-redis; see docs/redis.md
+("Connecting", "Sentinel", "TLS").
 
 Without these, each mistake would surface only at the first request: django-redis
 raises ``ImproperlyConfigured`` inside the request for a Sentinel client without the
@@ -32,14 +33,14 @@ TLS_FILES = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
 
 
 def check_redis_connection(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """E080, E081, E082, W080. One of the settings' validators
+    """E080, E081, E082, E083, W080. One of the settings' validators
     (``checks.settings.SETTINGS_VALIDATORS``): listed by the system check and, for the
     errors, enforced at start-up."""
     if not isinstance(getattr(settings, "IDEMPOTENCY", None) or {}, Mapping):
         return []  # E001 reports it
     if conf.STRATEGY not in REDIS_STRATEGIES:
         return []
-    messages = _check_sentinel_cache() + _check_cache_timeouts()
+    messages = _check_sentinel_cache() + _check_cache_timeouts() + _check_cache_retries()
     for where, name, value in _tls_parameters():
         messages.extend(_check_tls_parameter(where, name, value))
     return messages
@@ -147,12 +148,66 @@ def _cache_times_out(
             return True
     elif _positive(options.get("socket_timeout")):
         return True
+    locations = _locations(cache)
+    return bool(locations) and all(
+        _positive(_query(location).get("socket_timeout")) for location in locations
+    )
+
+
+def _check_cache_retries() -> list[CheckMessage]:
+    """E083: the client of the cache REDIS_CACHE_ALIAS names must not send a command again
+    by itself. redis-py's retry sends a command whose reply timed out once more; when that
+    try fails while connecting, its error is all the store sees, and the first try's
+    command, which Redis may have applied, passes for one never sent: the request would
+    run under the database fallback beside a claim that Redis holds. The strategies send a
+    command whose outcome is unknown again themselves, with the same claim token (a
+    ``REDIS_URL`` client is built without retries for this)."""
+    cache = _alias_cache()
+    options = cache.get("OPTIONS") or {}
+    if not cache.get("BACKEND") or not isinstance(options, Mapping):
+        return []
+    django_redis = str(cache.get("BACKEND")).startswith("django_redis.")
+    pool_kwargs = options.get("CONNECTION_POOL_KWARGS") if django_redis else options
+    sources = [pool_kwargs] if isinstance(pool_kwargs, Mapping) else []
+    sources += [_query(location) for location in _locations(cache)]
+    if not any(_resends(kwargs) for kwargs in sources):
+        return []
+    return [
+        Error(
+            f"The cache {conf.REDIS_CACHE_ALIAS!r} (REDIS_CACHE_ALIAS) sends a command to "
+            "Redis again by itself (retry_on_timeout, retry_on_error or a retry with "
+            "retries): when the second try fails while connecting, the first one, which "
+            "Redis may have applied, passes for a command never sent, and a request could "
+            "run under the database fallback beside a claim that Redis holds.",
+            hint="Remove them from the cache's connection options (or set 'retry': "
+            "Retry(NoBackoff(), 0)): the strategies send a command whose outcome is unknown "
+            "once more themselves, with the same claim token (docs/redis.md, 'Connecting').",
+            id=ID + "E083",
+        )
+    ]
+
+
+def _resends(kwargs: Mapping[str, Any]) -> bool:
+    """Whether redis-py's connection made with ``kwargs`` (or a URL query's text) retries:
+    a ``retry`` with retries, or, without one, ``retry_on_timeout`` or ``retry_on_error``."""
+    retry = kwargs.get("retry")
+    if retry is not None:
+        retries = getattr(retry, "get_retries", None)
+        return callable(retries) and retries() > 0
+    on_timeout = kwargs.get("retry_on_timeout")
+    if isinstance(on_timeout, str):
+        on_timeout = on_timeout.strip().upper() not in ("", "0", "F", "FALSE", "N", "NO")
+    return bool(on_timeout) or bool(kwargs.get("retry_on_error"))
+
+
+def _locations(cache: Mapping[str, Any]) -> list[str]:
+    """The URLs of the cache's LOCATION (a list, or a string of them separated by , or ;)."""
     locations = cache.get("LOCATION")
     if isinstance(locations, str):
-        locations = [part for part in re.split("[;,]", locations) if part.strip()]
-    if not isinstance(locations, (list, tuple)) or not locations:
-        return False
-    return all(_positive(_query(location).get("socket_timeout")) for location in locations)
+        return [part for part in re.split("[;,]", locations) if part.strip()]
+    if isinstance(locations, (list, tuple)):
+        return [str(location) for location in locations]
+    return []
 
 
 def _positive(value: Any) -> bool:
@@ -175,8 +230,7 @@ def _tls_parameters() -> Iterator[tuple[str, str, Any]]:
     cache = _alias_cache()
     if cache:
         alias = conf.REDIS_CACHE_ALIAS
-        locations = cache.get("LOCATION")
-        for location in locations if isinstance(locations, (list, tuple)) else [locations]:
+        for location in _locations(cache):
             for name, value in _query(location).items():
                 yield f"CACHES[{alias!r}]['LOCATION']", name, value
         options = cache.get("OPTIONS") or {}

@@ -1,7 +1,7 @@
 """The system checks of the Redis connection
 (django_idempotency.strategies.redis.config_checks): a Sentinel cache without its factory
 (E080), unreadable TLS files (E081), unverified TLS (W080), a cache without a socket
-timeout (E082).
+timeout (E082), a cache whose client sends a command again by itself (E083).
 The recipes of docs/redis.md pass them."""
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ import pytest
 import redis
 from django.core.checks import CheckMessage, run_checks
 from django.test import override_settings
+from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.exceptions import ConnectionError
+from redis.retry import Retry
 
 from django_idempotency.checks.settings import ensure_valid
 from django_idempotency.strategies.redis.config_checks import check_redis_connection
@@ -145,30 +148,31 @@ def test_e080_stops_the_process_like_the_other_settings_errors() -> None:
 DJANGO_REDIS = "django_redis.cache.RedisCache"
 DJANGO_CACHE = "django.core.cache.backends.redis.RedisCache"
 
-#: Caches whose client reads with a socket timeout, in each place redis-py takes it from.
+#: Caches whose client reads with a socket timeout, in each place redis-py takes it from
+#: (a host each: django-redis keeps one pool per URL in the process).
 TIMED = {
     "django-redis-options": {
         "BACKEND": DJANGO_REDIS,
-        "LOCATION": "redis://r:6379/0",
+        "LOCATION": "redis://timed-1:6379/0",
         "OPTIONS": {"SOCKET_TIMEOUT": 0.25},
     },
     "django-redis-pool-kwargs": {
         "BACKEND": DJANGO_REDIS,
-        "LOCATION": "redis://r:6379/0",
+        "LOCATION": "redis://timed-2:6379/0",
         "OPTIONS": {"CONNECTION_POOL_KWARGS": {"socket_timeout": 0.25}},
     },
     "django-redis-query": {
         "BACKEND": DJANGO_REDIS,
-        "LOCATION": "redis://r:6379/0?socket_timeout=0.25",
+        "LOCATION": "redis://timed-3:6379/0?socket_timeout=0.25",
     },
     "django-options": {
         "BACKEND": DJANGO_CACHE,
-        "LOCATION": "redis://r:6379/0",
+        "LOCATION": "redis://timed-4:6379/0",
         "OPTIONS": {"socket_timeout": 0.25},
     },
     "django-queries": {
         "BACKEND": DJANGO_CACHE,
-        "LOCATION": "redis://r:6379/0?socket_timeout=0.25,redis://s:6379/0?socket_timeout=0.5",
+        "LOCATION": "redis://timed-5:6379/0?socket_timeout=0.25,redis://timed-6:6379/0?socket_timeout=0.5",
     },
 }
 
@@ -257,3 +261,75 @@ def test_e082_stops_the_process_like_the_other_settings_errors() -> None:
     ):
         ensure_valid()
     ensure_valid()
+
+
+# -- E083: a cache whose client sends a command again by itself --------------------------------
+
+
+def _with(backend: str, host: str = "r", **connection: Any) -> dict[str, Any]:
+    """A cache of ``backend`` with a socket timeout and ``connection`` options where the
+    backend passes them to redis-py's connections."""
+    if backend == DJANGO_REDIS:
+        options: dict[str, Any] = {"SOCKET_TIMEOUT": 0.25, "CONNECTION_POOL_KWARGS": connection}
+    else:
+        options = {"socket_timeout": 0.25, **connection}
+    return {"BACKEND": backend, "LOCATION": f"redis://{host}:6379/0", "OPTIONS": options}
+
+
+RESENDING: dict[str, dict[str, Any]] = {
+    "retry-on-timeout": {"retry_on_timeout": True},
+    "retry-on-error": {"retry_on_error": [ConnectionError]},
+    "a-retry-with-retries": {"retry": Retry(ExponentialBackoff(), 3)},
+}
+
+
+@pytest.mark.parametrize("backend", [DJANGO_REDIS, DJANGO_CACHE])
+@pytest.mark.parametrize("name", sorted(RESENDING))
+def test_e083_a_cache_whose_client_sends_a_command_again(backend: str, name: str) -> None:
+    cache = _with(backend, **RESENDING[name])
+    assert checked(ALIAS, {"idempotency": cache}) == ["django_idempotency.E083"]
+
+
+@pytest.mark.parametrize("backend", [DJANGO_REDIS, DJANGO_CACHE])
+def test_e083_a_retry_without_retries_passes(backend: str) -> None:
+    """The docs' advice: ``Retry(NoBackoff(), 0)`` sends nothing twice, even with
+    ``retry_on_timeout`` beside it."""
+    cache = _with(backend, retry=Retry(NoBackoff(), 0), retry_on_timeout=True)
+    assert checked(ALIAS, {"idempotency": cache}) == []
+    assert checked(ALIAS, {"idempotency": _with(backend, retry_on_timeout=False)}) == []
+
+
+@pytest.mark.parametrize("query", ["retry_on_timeout=true", "retry_on_error=TimeoutError"])
+def test_e083_in_a_location_query(query: str) -> None:
+    cache = {"BACKEND": DJANGO_CACHE, "LOCATION": f"redis://r:6379/0?socket_timeout=0.25&{query}"}
+    assert checked(ALIAS, {"idempotency": cache}) == ["django_idempotency.E083"]
+    cache["LOCATION"] = "redis://r:6379/0?socket_timeout=0.25&retry_on_timeout=false"
+    assert checked(ALIAS, {"idempotency": cache}) == []
+
+
+@pytest.mark.parametrize("name", sorted(RESENDING))
+def test_what_e083_refuses_redis_py_retries(name: str) -> None:
+    """The connection redis-py makes for each refused cache (built, not connected) retries
+    a failed command, and the one it makes for an accepted cache does not: the check reads
+    the options as redis-py does."""
+    from django.core.cache import caches
+
+    from django_idempotency.strategies.redis.store import _cache_client
+
+    # django-redis keeps one pool per URL in the process: a host of this test's own.
+    host = f"e083-{name}"
+    for cache, resends in [
+        (_with(DJANGO_CACHE, host, **RESENDING[name]), True),
+        (_with(DJANGO_REDIS, host, **RESENDING[name]), True),
+        (_with(DJANGO_CACHE, host, retry=Retry(NoBackoff(), 0), retry_on_timeout=True), False),
+        (TIMED["django-options"], False),
+    ]:
+        with override_settings(CACHES={"default": {}, "idempotency": cache}):
+            try:
+                client = _cache_client("idempotency")
+                assert isinstance(client, redis.Redis)
+                connection = client.connection_pool.make_connection()
+                retries = connection.retry.get_retries()  # type: ignore[attr-defined]
+                assert (retries > 0) is resends, cache
+            finally:
+                caches["idempotency"].close()
