@@ -40,7 +40,6 @@ from typing import Any
 
 from django.db import connections
 from django.db.models import DateTimeField, ExpressionWrapper, Value
-from django.db.models.functions import Now
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 from django.urls import Resolver404, resolve
@@ -50,6 +49,7 @@ from .conf import conf
 from .middleware import view_options
 from .models import IdempotencyKey
 from .protocol.resend import CannotResend, rebuild
+from .store.clock import DatabaseNow
 from .store.databases import key_databases
 from .store.sql.deadline import bounded
 from .store.status import COMPLETED, IN_PROGRESS
@@ -121,7 +121,7 @@ def due_keys(alias: str, limit: int) -> list[Due]:
         IdempotencyKey.objects.using(alias)
         .filter(status=IN_PROGRESS, steps__has_key="request", locked_at__lte=_ago(after))
         .filter(steps__completer__dead__isnull=True)  # only ever written True
-        .annotate(now=Now())
+        .annotate(now=DatabaseNow())
         .order_by("locked_at")
         .values_list("pk", "scope", "key", "claim_token", "locked_at", "steps", "now")
     )
@@ -138,7 +138,7 @@ def due_keys(alias: str, limit: int) -> list[Due]:
 
 
 def _ago(delta: datetime.timedelta) -> ExpressionWrapper[Any]:
-    return ExpressionWrapper(Now() - Value(delta), output_field=DateTimeField())
+    return ExpressionWrapper(DatabaseNow() - Value(delta), output_field=DateTimeField())
 
 
 def complete(alias: str, due: Due) -> str:

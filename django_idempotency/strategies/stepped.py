@@ -35,11 +35,11 @@ from typing import Any
 from django.db import DatabaseError, connections
 from django.db.models import DateTimeField, ExpressionWrapper, Value
 from django.db.models.expressions import CombinedExpression
-from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
 from ..errors import LeaseLost, StoreUnavailable
 from ..models import IdempotencyKey
+from ..store.clock import DatabaseNow
 from ..store.sql.partitioned import lock_name
 from ..store.status import COMPLETED, IN_PROGRESS
 from .advisory import AdvisoryLockStrategy
@@ -99,7 +99,7 @@ def load_state(attempt: Attempt, pk: int) -> StepState | None:
 
 def _lapsed() -> ExpressionWrapper[CombinedExpression]:
     """The database's now, less :data:`LAPSED`: a lease any claim takes over."""
-    return ExpressionWrapper(Now() - Value(LAPSED), output_field=DateTimeField())
+    return ExpressionWrapper(DatabaseNow() - Value(LAPSED), output_field=DateTimeField())
 
 
 class StepClaim(DatabaseClaim):
@@ -130,7 +130,7 @@ class StepClaim(DatabaseClaim):
                 .update(
                     recovery_point=point,
                     steps={**kept, "fingerprint": a.fingerprint, "done": done},
-                    locked_at=Now(),
+                    locked_at=DatabaseNow(),
                 )
             )
         except DatabaseError as exc:
@@ -272,7 +272,7 @@ class SteppedAdvisoryStrategy(AdvisoryLockStrategy):
             token = uuid.uuid4()
             taken = manager.filter(
                 pk=row.pk, claim_token=row.claim_token, status=IN_PROGRESS
-            ).update(claim_token=token, locked_at=Now())
+            ).update(claim_token=token, locked_at=DatabaseNow())
             if taken != 1:
                 return InProgress()
             claim = AdvisoryStepClaim(self, attempt, row.pk, token, True)

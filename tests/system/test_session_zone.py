@@ -28,12 +28,14 @@ from django.urls import reverse
 from django.utils import timezone
 
 from django_idempotency import tasks
+from django_idempotency.completer import due_keys
 from django_idempotency.models import IdempotencyKey, IdempotencyOutbox
 from django_idempotency.protocol.lifecycle import Lifecycle
 from django_idempotency.protocol.replay import StoredResponse
 from django_idempotency.store import partitions
 from django_idempotency.strategies import load_strategy
 from django_idempotency.strategies.base import Attempt, Claim, InProgress, Replay
+from django_idempotency.strategies.stepped import StepClaim, SteppedDatabaseStrategy
 
 from ..support.mariadb import MARIADB, with_mariadb
 from ..support.partitions import AHEAD, partitioned_table, past_partition
@@ -193,6 +195,44 @@ def test_the_db_strategys_lease_is_judged_on_the_servers_utc_clock(alias: str, z
     with Lifecycle(load_strategy("db"), attempt) as takeover:
         assert isinstance(takeover.outcome, Claim)
         takeover.release()
+
+
+# -- steps and the completer ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("alias", [POSTGRES, MARIADB])
+def test_a_step_renews_the_lease_on_the_servers_utc_clock(alias: str, zone: str) -> None:
+    """A step's record renews the claim's lease at the database's now in UTC: five hours
+    west, a lease stamped in the session's time would look lapsed the moment a step
+    committed, and a duplicate would take the key over from its running owner (its next
+    remote step run twice); five hours east, a dead owner's key would wait five hours."""
+    attempt = Attempt("user:1", "k1", PRINT, ttl=3600, lock_timeout=30, database=alias)
+    owner = SteppedDatabaseStrategy().claim(attempt)
+    assert isinstance(owner, StepClaim)
+    shift(alias, owner.pk, locked_at=-20)
+    before = db_now(alias)
+    owner.record([{"name": "charge", "kind": "remote", "result": 1}], "charge")
+    after = db_now(alias)
+    renewed = IdempotencyKey.objects.using(alias).get(pk=owner.pk).locked_at
+    assert renewed is not None and before - timedelta(seconds=1) <= renewed <= after
+    assert isinstance(SteppedDatabaseStrategy().claim(attempt), InProgress)
+
+
+@pytest.mark.parametrize("alias", [POSTGRES, MARIADB])
+def test_the_completer_finds_due_keys_on_the_servers_utc_clock(
+    alias: str, zone: str, settings: Any
+) -> None:
+    """A kept request whose lease (5 s) and ``COMPLETER_AFTER`` (60 s) have passed by the
+    database's clock is due; one renewed a second ago is not."""
+    settings.IDEMPOTENCY = {**settings.IDEMPOTENCY, "COMPLETER_AFTER": 60}
+    kept = {"request": {"lock_timeout": 5}}
+    for key, renewed in (("running", -1), ("abandoned", -600)):
+        pk = claimed(alias, key).pk
+        IdempotencyKey.objects.using(alias).filter(pk=pk).update(steps=kept)
+        shift(alias, pk, locked_at=renewed)
+    due = due_keys(alias, 10)
+    assert [d.key for d in due] == ["abandoned"]
+    assert abs(due[0].now - db_now(alias)) < timedelta(minutes=1)
 
 
 # -- the purge --------------------------------------------------------------------------------
