@@ -354,6 +354,24 @@ def test_only_the_dialects_compare_vendor_names() -> None:
     assert comparing == []
 
 
+def test_only_the_store_clock_takes_djangos_now() -> None:
+    """One clock: what goes through the ORM takes the database's now from
+    ``store.clock.DatabaseNow``. Django's ``Now()`` is the session's local time on MariaDB
+    and MySQL (``CURRENT_TIMESTAMP(6)``) while Django keeps datetimes there in UTC, so a
+    session in another time zone would move every lease and expiry it stamps or compares."""
+    taking: list[str] = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE)
+        if relative == Path("store", "clock.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module == "django.db.models.functions":
+                taking += [f"{relative}:{node.lineno}" for a in node.names if a.name == "Now"]
+            elif isinstance(node, ast.Attribute) and node.attr == "Now":
+                taking.append(f"{relative}:{node.lineno}")
+    assert taking == []
+
+
 #: What users import: the modules docs/api.md must name.
 PUBLIC = (
     "conf",
