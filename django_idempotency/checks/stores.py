@@ -1,6 +1,6 @@
 """The checks of the strategy against where it keeps its keys: the keys' database
 (E005-E008, E033, E034), Redis (E011, E012), waiting (E050, W014), a hung database (W015,
-and W016 with ``--deploy``)."""
+and W016, W017 with ``--deploy``)."""
 
 from __future__ import annotations
 
@@ -286,6 +286,38 @@ def check_connect_timeout(app_configs: Any = None, **kwargs: Any) -> list[CheckM
         and features_of(connections[alias]).cut_on_timeout
         and not _options(alias).get("connect_timeout")
     ]
+
+
+@register("idempotency_stores", deploy=True)
+def check_read_timeout(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """W017 (``check --deploy``): a key database whose driver waits for a reply for ever
+    unless its own read timeout is set (mysqlclient's ``read_timeout`` on MariaDB and
+    MySQL), where ``DATABASE_TIMEOUT`` does not cut the connection: a server that hangs
+    (stopped, swapping, a path that holds the traffic) keeps every request waiting on a
+    claim, a renewal or a completion."""
+    from django.db import connections
+
+    from ..store.sql.statements import features_of
+
+    messages: list[CheckMessage] = []
+    for alias in conf.KEY_DATABASES:
+        if alias not in settings.DATABASES:
+            continue
+        option = features_of(connections[alias]).read_timeout_option
+        if not option or _options(alias).get(option):
+            continue
+        messages.append(
+            Warning(
+                f"DATABASES[{alias!r}] sets no {option}: a server that hangs keeps every "
+                f"request that waits on it waiting for ever (IDEMPOTENCY['DATABASE_TIMEOUT'] "
+                "bounds statements on PostgreSQL only).",
+                hint=f"Set DATABASES[{alias!r}]['OPTIONS'][{option!r}] (and "
+                "'connect_timeout') to a few seconds, above the slowest view's query; see "
+                "docs/operations.md, 'A database that hangs'.",
+                id=ID + "W017",
+            )
+        )
+    return messages
 
 
 def _options(alias: str) -> dict[str, Any]:

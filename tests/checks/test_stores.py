@@ -1,4 +1,5 @@
-"""The deploy check of how a new connection to a PostgreSQL key database is bounded (W016)."""
+"""The deploy checks of how a key database that hangs is bounded: a new PostgreSQL connection
+(W016), a MariaDB reply (W017)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 import pytest
 from django.core.checks import Warning, run_checks
 
-from django_idempotency.checks.stores import check_connect_timeout
+from django_idempotency.checks.stores import check_connect_timeout, check_read_timeout
 
 pytestmark = pytest.mark.postgres
 
@@ -39,3 +40,39 @@ def test_w016_is_a_deploy_check(monkeypatch: pytest.MonkeyPatch) -> None:
     ids = {m.id for m in run_checks(include_deployment_checks=True, tags=["idempotency_stores"])}
     assert "django_idempotency.W016" in ids
     assert "django_idempotency.W016" not in {m.id for m in run_checks()}
+
+
+# -- W017: a key database whose driver waits for a reply for ever ------------------------------
+
+
+def w017(settings: Any, monkeypatch: pytest.MonkeyPatch, options: dict[str, Any]) -> list[Any]:
+    """The W017 messages with the keys on MariaDB, whose OPTIONS are set to ``options``."""
+    settings.IDEMPOTENCY = {"DATABASE": "mariadb", "UNPROTECTED_DATABASES": ["default"]}
+    monkeypatch.setitem(settings.DATABASES["mariadb"], "OPTIONS", options)
+    return [m for m in check_read_timeout() if m.id == "django_idempotency.W017"]
+
+
+@pytest.mark.mariadb
+def test_w017_a_mariadb_key_database_without_read_timeout(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (message,) = w017(settings, monkeypatch, {"charset": "utf8mb4"})
+    assert isinstance(message, Warning) and "'mariadb'" in message.msg
+    assert message.hint and "read_timeout" in message.hint
+    assert w017(settings, monkeypatch, {"read_timeout": 5}) == []
+
+
+@pytest.mark.mariadb
+def test_w017_is_a_deploy_check(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings.IDEMPOTENCY = {"DATABASE": "mariadb", "UNPROTECTED_DATABASES": ["default"]}
+    monkeypatch.setitem(settings.DATABASES["mariadb"], "OPTIONS", {})
+    ids = {m.id for m in run_checks(include_deployment_checks=True, tags=["idempotency_stores"])}
+    assert "django_idempotency.W017" in ids
+    assert "django_idempotency.W017" not in {m.id for m in run_checks()}
+
+
+def test_w017_not_where_database_timeout_cuts_or_nothing_hangs(settings: Any) -> None:
+    """PostgreSQL (``DATABASE_TIMEOUT`` cuts the connection) and SQLite (a file) need none."""
+    for alias in ("default", "sqlite"):
+        settings.IDEMPOTENCY = {"DATABASE": alias}
+        assert [m for m in check_read_timeout() if m.id == "django_idempotency.W017"] == []

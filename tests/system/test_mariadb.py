@@ -34,6 +34,7 @@ from django_idempotency.store.sql.statements import statements
 
 from ..support.assertions import assert_problem
 from ..support.mariadb import database_url_of, mysql_connect, mysql_statements
+from ..support.proxy import through_proxy
 from ..support.threads import in_background, run_at_once
 from ..testapp.models import SideEffect
 
@@ -358,6 +359,31 @@ def test_a_killed_connection_is_a_lost_connection() -> None:
     assert is_connection_lost(raised.value, connection)
     connection.close()
     assert claim("after-kill").state is ClaimState.CLAIMED
+
+
+# -- a server that hangs: mysqlclient's read_timeout (W017) ----------------------------------
+
+
+@pytest.mark.django_db(databases=["mariadb"], transaction=True)
+def test_a_claim_sent_into_a_silent_server_ends_at_the_read_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server falls silent, its socket open, while a claim waits (a proxy holds the
+    traffic): with ``read_timeout`` in OPTIONS, as W017 asks, the claim fails as a lost
+    connection, a 503 whose outcome is unknown, instead of waiting for ever (the test
+    would hang); ``DATABASE_TIMEOUT`` does not cut connections on MariaDB. Once the path
+    heals the claim that may have landed is the key's, and Django connects again."""
+    database = connections[ALIAS].settings_dict
+    monkeypatch.setitem(database, "OPTIONS", {**database.get("OPTIONS", {}), "read_timeout": 1})
+    with through_proxy(ALIAS) as proxy:
+        assert claim("before").state is ClaimState.CLAIMED  # connected while it answers
+        proxy.silence()
+        with pytest.raises(OperationalError) as raised:
+            claim("silent")
+        assert is_connection_lost(raised.value, connections[ALIAS])
+        proxy.heal()
+        connections[ALIAS].close()
+    assert claim("after").state is ClaimState.CLAIMED
 
 
 # -- REPEATABLE READ: why check E033 requires READ COMMITTED ---------------------------------

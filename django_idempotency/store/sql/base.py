@@ -74,6 +74,10 @@ class BaseDialect:
     #: connection's socket: :mod:`~django_idempotency.store.sql.deadline`); elsewhere the
     #: driver has a read timeout of its own.
     cut_on_timeout = False
+    #: The driver's option (in ``DATABASES[...]["OPTIONS"]``) that bounds the wait for a
+    #: reply where ``DATABASE_TIMEOUT`` does not (:attr:`cut_on_timeout`); "": none needed
+    #: (SQLite is a file on the app server's host).
+    read_timeout_option = ""
     #: The id of the connection's transaction, whose outcome :attr:`transaction_status_sql`
     #: tells afterwards, even from another connection and after its owner died; 0 when the
     #: transaction has written nothing (it has no id, and its COMMIT makes nothing

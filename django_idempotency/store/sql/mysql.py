@@ -29,6 +29,7 @@ class MySQLDialect(BaseDialect):
     now_plus_sql = "(UTC_TIMESTAMP(6) + INTERVAL %s SECOND)"
     from_nothing = " FROM DUAL"
     upserts = False
+    read_timeout_option = "read_timeout"  # mysqlclient's; it waits for ever without it
 
     @classmethod
     def insert_or_nothing(cls, s: Names) -> list[Part]:
