@@ -58,7 +58,7 @@ _clients_lock = threading.Lock()
 
 
 def get_client() -> RedisClient:
-    """The Redis client named by the settings, created once per process and target.
+    """The Redis client named by the settings, kept once per process and target.
 
     ``REDIS_CACHE_ALIAS`` wins: the raw client of that cache, a django-redis cache or
     Django's own ``django.core.cache.backends.redis.RedisCache`` (its own ``OPTIONS``
@@ -73,10 +73,14 @@ def get_client() -> RedisClient:
     client = _clients.get(ident)
     if client is not None:
         return client
+    # Built outside the lock: a Cluster client reads the topology as it is built, and with
+    # the cluster hung each request waits for its own attempt, not for those before it.
+    built = _connect(ident)
     with _clients_lock:
-        client = _clients.get(ident)
-        if client is None:
-            client = _clients[ident] = _connect(ident)
+        client = _clients.setdefault(ident, built)
+    if client is not built and ident[0] == "url":
+        with contextlib.suppress(*REDIS_ERRORS):
+            built.close()  # another thread's came first
     return client
 
 

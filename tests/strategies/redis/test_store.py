@@ -27,7 +27,8 @@ from django_idempotency.strategies.redis.store import (
 )
 
 from ...support.redis_servers import Blackhole, RedisServer, closed_port_url
-from ...support.threads import run_at_once
+from ...support.threads import in_background, run_at_once
+from ...support.waiting import wait_until
 
 pytestmark = pytest.mark.redis
 
@@ -330,6 +331,35 @@ def test_a_changed_socket_timeout_gets_a_client_of_its_own(
         assert after.connection_pool.connection_kwargs["socket_timeout"] == 0.3
         assert before.connection_pool.connection_kwargs["socket_timeout"] == 0.25
     finally:
+        redis_store.reset_clients()
+
+
+def test_clients_for_a_hung_cluster_are_built_side_by_side(settings: Any) -> None:
+    """A Cluster client reads the topology when it is built. With the cluster hung (its
+    port accepts, nothing answers), requests arriving together each wait for their own
+    attempt, side by side, not for the attempts of every request before them one after
+    the other (a lock held while connecting would make the n-th wait n timeouts). Seen
+    on the hung port: four connections open at once."""
+    hole = Blackhole()
+    settings.IDEMPOTENCY = {
+        "REDIS_URL": hole.url,
+        "REDIS_CLUSTER": True,
+        "REDIS_SOCKET_TIMEOUT": 60,
+    }
+    attempts = [in_background(get_client) for _ in range(4)]
+    seen = [0]
+    try:
+
+        def all_connected() -> bool:
+            seen[0] += hole.connections()
+            return seen[0] >= 4
+
+        wait_until(all_connected, timeout=50)
+    finally:
+        hole.close()  # every attempt fails now: its connection is closed, the port refuses
+        for attempt in attempts:
+            with pytest.raises(RedisUnavailable):
+                attempt.result(timeout=60)
         redis_store.reset_clients()
 
 
