@@ -176,30 +176,19 @@ TIMED = {
     },
 }
 
+
+def _cache(backend: str, **options: Any) -> dict[str, Any]:
+    return {"BACKEND": backend, "LOCATION": "redis://r:6379/0", "OPTIONS": options}
+
+
 #: Caches whose client would wait for a reply for ever.
 UNTIMED = {
     "django-redis-bare": {"BACKEND": DJANGO_REDIS, "LOCATION": "redis://r:6379/0"},
     # django-redis's names in Django's backend, and the other way round, are not read.
-    "django-redis-lowercase": {
-        "BACKEND": DJANGO_REDIS,
-        "LOCATION": "redis://r:6379/0",
-        "OPTIONS": {"socket_timeout": 0.25},
-    },
-    "django-uppercase": {
-        "BACKEND": DJANGO_CACHE,
-        "LOCATION": "redis://r:6379/0",
-        "OPTIONS": {"SOCKET_TIMEOUT": 0.25},
-    },
-    "connect-timeout-only": {
-        "BACKEND": DJANGO_REDIS,
-        "LOCATION": "redis://r:6379/0",
-        "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.25},
-    },
-    "zero": {
-        "BACKEND": DJANGO_CACHE,
-        "LOCATION": "redis://r:6379/0",
-        "OPTIONS": {"socket_timeout": 0},
-    },
+    "django-redis-lowercase": _cache(DJANGO_REDIS, socket_timeout=0.25),
+    "django-uppercase": _cache(DJANGO_CACHE, SOCKET_TIMEOUT=0.25),
+    "connect-timeout-only": _cache(DJANGO_REDIS, SOCKET_CONNECT_TIMEOUT=0.25),
+    "zero": _cache(DJANGO_CACHE, socket_timeout=0),
     "one-of-two-locations": {
         "BACKEND": DJANGO_CACHE,
         "LOCATION": ["redis://r:6379/0?socket_timeout=0.25", "redis://s:6379/0"],
