@@ -55,6 +55,23 @@ def _alias_cache() -> Mapping[str, Any]:
     return cache if isinstance(cache, Mapping) else {}
 
 
+def _alias_backend() -> tuple[Mapping[str, Any], Mapping[str, Any], bool] | None:
+    """The cache REDIS_CACHE_ALIAS names, its OPTIONS, and whether it is django-redis's;
+    None without a cache whose backend and OPTIONS can be read (E012 reports the alias)."""
+    cache = _alias_cache()
+    options = cache.get("OPTIONS") or {}
+    if not cache.get("BACKEND") or not isinstance(options, Mapping):
+        return None
+    return cache, options, str(cache["BACKEND"]).startswith("django_redis.")
+
+
+def _pool_kwargs(options: Mapping[str, Any], django_redis: bool) -> Mapping[str, Any]:
+    """What the cache hands redis-py's connections as it is: django-redis's
+    ``CONNECTION_POOL_KWARGS``, Django's own backend's ``OPTIONS``."""
+    kwargs = options.get("CONNECTION_POOL_KWARGS") if django_redis else options
+    return kwargs if isinstance(kwargs, Mapping) else {}
+
+
 def _check_sentinel_cache() -> list[CheckMessage]:
     """E080: a django-redis ``SentinelClient`` cache needs the Sentinel connection factory
     (in its OPTIONS or DJANGO_REDIS_CONNECTION_FACTORY) and a SENTINELS list."""
@@ -94,14 +111,10 @@ def _check_cache_timeouts() -> list[CheckMessage]:
     hold every request, and neither the fallback to the database nor the 503 of
     ``REDIS_FAILURE_MODE`` would ever happen. A ``REDIS_URL`` client always has
     ``REDIS_SOCKET_TIMEOUT``; a cache's has what its ``OPTIONS`` or ``LOCATION`` say."""
-    cache = _alias_cache()
-    backend = str(cache.get("BACKEND", ""))
-    if not backend:
-        return []  # E012
-    options = cache.get("OPTIONS") or {}
-    if not isinstance(options, Mapping):
+    found = _alias_backend()
+    if found is None:
         return []
-    django_redis = backend.startswith("django_redis.")
+    cache, options, django_redis = found
     missing = []
     if not _cache_times_out(cache, options, django_redis):
         missing.append("no socket timeout for Redis")
@@ -140,13 +153,9 @@ def _cache_times_out(
     (django-redis's ``SOCKET_TIMEOUT`` or ``CONNECTION_POOL_KWARGS``, Django's
     ``socket_timeout``), or from the query of every URL of its LOCATION (redis-py reads
     ``socket_timeout`` there). redis-py's connect timeout falls back to it."""
-    if django_redis:
-        pool_kwargs = options.get("CONNECTION_POOL_KWARGS") or {}
-        if _positive(options.get("SOCKET_TIMEOUT")) or (
-            isinstance(pool_kwargs, Mapping) and _positive(pool_kwargs.get("socket_timeout"))
-        ):
-            return True
-    elif _positive(options.get("socket_timeout")):
+    if _positive(_pool_kwargs(options, django_redis).get("socket_timeout")) or (
+        django_redis and _positive(options.get("SOCKET_TIMEOUT"))
+    ):
         return True
     locations = _locations(cache)
     return bool(locations) and all(
@@ -162,13 +171,11 @@ def _check_cache_retries() -> list[CheckMessage]:
     run under the database fallback beside a claim that Redis holds. The strategies send a
     command whose outcome is unknown again themselves, with the same claim token (a
     ``REDIS_URL`` client is built without retries for this)."""
-    cache = _alias_cache()
-    options = cache.get("OPTIONS") or {}
-    if not cache.get("BACKEND") or not isinstance(options, Mapping):
+    found = _alias_backend()
+    if found is None:
         return []
-    django_redis = str(cache.get("BACKEND")).startswith("django_redis.")
-    pool_kwargs = options.get("CONNECTION_POOL_KWARGS") if django_redis else options
-    sources = [pool_kwargs] if isinstance(pool_kwargs, Mapping) else []
+    cache, options, django_redis = found
+    sources = [_pool_kwargs(options, django_redis)]
     sources += [_query(location) for location in _locations(cache)]
     if not any(_resends(kwargs) for kwargs in sources):
         return []

@@ -177,8 +177,8 @@ TIMED = {
 }
 
 
-def _cache(backend: str, **options: Any) -> dict[str, Any]:
-    return {"BACKEND": backend, "LOCATION": "redis://r:6379/0", "OPTIONS": options}
+def _cache(backend: str, host: str = "r", **options: Any) -> dict[str, Any]:
+    return {"BACKEND": backend, "LOCATION": f"redis://{host}:6379/0", "OPTIONS": options}
 
 
 #: Caches whose client would wait for a reply for ever.
@@ -259,10 +259,8 @@ def _with(backend: str, host: str = "r", **connection: Any) -> dict[str, Any]:
     """A cache of ``backend`` with a socket timeout and ``connection`` options where the
     backend passes them to redis-py's connections."""
     if backend == DJANGO_REDIS:
-        options: dict[str, Any] = {"SOCKET_TIMEOUT": 0.25, "CONNECTION_POOL_KWARGS": connection}
-    else:
-        options = {"socket_timeout": 0.25, **connection}
-    return {"BACKEND": backend, "LOCATION": f"redis://{host}:6379/0", "OPTIONS": options}
+        return _cache(backend, host, SOCKET_TIMEOUT=0.25, CONNECTION_POOL_KWARGS=connection)
+    return _cache(backend, host, socket_timeout=0.25, **connection)
 
 
 RESENDING: dict[str, dict[str, Any]] = {
