@@ -60,7 +60,7 @@ logger = logging.getLogger("django_idempotency")
 COMPLETED_RUN = "completed"
 FAILED = "failed"
 DEAD_LETTERED = "dead_lettered"
-TAKEN = "taken"  # a retry or another completer took the key first: not run
+TAKEN = "taken"  # a retry or another completer took the key first, or the purge: not run
 OUTCOMES = (COMPLETED_RUN, FAILED, DEAD_LETTERED, TAKEN)
 
 

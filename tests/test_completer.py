@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import DatabaseError, connection, connections
+from django.db.models import DateTimeField, ExpressionWrapper, Value
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import Client
 from django.urls import path
@@ -32,6 +34,8 @@ from django_idempotency.errors import InvalidConfiguration
 from django_idempotency.mixins import IdempotencyMixin
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.protocol.replay import REPLAYED_HEADER
+from django_idempotency.protocol.resend import rebuild
+from django_idempotency.store.clock import DatabaseNow
 from django_idempotency.store.sql.deadline import watchdog
 
 from .support.proxy import through_proxy
@@ -362,3 +366,31 @@ def test_a_database_that_falls_silent_ends_the_run_instead_of_hanging_it(
     assert effects("s") == {"create": 1, "record": 0}
     assert complete_requests()["completed"] == 1
     assert effects("s") == {"create": 1, "record": 1}
+
+
+@pytest.mark.parametrize("url", ["/c/", "/c/drf/"])
+def test_a_key_purged_during_its_run_is_not_run_again_from_its_first_step(
+    client: Client, monkeypatch: pytest.MonkeyPatch, url: str
+) -> None:
+    """The completer only ever resumes: a key whose TTL is over may be purged between the
+    run's count and its request's claim, and the request sent again must then not claim
+    the key afresh and run the steps that had committed (a second charge) for a client who
+    is not there. It is given back unclaimed, and the run counts as taken."""
+    FAIL.append("record")
+    assert post(client, "k11", "p", url).status_code == 500
+    # Its TTL is over on the database's clock: the purge may delete it from now on.
+    ended = ExpressionWrapper(DatabaseNow() - Value(timedelta(seconds=1)), DateTimeField())
+    IdempotencyKey.objects.filter(key="k11").update(expires_at=ended)
+    purged: list[int] = []
+
+    def purged_first(*args: Any) -> HttpRequest:
+        purged.append(IdempotencyKey.objects.delete_expired())
+        return rebuild(*args)
+
+    monkeypatch.setattr(completer, "rebuild", purged_first)
+    report = complete_requests()
+
+    assert purged == [1]
+    assert effects("p") == {"create": 1, "record": 0}
+    assert not IdempotencyKey.objects.filter(key="k11").exists()
+    assert report["taken"] == 1 and report["completed"] == report["failed"] == 0

@@ -48,7 +48,7 @@ from .negotiation import retry_accepts
 from .options import Options
 from .problems import problem_response
 from .replay import NotStorable, StoredResponse, capture
-from .resend import check_resent, kept_request
+from .resend import check_resent, check_resumed, kept_request
 from .scope import bounded_scope, default_scope
 from .shards import key_database
 from .steps import Steps
@@ -184,6 +184,7 @@ class IdempotentRequest:
         if not isinstance(outcome, StepClaim):
             return None
         assert self.lifecycle is not None
+        check_resumed(getattr(self.request, "_request", self.request), outcome.kept)
         keep = None
         if self.completer and "request" not in outcome.kept:
             kept = kept_request(self.request, self.attempt.lock_timeout)

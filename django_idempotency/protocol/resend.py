@@ -47,6 +47,12 @@ class NotTheKeptRequest(CannotResend):
     """The rebuilt request reads as another scope or key than the one it was kept for."""
 
 
+class NothingToResume(CannotResend):
+    """The rebuilt request claimed its key afresh: the row it was kept in is gone (purged
+    once its ``TTL`` was over), and running the view would run its steps again from the
+    first."""
+
+
 def kept_request(request: HttpRequest, lock_timeout: float) -> dict[str, Any] | None:
     """What the completer needs to send ``request`` again (the view's ``lock_timeout``
     with it: the completer waits for the lease to lapse); None for a multipart ``POST``,
@@ -111,4 +117,17 @@ def check_resent(request: HttpRequest, scope: str | None, key: str | None) -> No
             f"the request sent again for scope {expected[0]!r} and key {expected[1]!r} "
             f"reads as scope {scope!r} and key {key!r}: its view takes the scope from "
             "something the completer does not keep"
+        )
+
+
+def check_resumed(request: HttpRequest, kept: Any) -> None:
+    """``NothingToResume`` when ``request`` (Django's) is one :func:`rebuild` made and the
+    steps its claim found (``kept``: what the key's row keeps beside them) do not hold the
+    kept request: the claim is a fresh one, not the resumption of the key the completer
+    counted its run on."""
+    if _RESENT in request.__dict__ and "request" not in kept:
+        scope, key = request.__dict__[_RESENT]
+        raise NothingToResume(
+            f"the key {key!r} (scope {scope!r}) was removed before the request sent again "
+            "claimed it (purged once its TTL was over): not run again from its first step"
         )
