@@ -183,19 +183,30 @@ class SteppedDatabaseStrategy(DatabaseStrategy):
         outcome = super().claim(attempt)
         if not isinstance(outcome, StepClaim):
             return outcome
-        try:
-            state = load_state(attempt, outcome.pk)
-        except DatabaseError as exc:
-            outcome.release()
-            raise StoreUnavailable() from exc
-        if state is None:
-            return outcome
-        outcome.found(state)
-        if state.fingerprint != attempt.fingerprint:
-            # Taken over from a crashed request with other content: not this one's to resume.
-            outcome.hand_back(fingerprint=state.fingerprint)
-            return Mismatch()
-        return outcome
+        return resumed(outcome)
+
+
+def resumed(claim: StepClaim) -> Outcome:
+    """``claim`` with the steps its row holds when it took the row over (a fresh row holds
+    none), or ``Mismatch`` when they are another request's: the row is then handed back as
+    it was found. A row whose steps could not be read is handed back too, never deleted
+    with them (``StoreUnavailable``)."""
+    if not claim.taken_over:
+        return claim
+    attempt = claim.attempt
+    try:
+        state = load_state(attempt, claim.pk)
+    except DatabaseError as exc:
+        claim.hand_back()
+        raise StoreUnavailable() from exc
+    if state is None:
+        return claim
+    claim.found(state)
+    if state.fingerprint != attempt.fingerprint:
+        # Taken over from a crashed request with other content: not this one's to resume.
+        claim.hand_back(fingerprint=state.fingerprint)
+        return Mismatch()
+    return claim
 
 
 class AdvisoryStepClaim(StepClaim):
@@ -262,7 +273,11 @@ class SteppedAdvisoryStrategy(AdvisoryLockStrategy):
             )
             if result.pk is None or result.token is None:
                 return InProgress()
-            claim = AdvisoryStepClaim(self, attempt, result.pk, result.token, False)
+            # A row the live read did not see (its TTL over) is taken over with its steps.
+            claim = AdvisoryStepClaim(self, attempt, result.pk, result.token, result.taken_over)
+            found = resumed(claim)
+            if not isinstance(found, StepClaim):
+                return found
         else:
             # In progress while its lock is free: its owner is gone (an owner holds the
             # session lock until its last commit). Resume it, if it ran in steps.

@@ -21,8 +21,9 @@ from django.test import Client, override_settings
 from django.urls import reverse
 
 from django_idempotency.decorators import idempotent
-from django_idempotency.errors import InvalidConfiguration
+from django_idempotency.errors import InvalidConfiguration, StoreUnavailable
 from django_idempotency.models import IdempotencyKey
+from django_idempotency.values.attempt import Attempt
 
 from ..support.assertions import assert_problem
 from ..support.factories import ExpiredKeyFactory, StaleKeyFactory
@@ -182,6 +183,33 @@ def test_a_takeover_keeps_a_stale_claims_steps_and_clears_an_expired_keys() -> N
     assert (expired.recovery_point, expired.steps) == (None, None)
 
 
+def test_a_takeover_whose_steps_cannot_be_read_keeps_them_for_the_next_retry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The read of the steps a takeover found fails (the database errs on that statement
+    alone): the request is answered 503 and the row is handed back with its steps, never
+    deleted with them, so that the next retry resumes after them."""
+    from django.db import OperationalError
+
+    from django_idempotency.strategies import stepped
+
+    stale = StaleKeyFactory(key="k1", fingerprint="f" * 64, recovery_point="create", steps=STORED)
+    attempt = Attempt(scope=stale.scope, key="k1", fingerprint="f" * 64, ttl=60, lock_timeout=30)
+
+    def fails(*args: Any) -> None:
+        raise OperationalError("canceling statement due to statement timeout")
+
+    monkeypatch.setattr(stepped, "load_state", fails)
+    with pytest.raises(StoreUnavailable):
+        stepped.SteppedDatabaseStrategy().claim(attempt)
+    stale.refresh_from_db()
+    assert (stale.status, stale.recovery_point, stale.steps) == ("in_progress", "create", STORED)
+    monkeypatch.undo()
+    resumed = stepped.SteppedDatabaseStrategy().claim(attempt)
+    assert isinstance(resumed, stepped.StepClaim) and resumed.done == STORED["done"]
+    resumed.release()
+
+
 def test_the_admin_shows_a_keys_recovery_point_and_steps(admin_client: Client) -> None:
     key = StaleKeyFactory(recovery_point="create", steps=STORED)
     page = admin_client.get(
@@ -276,6 +304,21 @@ def test_the_purge_keeps_a_lapsed_key_with_steps_until_its_ttl_is_over(strategy:
     )
     assert purge_expired_keys() == 1
     assert not IdempotencyKey.objects.filter(key="k1").exists()
+
+
+def test_a_retry_after_the_ttl_of_a_key_left_with_steps_resumes_it(strategy: str) -> None:
+    """A key left in progress with a committed step, its TTL over but not purged yet: the
+    retry resumes after that step under either strategy, as before its TTL (``db``'s
+    takeover keeps a stale claim's steps; ``advisory_lock`` reads such a row as absent and
+    claims through the same takeover, which must then load those steps too)."""
+    views.FAIL_ONCE["x"] = "record"
+    assert post("k1", label="x").status_code == 500
+    IdempotencyKey.objects.filter(key="k1").update(expires_at=Now() - timedelta(seconds=1))
+    retry = post("k1", label="x")
+    assert retry.status_code == 201, retry.content
+    assert retry.json()["resumed"] is True
+    assert effects("x") == {"create": 1, "record": 1, "receipt": 1}
+    assert names("k1") == STEPS
 
 
 def test_a_key_released_while_its_request_still_runs_has_each_step_once() -> None:
