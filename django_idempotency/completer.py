@@ -161,7 +161,13 @@ def complete(alias: str, due: Due) -> str:
             due.scope,
         )
         response = None
-    status = IdempotencyKey.objects.using(alias).filter(pk=due.pk).values_list("status", flat=True)
+    # By the key, not the id: a takeover on a partitioned table inserts the row anew.
+    status = (
+        IdempotencyKey.objects.using(alias)
+        .filter(scope=due.scope, key=due.key)
+        .order_by("-created_at")
+        .values_list("status", flat=True)
+    )
     with bounded(connections[alias]):  # DATABASE_TIMEOUT
         ended = status.first()
     if ended == COMPLETED:
