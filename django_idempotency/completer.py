@@ -15,9 +15,7 @@ the key as a retry would, taking it over from an owner that is gone. A key is ru
 ``COMPLETER_ATTEMPTS`` times, then left *dead-lettered* (the admin shows it; its client's
 retry still resumes it). A key whose request cannot be sent again (its user deleted, its
 path no longer resolving, a scope the kept request does not reproduce) is dead-lettered at
-once. Under ``advisory_lock`` a request still running (its session lock held) whose step
-outlasts the lease counts a run when the completer finds it busy: give such views a
-``COMPLETER_AFTER`` longer than their longest step.
+once. Under ``advisory_lock`` too a running request renews its lease.
 
 The completer's own statements (the query for due keys, each run's count, the read of the
 outcome) are bounded by ``DATABASE_TIMEOUT`` on PostgreSQL, as the requests' are: a

@@ -25,10 +25,16 @@
  * Every step names the code it stands for in a comment, as protocol.pml's do:
  * tests/system/test_model.py checks that each name exists.
  *
+ * With PURGE, keys expire (TTL ticks after their claim, takeover or completion) and the purge
+ * removes one whose TTL is over unless it is in progress under a live lease; (s5) holds until
+ * then, and a client's retry after the purge is a new request, not modelled.
+ *
  * Time is the database's clock (now), in ticks. BUG_NOFENCE (a step recorded without the
- * claim token), BUG_READ_FIRST (the steps read before the takeover) and BUG_DELETE (a
- * claim given back deletes its row whatever its steps) model code that would be wrong, and
- * the model finds each one's counterexample (model/configurations).
+ * claim token), BUG_READ_FIRST (the steps read before the takeover), BUG_DELETE (a claim
+ * given back deletes its row whatever its steps), BUG_RESUME_GONE (the completer's request
+ * claims a purged key afresh) and BUG_EXPIRED_FRESH (advisory_lock takes a row whose TTL is
+ * over without its steps) model code that would be wrong, and the model finds each one's
+ * counterexample (model/configurations).
  */
 
 #ifndef NREQ
@@ -52,6 +58,9 @@
 #define ERRORS 1
 #endif
 #define LOCK 1      /* LOCK_TIMEOUT, in ticks */
+#ifndef TTL
+#define TTL 2       /* TTL, in ticks (with PURGE) */
+#endif
 #define AFTER 1     /* COMPLETER_AFTER, in ticks past the lapsed lease */
 #ifndef PAUSE
 #define PAUSE 1     /* a live owner's heartbeat may stall this many ticks past its lease */
@@ -84,7 +93,8 @@
 typedef KeyRow {  /* the key's row of IdempotencyKey */
     byte st; byte tok; byte locked; byte fp;  /* fp: the fingerprint column */
     byte rp; byte sfp;                        /* recovery_point, and steps' fingerprint */
-    bool kept                                 /* steps["request"]: the completer's */
+    bool kept;                                /* steps["request"]: the completer's */
+    byte exp                                  /* expires_at (with PURGE) */
 }
 
 KeyRow kt;
@@ -96,6 +106,7 @@ byte finished;
 byte eff[NSTEPS];     /* the committed effects of each local step */
 bool charged;         /* the provider charged the downstream key */
 byte completions;
+bool purged;          /* the purge removed the key's row */
 /* own[id]: 1 + the time of the last renewal of id's lease while it owns a claim (db). */
 byte own[NACT + 1];
 
@@ -109,6 +120,18 @@ byte own[NACT + 1];
 #define COMPLETES() \
     assert(kt.rp == NSTEPS && eff[0] == 1 && eff[2] == 1 && eff[3] == 1 && charged); \
     completions++; assert(completions == 1)
+
+/* Whether a request claims a key the purge removed: a client's retry would be a new request
+ * (not modelled); the completer's request sent again finds nothing to resume and is given
+ * back unclaimed (code: protocol.resend.check_resumed). BUG_RESUME_GONE models the code
+ * before, which claimed it afresh and ran the steps again from the first. */
+#ifdef BUG_RESUME_GONE
+#define RESUME_GONE(completer) completer
+#else
+#define RESUME_GONE(completer) false
+#endif
+/* PURGED: the request ends without a claim (a client: a new request; the completer: the
+ * run counts as taken). */
 
 #define CRASH_POINT if :: crashes > 0 -> crashes--; goto crashed :: true fi
 #define ERROR_POINT if :: errors > 0 -> errors--; goto failed :: true fi
@@ -130,22 +153,40 @@ end:
     od
 }
 
-/* The heartbeat (db): code: protocol.lease.LeaseKeeper._renew, strategies.db.DatabaseClaim.renew,
+/* The heartbeat (db, and advisory_lock's claim beside its session lock): code:
+ * protocol.lease.LeaseKeeper._renew, strategies.db.DatabaseClaim.renew,
  * store.sql.owner.renew (fenced by the token) */
-#if STRATEGY == DB
 #define RENEW(id) do \
     :: atomic { kt.st == INPROG && kt.tok == id && kt.locked < now -> kt.locked = now; own[id] = now + 1 } \
     :: break \
     od
-#else
-#define RENEW(id) skip
-#endif
 
 /* (s5), at every state. */
 active proctype Orphan() {
 end:
-    atomic { charged && !(kt.st == DONE || (kt.st == INPROG && kt.rp >= 1)) -> assert(false) }
+    atomic { charged && !purged && !(kt.st == DONE || (kt.st == INPROG && kt.rp >= 1)) -> assert(false) }
 }
+
+#ifdef PURGE
+/* The purge (the command, the task, the admin's action): a key whose TTL is over, unless it
+ * is in progress under a live lease. After it, a client's retry is a new request (outside
+ * the model: the clients here do not come back); the completer may still be running a key
+ * it picked before. code: store.purge.PurgeQuerySet.iter_delete_expired,
+ * store.purge.PurgeQuerySet.purgeable */
+active proctype Purge() {
+end:
+    atomic {
+        kt.st != NONE && kt.exp <= now && !(kt.st == INPROG && kt.locked + LOCK > now) ->
+        kt.st = NONE; kt.tok = 0; kt.fp = 0; kt.rp = 0; kt.sfp = 0; kt.kept = false;
+        purged = true
+    }
+}
+#define LIVE (kt.exp > now)
+#define EXPIRES kt.exp = now + TTL
+#else
+#define LIVE true
+#define EXPIRES skip
+#endif
 
 proctype Request(byte id; byte fp; bool completer) {
     byte res, got, i, attempts;
@@ -176,11 +217,13 @@ end_due:
      * store.sql.claim.claim, store.sql.claim.take_over */
     atomic {
         if
-        :: kt.st == NONE ->
+        :: kt.st == NONE && (!purged || RESUME_GONE(completer)) ->
             kt.st = INPROG; kt.tok = id; kt.locked = now; kt.fp = fp; kt.rp = 0; kt.sfp = 0;
-            kt.kept = false; res = O_CLAIM; own[id] = now + 1
+            kt.kept = false; res = O_CLAIM; own[id] = now + 1; EXPIRES
+        :: kt.st == NONE && purged && !RESUME_GONE(completer) -> res = O_BUSY  /* PURGED */
         :: kt.st == INPROG && kt.locked + LOCK <= now ->
-            kt.tok = id; kt.locked = now; kt.fp = fp; res = O_CLAIM; own[id] = now + 1
+            kt.tok = id; kt.locked = now; kt.fp = fp; res = O_CLAIM; own[id] = now + 1;
+            EXPIRES
         :: kt.st == INPROG && kt.locked + LOCK > now -> res = O_BUSY
         :: kt.st == DONE && kt.fp == fp -> res = O_REPLAY
         :: kt.st == DONE && kt.fp != fp -> res = O_MISMATCH
@@ -231,16 +274,33 @@ end_due:
         if
         :: kt.st == DONE && kt.fp == fp -> res = O_REPLAY; lk = 0
         :: kt.st == DONE && kt.fp != fp -> res = O_MISMATCH; lk = 0
-        :: kt.st != DONE && kt.st != NONE && kt.fp != fp -> res = O_MISMATCH; lk = 0
-        :: kt.st == NONE -> fresh = true; res = O_CLAIM; got = 0
-        :: kt.st == INPROG && kt.fp == fp && kt.rp > 0 ->
-            kt.tok = id; kt.locked = now; res = O_CLAIM;
+        :: kt.st != DONE && kt.st != NONE && kt.fp != fp && LIVE -> res = O_MISMATCH; lk = 0
+        :: kt.st == NONE && (!purged || RESUME_GONE(completer)) ->
+            fresh = true; res = O_CLAIM; got = 0
+        :: kt.st == NONE && purged && !RESUME_GONE(completer) -> res = O_BUSY; lk = 0  /* PURGED */
+#ifdef PURGE
+        /* A row whose TTL is over reads as absent: the claim takes it over when its lease
+         * has lapsed (its steps with it), and the steps it holds are loaded then (a 409
+         * while its lease looks live). BUG_EXPIRED_FRESH models the code before, which
+         * did not load them. code: strategies.stepped.resumed */
+        :: kt.st == INPROG && !LIVE && kt.locked + LOCK > now -> res = O_BUSY; lk = 0
+        :: kt.st == INPROG && !LIVE && kt.locked + LOCK <= now ->
+            kt.tok = id; kt.locked = now; kt.fp = fp; EXPIRES; res = O_CLAIM;
+            own[id] = now + 1;
+#ifdef BUG_EXPIRED_FRESH
+            got = 0
+#else
+            got = kt.rp
+#endif
+#endif
+        :: kt.st == INPROG && kt.fp == fp && kt.rp > 0 && LIVE ->
+            kt.tok = id; kt.locked = now; res = O_CLAIM; own[id] = now + 1;
 #ifndef BUG_READ_FIRST
             got = kt.rp
 #else
             skip
 #endif
-        :: kt.st == INPROG && kt.fp == fp && kt.rp == 0 -> res = O_BUSY; lk = 0
+        :: kt.st == INPROG && kt.fp == fp && kt.rp == 0 && LIVE -> res = O_BUSY; lk = 0
         fi
     }
     if
@@ -277,7 +337,8 @@ end_due:
             if
             :: fresh ->  /* advisory_lock: the claim's row commits with the first step */
                 assert(kt.st == NONE);
-                kt.st = INPROG; kt.tok = id; kt.fp = fp; kt.rp = 0; kt.sfp = 0; fresh = false
+                kt.st = INPROG; kt.tok = id; kt.fp = fp; kt.rp = 0; kt.sfp = 0; fresh = false;
+                own[id] = now + 1; EXPIRES
             :: else
             fi;
 #ifdef BUG_NOFENCE
@@ -311,7 +372,7 @@ end_due:
      * protocol.lifecycle.Lifecycle.complete */
     atomic {
         if
-        :: kt.st == INPROG && kt.tok == id -> COMPLETES(); kt.st = DONE; res = O_CLAIM
+        :: kt.st == INPROG && kt.tok == id -> COMPLETES(); kt.st = DONE; EXPIRES; res = O_CLAIM
         :: else -> res = O_LOST
         fi;
         lk = (lk == id -> 0 : lk)

@@ -16,8 +16,9 @@ Two strategies run steps:
 * ``advisory_lock``: the transaction-level lock ends at a step's COMMIT, so the claim also
   takes the same key's *session-level* advisory lock, held across the steps' commits and
   freed by PostgreSQL when the connection closes (a crashed worker). It writes an
-  in-progress row (the steps need one), which a duplicate that gets the lock finds: its
-  owner is then gone, and the duplicate resumes it under a new token.
+  in-progress row (the steps need one), whose lease the running owner renews, which a
+  duplicate that gets the lock finds: its owner is then gone, and the duplicate resumes it
+  under a new token.
 
 ``redis`` and ``hybrid`` keep the claim in Redis, where no transaction can commit a step
 together with the key's record: a view with steps that declares one is refused (check
@@ -211,9 +212,10 @@ def resumed(claim: StepClaim) -> Outcome:
 
 class AdvisoryStepClaim(StepClaim):
     """A claim of ``advisory_lock`` for a view with steps: a row under a token, and the
-    key's session-level advisory lock, given back when the claim ends."""
-
-    renewable = False  # the session lock is the claim; the lease is not read by anyone
+    key's session-level advisory lock, given back when the claim ends. The session lock
+    keeps duplicates out; the row's lease is renewed as ``db``'s is all the same, because
+    the purge and the completer read it: a step that outlasts ``LOCK_TIMEOUT`` once the
+    key's ``TTL`` is over must not see its key purged under it."""
 
     def _unlock(self) -> None:
         a = self.attempt

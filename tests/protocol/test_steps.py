@@ -321,6 +321,45 @@ def test_a_retry_after_the_ttl_of_a_key_left_with_steps_resumes_it(strategy: str
     assert names("k1") == STEPS
 
 
+def test_a_resumed_request_whose_step_outlasts_its_lease_keeps_its_key_from_the_purge(
+    strategy: str,
+) -> None:
+    """A step that outlasts ``LOCK_TIMEOUT`` while the key's ``TTL`` is over: the running
+    request's lease is renewed under either strategy, so the purge, which keeps a key in
+    progress under a live lease, leaves it and the request completes with each step once
+    (a purge that deleted the key under its running owner made the next step 409 and the
+    retry after it run the committed steps again). The purge is judged at an instant after
+    the key's expiry, with the lease it saw at the resume: a lease renewed since is live."""
+    from django_idempotency.store.clock import DatabaseNow
+
+    from ..support.threads import in_background
+    from ..support.waiting import wait_until
+
+    label = f"purged-{strategy}"
+    views.FAIL_ONCE[label] = "record"
+    # The same body every time (a hold in the last step, which the first never reaches).
+    assert post("k1", label=label, hold="receipt").status_code == 500  # given back, 1 step
+    keys = IdempotencyKey.objects.filter(key="k1")
+    with override_settings(IDEMPOTENCY={"STRATEGY": strategy, "HEARTBEAT_INTERVAL": 0.05}):
+        retry = in_background(lambda: post("k1", label=label, hold="receipt"))
+        wait_until(lambda: holds.arrived(f"{label}:receipt") == 1, timeout=60)
+        resumed_at = keys.get().locked_at
+        assert resumed_at is not None
+        wait_until(lambda: keys.filter(locked_at__gt=resumed_at).exists(), timeout=60)  # renewed
+        now = keys.annotate(now=DatabaseNow()).values_list("now", flat=True).get()
+        purged = list(
+            IdempotencyKey.objects.iter_delete_expired(
+                batch_size=100, cutoff=now + timedelta(days=2), lease_cutoff=resumed_at
+            )
+        )
+        holds.release(f"{label}:receipt")
+        answer = retry.result(timeout=60)
+    assert sum(purged) == 0 and keys.exists()
+    assert answer.status_code == 201, answer.content
+    assert answer.json()["resumed"] is True
+    assert effects(label) == {"create": 1, "record": 1, "receipt": 1}
+
+
 def test_a_key_released_while_its_request_still_runs_has_each_step_once() -> None:
     """Under ``db``: the request is held in its second local step when the key is released;
     the retry (the same request) takes the key over at once and reaches the same step; both
