@@ -221,9 +221,14 @@ end_due:
             kt.st = INPROG; kt.tok = id; kt.locked = now; kt.fp = fp; kt.rp = 0; kt.sfp = 0;
             kt.kept = false; res = O_CLAIM; own[id] = now + 1; EXPIRES
         :: kt.st == NONE && purged && !RESUME_GONE(completer) -> res = O_BUSY  /* PURGED */
-        :: kt.st == INPROG && kt.locked + LOCK <= now ->
+        /* A stale claim is free for a request with its content, or when it committed no
+         * steps; else answered as the row says. code: store.sql.schema.Schema.claimable,
+         * store.sql.read.claim_read */
+        :: kt.st == INPROG && kt.locked + LOCK <= now && ((kt.rp == 0 && !kt.kept) || kt.fp == fp) ->
             kt.tok = id; kt.locked = now; kt.fp = fp; res = O_CLAIM; own[id] = now + 1;
             EXPIRES
+        :: kt.st == INPROG && kt.locked + LOCK <= now && !((kt.rp == 0 && !kt.kept) || kt.fp == fp) ->
+            res = O_MISMATCH
         :: kt.st == INPROG && kt.locked + LOCK > now -> res = O_BUSY
         :: kt.st == DONE && kt.fp == fp -> res = O_REPLAY
         :: kt.st == DONE && kt.fp != fp -> res = O_MISMATCH

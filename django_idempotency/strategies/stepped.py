@@ -41,6 +41,7 @@ from django.utils.translation import gettext_lazy as _
 from ..errors import LeaseLost, StoreUnavailable
 from ..models import IdempotencyKey
 from ..store.clock import DatabaseNow
+from ..store.records import ClaimState
 from ..store.sql.partitioned import lock_name
 from ..store.status import COMPLETED, IN_PROGRESS
 from .advisory import AdvisoryLockStrategy
@@ -273,6 +274,8 @@ class SteppedAdvisoryStrategy(AdvisoryLockStrategy):
                 method=attempt.method,
                 path=attempt.path,
             )
+            if result.state is ClaimState.MISMATCH:
+                return Mismatch()
             if result.pk is None or result.token is None:
                 return InProgress()
             # A row the live read did not see (its TTL over) is taken over with its steps.

@@ -183,6 +183,23 @@ def test_a_takeover_keeps_a_stale_claims_steps_and_clears_an_expired_keys() -> N
     assert (expired.recovery_point, expired.steps) == (None, None)
 
 
+def test_a_stale_claim_with_steps_is_never_taken_over_by_other_content() -> None:
+    """A request with other content finds a crashed request's steps: it is answered as a
+    reused key (``422``) without touching the row. Taking the row over first (and handing it
+    back) showed its fingerprint in the row meanwhile, so that the crashed request's own
+    retry, arriving then, was answered ``422`` too and gave up on a payment half done; and
+    a view without steps under the same key completed the row over those steps."""
+    from django_idempotency.store.records import ClaimState
+
+    stale = StaleKeyFactory(key="k1", fingerprint="f" * 64, recovery_point="create", steps=STORED)
+    other = IdempotencyKey.objects.claim(stale.scope, "k1", "e" * 64, ttl=60, lock_timeout=30)
+    assert other.state is ClaimState.MISMATCH
+    row = IdempotencyKey.objects.get(pk=stale.pk)
+    assert (row.claim_token, row.fingerprint, row.steps) == (stale.claim_token, "f" * 64, STORED)
+    own = IdempotencyKey.objects.claim(stale.scope, "k1", "f" * 64, ttl=60, lock_timeout=30)
+    assert own.state is ClaimState.CLAIMED and own.taken_over and own.pk == stale.pk
+
+
 def test_a_takeover_whose_steps_cannot_be_read_keeps_them_for_the_next_retry(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -68,13 +68,14 @@ def read_live(s: Schema) -> list[Part]:
 
 
 def claim_read(s: Schema) -> list[Part]:
-    """The loser's read: :func:`read` with whether the row may be taken over (decided in
-    SQL, on the database's clock; never an outbox row) as its last column."""
+    """The loser's read: :func:`read` with whether the row may be taken over by this
+    request (decided in SQL, on the database's clock; never an outbox row) as its last
+    column."""
     return [
         f"SELECT 0, {_outbox_as_key(s)}, FALSE",
         *s.outbox_live(Now()),
         f" UNION ALL SELECT 1, {_key_columns(s)}, ",
-        *s.free(),
+        *s.claimable(),
         *_key_row(s),
     ]
 

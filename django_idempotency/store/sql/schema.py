@@ -74,6 +74,21 @@ class Schema:
             "))",
         ]
 
+    def claimable(self) -> list[Part]:
+        """:meth:`free` for the claim of a request of fingerprint ``fingerprint``: a stale
+        claim that committed steps (docs/steps.md) is free only for a request with its
+        content; one with other content is answered as the row says, without touching it."""
+        col = self.col
+        return [
+            f"(({col('status')} = '{COMPLETED}' AND {col('expires_at')} <= ",
+            Now(),
+            ") OR (",
+            *self.stale(),
+            f" AND ({col('steps')} IS NULL OR {col('fingerprint')} = ",
+            Param("fingerprint"),
+            ")))",
+        ]
+
     def outbox_live(self, now: Part) -> list[Part]:
         """``FROM`` the key's live outbox row: a response the ``hybrid`` strategy committed
         that is not drained yet. It settles the key whatever strategy is in use now."""

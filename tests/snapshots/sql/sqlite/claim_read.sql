@@ -1,5 +1,5 @@
 -- claim_read (sqlite)
--- parameters: scope, key, app_now, app_now, app_now+stale, scope, key
+-- parameters: scope, key, app_now, app_now, app_now+stale, fingerprint, scope, key
 SELECT 0, "django_idempotency_idempotencyoutbox"."id", "django_idempotency_idempotencyoutbox"."fingerprint", 'completed', NULL, NULL, "django_idempotency_idempotencyoutbox"."expires_at", "django_idempotency_idempotencyoutbox"."response_status", "django_idempotency_idempotencyoutbox"."response_headers", "django_idempotency_idempotencyoutbox"."response_body", FALSE
 FROM "django_idempotency_idempotencyoutbox"
 WHERE "django_idempotency_idempotencyoutbox"."scope" = %s
@@ -7,7 +7,8 @@ AND "django_idempotency_idempotencyoutbox"."key" = %s
 AND "django_idempotency_idempotencyoutbox"."expires_at" > %s
 UNION ALL SELECT 1, "id", "fingerprint", "status", "claim_token", "locked_at", "expires_at", "response_status", "response_headers", "response_body", (("status" = 'completed'
 AND "expires_at" <= %s) OR ("status" = 'in_progress'
-AND ("locked_at" IS NULL OR "locked_at" <= %s)))
+AND ("locked_at" IS NULL OR "locked_at" <= %s)
+AND ("steps" IS NULL OR "fingerprint" = %s)))
 FROM "django_idempotency_idempotencykey"
 WHERE "scope" = %s
 AND "key" = %s
