@@ -218,6 +218,14 @@ class AdvisoryStepClaim(StepClaim):
     the purge and the completer read it: a step that outlasts ``LOCK_TIMEOUT`` once the
     key's ``TTL`` is over must not see its key purged under it."""
 
+    def renew(self) -> bool:
+        """The lease renewed; nothing to renew while a new claim's row has not committed
+        (it commits with the first step: no other connection sees it before, and the key's
+        locks keep duplicates out)."""
+        if not (self.taken_over or self.done or self.kept):
+            return True
+        return super().renew()
+
     def _unlock(self) -> None:
         a = self.attempt
         try:
