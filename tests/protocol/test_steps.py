@@ -398,9 +398,12 @@ def test_a_first_step_that_outlasts_heartbeats_loses_no_lease(strategy: str) -> 
         wait_until(lambda: holds.arrived(f"{label}:create") == 1, timeout=60)
         wait_until(lambda: own_lease() is not None, timeout=60)
         lease = own_lease()
+        # Read while the first step still runs (a renewal that meets the completion may
+        # find the key completed, and is no loss of a running request).
+        lost = None if lease is None else lease.lost
         holds.release(f"{label}:create")
         answer = run.result(timeout=60)
-    assert lease is not None and lease.lost is False
+    assert lost is False
     assert answer.status_code == 201, answer.content
     assert effects(label) == {"create": 1, "record": 1, "receipt": 1}
 
