@@ -64,13 +64,15 @@ class Schema:
             *lapsed(self.col("locked_at"), Now("stale")),
         ]
 
-    def free(self) -> list[Part]:
-        """A stale lease, or a completed key whose TTL is over: free for a takeover."""
+    def free(self, *stale_also: Part) -> list[Part]:
+        """A stale lease (and ``stale_also``), or a completed key whose TTL is over: free
+        for a takeover."""
         return [
             f"(({self.col('status')} = '{COMPLETED}' AND {self.col('expires_at')} <= ",
             Now(),
             ") OR (",
             *self.stale(),
+            *stale_also,
             "))",
         ]
 
@@ -78,16 +80,8 @@ class Schema:
         """:meth:`free` for the claim of a request of fingerprint ``fingerprint``: a stale
         claim that committed steps (docs/steps.md) is free only for a request with its
         content; one with other content is answered as the row says, without touching it."""
-        col = self.col
-        return [
-            f"(({col('status')} = '{COMPLETED}' AND {col('expires_at')} <= ",
-            Now(),
-            ") OR (",
-            *self.stale(),
-            f" AND ({col('steps')} IS NULL OR {col('fingerprint')} = ",
-            Param("fingerprint"),
-            ")))",
-        ]
+        steps, fingerprint = self.col("steps"), self.col("fingerprint")
+        return self.free(f" AND ({steps} IS NULL OR {fingerprint} = ", Param("fingerprint"), ")")
 
     def outbox_live(self, now: Part) -> list[Part]:
         """``FROM`` the key's live outbox row: a response the ``hybrid`` strategy committed
