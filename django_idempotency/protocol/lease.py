@@ -217,9 +217,17 @@ class LeaseKeeper:
             lease.due = time.monotonic() + min(lease.interval, 1.0)
             return
         lease.renewals += 1
-        if not renewed and not lease.lost:
-            lease.lost = True
-            logger.warning("idempotency lease lost while the view was running")
+        if renewed or lease.lost:
+            return
+        with self._lock:
+            ended = lease not in self._leases
+        if ended:
+            # Given up while this renewal was on its way: the view has ended, and the key
+            # was completed or released under it. Its own completion checks the token.
+            logger.debug("idempotency lease renewal met the end of its request")
+            return
+        lease.lost = True
+        logger.warning("idempotency lease lost while the view was running")
 
 
 class Keeping:

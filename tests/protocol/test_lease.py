@@ -8,7 +8,7 @@ from contextlib import ExitStack
 from datetime import timedelta
 
 import pytest
-from django.db import connections
+from django.db import connections, transaction
 from django.utils import timezone
 
 from django_idempotency.models import IdempotencyKey
@@ -188,3 +188,46 @@ def test_a_stalled_connection_does_not_stop_the_renewals(
             assert not any(lease.lost for lease in leases)
             stalled.heal()
         assert all(claim.renew() for claim in claims)  # still ours
+
+
+class _Gated(Claim):
+    """A real claim whose renewal, once started, waits at a gate before it reaches the
+    database: a renewal on its way when the view's response is stored."""
+
+    def __init__(self, claim: DatabaseClaim) -> None:
+        self.claim = claim
+        self.started = threading.Event()
+        self.gate = threading.Event()
+        self.answers: list[bool] = []
+
+    def renew(self) -> bool:
+        self.started.set()
+        self.gate.wait(timeout=60)
+        renewed = self.claim.renew()
+        self.answers.append(renewed)
+        return renewed
+
+    def store(self, response: StoredResponse, *, commit: bool) -> None:
+        self.claim.store(response, commit=commit)
+
+    def release(self) -> bool:  # pragma: no cover
+        raise NotImplementedError
+
+
+def test_a_renewal_that_meets_the_completion_is_no_lost_lease(
+    alias: str, keeper: LeaseKeeper, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The view ends (its lease given up) and its response is stored while a renewal is on
+    its way: the renewal then finds the key completed, which is the request's own end, not a
+    loss. No "lease lost" warning: an operator would look for a request that never ran
+    twice."""
+    gated = _Gated(real_claim(alias))
+    with keeper.keep(gated, 0.02) as lease:
+        assert gated.started.wait(timeout=60)
+    with transaction.atomic(using=alias):
+        gated.store(StoredResponse(201, {}, b"{}"), commit=False)
+    gated.gate.set()
+    wait_until(lambda: lease.renewals == 1 and not lease.pending)
+    assert gated.answers == [False]  # the renewal did meet the completed key
+    assert not lease.lost
+    assert "lease lost" not in caplog.text
