@@ -132,12 +132,14 @@ class IdempotencyMixin:
             # DRF answers 405 next; a request the view cannot handle leaves no claim,
             # so a later request with this key (say, the POST) still runs the view.
             return
+        options = self.get_idempotency_options(request)
+        key = self._idempotency_key_hook()
         try:
             idem = IdempotentRequest.from_request(
                 request,
                 self.get_idempotency_scope,  # type: ignore[arg-type]
-                self.get_idempotency_options(request),
-                self._idempotency_key_hook(),
+                options,
+                key,
             )
             if idem is None:
                 return
