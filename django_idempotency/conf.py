@@ -513,6 +513,22 @@ class IdempotencySettings:
         SCOPES,
         if_none=lambda conf: str(settings.SECRET_KEY),
     )
+    DOWNSTREAM_KEY_LIFETIME = Setting[float | None](
+        24 * 3600,
+        float,
+        "Seconds another service keeps a downstream key (Stripe: 24 h); a remote step an "
+        "earlier attempt called is not called again past it. None: not checked.",
+        SCOPES,
+        nullable=True,
+        rule=Rule(
+            "E095",
+            _positive,
+            "{label} is {value!r}.",
+            "Use the seconds your payment provider keeps its idempotency keys (the default, "
+            "{default!r}, is Stripe's 24 hours), or None. See docs/steps.md, 'A provider "
+            "that forgets its keys'.",
+        ),
+    )
 
     # -- errors ----------------------------------------------------------------------------
     PROBLEM_BASE_URI = Setting(

@@ -193,6 +193,24 @@ class LeaseLost(IdempotencyError):
     )
 
 
+class RemoteOutcomeUnknown(IdempotencyError):
+    """A remote step of this request was called by an earlier attempt that ended before its
+    result was recorded, and the key's first claim is older than the other service keeps
+    its idempotency keys (``DOWNSTREAM_KEY_LIFETIME``): called again, the call could take
+    effect a second time, so it is not made. Whether the first call took effect is unknown;
+    the key is kept in progress, with its steps, for someone to reconcile (look the
+    downstream key up at the other service). Do not retry under a new key."""
+
+    status = 409
+    slug = "remote-outcome-unknown"
+    title = _("Outcome of an earlier call to another service unknown")
+    default_detail = _(
+        "An earlier attempt of this request called another service too long ago for that "
+        "service to recognise the call again, and its result was not recorded; the call is "
+        "not repeated. The request needs to be reconciled; do not retry it with a new key."
+    )
+
+
 class FingerprintMismatch(IdempotencyError):
     """The key was already used in this scope for a different request: another method,
     path, query string or body (compared canonically, so JSON key order and whitespace do

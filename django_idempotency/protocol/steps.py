@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from django.core.serializers.json import DjangoJSONEncoder
 
 from ..conf import conf
+from ..errors import RemoteOutcomeUnknown
 from .keys import downstream_key
 
 if TYPE_CHECKING:
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
 
 LOCAL = "local"
 REMOTE = "remote"
+#: The member of the row's ``steps`` that names the remote step last called.
+CALLING = "calling"
 
 
 class StepOrderError(RuntimeError):
@@ -77,6 +80,8 @@ class Steps:
         self._position = 0
         #: Whether this attempt found steps done by an earlier one.
         self.resumed = bool(claim.done)
+        #: The remote step last called on this key, whose result may not be recorded.
+        self._calling: str | None = claim.kept.get(CALLING)
 
     @property
     def recovery_point(self) -> str | None:
@@ -111,7 +116,15 @@ class Steps:
         stored = self._stored(name, REMOTE)
         if stored is not None:
             return stored["result"]
-        self.flush()  # an earlier remote step's result is durable before this call
+        if self._calling == name:
+            self._check_lifetime()
+        else:
+            # Durable before the call: an earlier remote step's result, and the mark that
+            # this one may take effect from now on (the key is kept for its retry, and the
+            # lifetime of its downstream key counts).
+            self._keep = {**(self._keep or {}), CALLING: name}
+            self._calling = name
+        self.flush()
         result = as_json(fn(self.downstream_key(name), *args, **kwargs))
         self._pending.append({"name": name, "kind": REMOTE, "result": result})
         self._position += 1
@@ -134,6 +147,15 @@ class Steps:
         self._keep = None
         self._done += self._pending
         self._pending = []
+
+    def _check_lifetime(self) -> None:
+        """An earlier attempt called this step and ended before its result was recorded:
+        ``RemoteOutcomeUnknown`` unless the key was first claimed within
+        ``DOWNSTREAM_KEY_LIFETIME`` (the other service still knows the downstream key, and
+        answers the call made again with the first one's result)."""
+        lifetime = conf.DOWNSTREAM_KEY_LIFETIME
+        if lifetime is not None and not self._claim.first_claimed_within(lifetime):
+            raise RemoteOutcomeUnknown()
 
     def _commit_recorded(self, entry: dict[str, Any]) -> None:
         self._done += [*self._pending, entry]

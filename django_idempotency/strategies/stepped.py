@@ -145,12 +145,29 @@ class StepClaim(DatabaseClaim):
         """Take the steps ``state`` holds as this claim's (a resumed key's)."""
         self.done, self.kept = state.done, state.kept
 
+    def first_claimed_within(self, seconds: float) -> bool:
+        """Whether the key was first claimed (its row's ``created_at``, which takeovers
+        keep) less than ``seconds`` ago, by the database's clock."""
+        a = self.attempt
+        since = ExpressionWrapper(
+            DatabaseNow() - Value(datetime.timedelta(seconds=seconds)),
+            output_field=DateTimeField(),
+        )
+        try:
+            return (
+                IdempotencyKey.objects.using(a.database)
+                .filter(pk=self.pk, created_at__gt=since)
+                .exists()
+            )
+        except DatabaseError as exc:
+            raise StoreUnavailable() from exc
+
     def release(self) -> bool:
-        """Give the key back: deleted when nothing committed; else (a step, or the request
-        the completer keeps before a first remote call, which may have taken effect) kept
-        for the retry or the completer to resume, under a token no one holds and a lease
-        that has lapsed."""
-        if not self.done and "request" not in self.kept:
+        """Give the key back: deleted when nothing committed; else (a step, the request the
+        completer keeps, or the mark of a remote call, which may have taken effect) kept for
+        the retry or the completer to resume, under a token no one holds and a lease that
+        has lapsed."""
+        if not self.done and not self.kept:
             return super().release()
         return self.hand_back()
 

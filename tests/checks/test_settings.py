@@ -837,6 +837,15 @@ def test_e094_completer_attempts_is_a_whole_number_of_at_least_one(value: Any) -
     assert not [m for m in run({"COMPLETER_ATTEMPTS": 1}) if m.id == "django_idempotency.E094"]
 
 
+@pytest.mark.parametrize("value", [0, -3600, "a day", float("inf"), True])
+def test_e095_downstream_key_lifetime_is_positive_seconds_or_none(value: Any) -> None:
+    message = only(run({"DOWNSTREAM_KEY_LIFETIME": value}), "E095")
+    assert "DOWNSTREAM_KEY_LIFETIME" in message.msg
+    for valid in (None, 3600, 2.5):
+        found = run({"DOWNSTREAM_KEY_LIFETIME": valid})
+        assert not [m for m in found if m.id == "django_idempotency.E095"]
+
+
 def test_e090_a_view_in_steps_under_a_strategy_that_cannot_run_them() -> None:
     from django_idempotency.checks.settings import view_option_errors
 

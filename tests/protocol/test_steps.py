@@ -443,3 +443,93 @@ def test_a_key_released_while_its_request_still_runs_has_each_step_once() -> Non
     assert effects(label) == {"create": 1, "record": 1, "receipt": 1}
     assert len({call[0] for call in views.REMOTE_CALLS}) == 1, "one downstream key"
     assert row("k1").status == "completed"
+
+
+# -- a provider that forgets its keys: DOWNSTREAM_KEY_LIFETIME ---------------------------------
+
+REMOTE_FIRST = "/t/steps/remote-first/"
+#: Past the default DOWNSTREAM_KEY_LIFETIME (a day, Stripe's): a provider may have forgotten.
+FORGOTTEN = timedelta(days=1, minutes=1)
+
+
+def first_claimed(key: str, ago: timedelta) -> None:
+    """Move the key's first claim ``ago`` into the past, by the database's clock."""
+    from django_idempotency.store.clock import DatabaseNow
+
+    IdempotencyKey.objects.filter(key=key).update(created_at=DatabaseNow() - ago)
+
+
+def test_a_remote_step_a_crashed_attempt_called_longer_ago_than_its_keys_live_is_not_called_again(
+    strategy: str,
+) -> None:
+    """The remote step was called, and the attempt crashed before its result was recorded.
+    A retry within the provider's key lifetime calls it again with the same downstream key
+    (the provider answers the first call's result); once the key's first claim is older
+    than ``DOWNSTREAM_KEY_LIFETIME``, the provider may have forgotten that key and would
+    charge again: the call is not made, the answer is ``409 remote-outcome-unknown``, and
+    the key is kept as it is (every retry gets the same answer) for reconciliation."""
+    views.FAIL_ONCE["forgot"] = "after-call"
+    assert post("k1", label="forgot").status_code == 500
+    assert len(views.REMOTE_CALLS) == 1
+    first_claimed("k1", FORGOTTEN)
+    for _ in range(2):
+        refused = post("k1", label="forgot")
+        assert_problem(refused, 409, "remote-outcome-unknown")
+        assert len(views.REMOTE_CALLS) == 1, "the remote step was called again"
+        assert effects("forgot") == {"create": 1}
+        assert row("k1").status == "in_progress" and names("k1") == ["create"]
+
+
+def test_a_takeover_keeps_the_time_of_the_keys_first_claim(strategy: str) -> None:
+    """Within the lifetime the retry resumes and calls again with the same downstream key;
+    its takeover keeps the first claim's time, so that the lifetime counts from the first
+    attempt whatever the number of retries."""
+    views.FAIL_ONCE["kept"] = "after-call"
+    assert post("k1", label="kept").status_code == 500
+    first_claimed("k1", timedelta(hours=1))
+    first = row("k1").created_at
+    retry = post("k1", label="kept")
+    assert retry.status_code == 201, retry.content
+    assert len({call[0] for call in views.REMOTE_CALLS}) == 1 and len(views.REMOTE_CALLS) == 2
+    assert row("k1").created_at == first
+
+
+def test_a_first_remote_step_commits_its_key_before_the_call(strategy: str) -> None:
+    """A view whose first step is remote commits nothing before it otherwise: an attempt
+    that crashed after the call left no row (``advisory_lock``) or had it deleted by the
+    release (``db``), and a retry after the provider forgot the key charged again. The key
+    is committed before the call: the retry finds it, and the lifetime holds."""
+    views.FAIL_ONCE["first"] = "after-call"
+    assert post("k1", REMOTE_FIRST, label="first").status_code == 500
+    assert len(views.REMOTE_CALLS) == 1
+    assert row("k1").status == "in_progress"
+    first_claimed("k1", FORGOTTEN)
+    assert_problem(post("k1", REMOTE_FIRST, label="first"), 409, "remote-outcome-unknown")
+    assert len(views.REMOTE_CALLS) == 1
+    assert_problem(post("k1", REMOTE_FIRST, label="other"), 422, "key-reused")
+
+
+def test_a_first_remote_step_is_called_again_within_the_lifetime(strategy: str) -> None:
+    views.FAIL_ONCE["again"] = "after-call"
+    assert post("k1", REMOTE_FIRST, label="again").status_code == 500
+    retry = post("k1", REMOTE_FIRST, label="again")
+    assert retry.status_code == 201, retry.content
+    assert len(views.REMOTE_CALLS) == 2 and len({call[0] for call in views.REMOTE_CALLS}) == 1
+    assert effects("again") == {"record": 1}
+    replay = post("k1", REMOTE_FIRST, label="again")
+    assert replay.status_code == 201 and len(views.REMOTE_CALLS) == 2
+
+
+@pytest.mark.parametrize("lifetime", [None, 3 * 24 * 3600])
+def test_the_lifetime_is_a_setting(lifetime: float | None) -> None:
+    """``None`` checks nothing; a longer lifetime (a provider that keeps keys longer)."""
+    with override_settings(
+        IDEMPOTENCY={"STRATEGY": "db", "LOCK_TIMEOUT": 30, "DOWNSTREAM_KEY_LIFETIME": lifetime}
+    ):
+        views.REMOTE_CALLS.clear()
+        views.FAIL_ONCE["set"] = "after-call"
+        assert post("k1", label="set").status_code == 500
+        first_claimed("k1", FORGOTTEN)
+        retry = post("k1", label="set")
+        assert retry.status_code == 201, retry.content
+        assert len(views.REMOTE_CALLS) == 2

@@ -125,3 +125,42 @@ def test_a_released_key_keeps_its_steps_and_is_taken_over_at_once(keys_on: str) 
     assert retry.status_code == 201, retry.content
     assert retry.json()["resumed"] is True
     assert labels(keys_on) == ["create", "record"]
+
+
+def test_a_takeover_keeps_the_first_claims_time_on_the_databases_clock(keys_on: str) -> None:
+    """``DOWNSTREAM_KEY_LIFETIME`` counts from the key's first claim on each vendor: the
+    takeover of a key given back with steps keeps its ``created_at``, and the age is
+    judged by the database's clock."""
+    from datetime import timedelta
+
+    from django.db.models import DateTimeField, ExpressionWrapper, Value
+
+    from django_idempotency.store.clock import DatabaseNow
+    from django_idempotency.strategies.stepped import StepClaim, SteppedDatabaseStrategy
+    from django_idempotency.values.attempt import Attempt
+
+    PLAN["fail"] = "record"
+    assert post(keys_on).status_code == 500
+    keys = IdempotencyKey.objects.using(keys_on)
+    two_hours_ago = ExpressionWrapper(
+        DatabaseNow() - Value(timedelta(hours=2)), output_field=DateTimeField()
+    )
+    keys.filter(key="k1").update(created_at=two_hours_ago)
+    first = keys.get(key="k1").created_at
+    attempt = keys.get(key="k1")
+    claim = SteppedDatabaseStrategy().claim(
+        Attempt(
+            scope=attempt.scope,
+            key="k1",
+            fingerprint=attempt.fingerprint,
+            ttl=60,
+            lock_timeout=30,
+            database=keys_on,
+        )
+    )
+    assert isinstance(claim, StepClaim) and claim.taken_over
+    assert keys.get(key="k1").created_at == first
+    assert not claim.first_claimed_within(3600)
+    assert claim.first_claimed_within(3 * 3600)
+    assert claim.release()  # handed back with its steps
+    assert keys.get(key="k1").recovery_point == "create"

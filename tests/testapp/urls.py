@@ -12,6 +12,7 @@ urlpatterns = [
     path("t/fn/", views.function_view, name="t-fn"),
     path("t/steps/", views.stepped, name="t-steps"),
     path("t/steps/doomed/", views.stepped_doomed, name="t-steps-doomed"),
+    path("t/steps/remote-first/", views.remote_first, name="t-steps-remote-first"),
     path("t/steps/drf/", views.SteppedAPIView.as_view(), name="t-steps-drf"),
     path("t/fn-required/", views.function_required, name="t-fn-required"),
     path("t/drf/", views.EchoView.as_view(), name="t-drf"),

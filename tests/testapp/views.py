@@ -308,6 +308,17 @@ class SteppedAPIView(IdempotencyMixin, APIView):
 
 @csrf_exempt
 @idempotent(steps=True)
+def remote_first(request: HttpRequest) -> HttpResponse:
+    """A remote step first (nothing committed before it), then a local one."""
+    label = str(json.loads(request.body or b"{}").get("label", "remote-first"))
+    steps = request.idempotency.steps  # type: ignore[attr-defined]
+    answer = steps.remote("call", _remote_call, label)
+    created = steps.local("record", lambda: SideEffect.objects.create(label=f"{label}:record").pk)
+    return JsonResponse({"created": created, "answer": answer}, status=201)
+
+
+@csrf_exempt
+@idempotent(steps=True)
 def stepped_doomed(request: HttpRequest) -> HttpResponse:
     """A step whose block is marked for rollback (the view caught an error in it)."""
     steps = request.idempotency.steps  # type: ignore[attr-defined]

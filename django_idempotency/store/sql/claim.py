@@ -54,11 +54,16 @@ def take_over(s: Schema, commit_mode: str) -> list[Part]:
     # First, while ``status`` is still the old row's (MySQL assigns left to right): a stale
     # claim keeps the steps it committed (its retry resumes them, docs/steps.md); an
     # expired completed key starts again without them.
+    # So does the time of its first claim: a remote step's downstream key lives from then
+    # at the other service (``DOWNSTREAM_KEY_LIFETIME``), whatever the takeovers since.
     kept = f"CASE WHEN {col('status')} = '{IN_PROGRESS}' THEN {{}} ELSE NULL END"
     return [
         f"UPDATE {s.table} SET {col('recovery_point')} = "
         f"{kept.format(col('recovery_point'))}, {col('steps')} = {kept.format(col('steps'))}, "
-        f"{col('claim_token')} = ",
+        f"{col('created_at')} = CASE WHEN {col('status')} = '{IN_PROGRESS}' "
+        f"THEN {col('created_at')} ELSE ",
+        Now(),
+        f" END, {col('claim_token')} = ",
         Param("token"),
         f", {col('fingerprint')} = ",
         Param("fingerprint"),
@@ -70,9 +75,7 @@ def take_over(s: Schema, commit_mode: str) -> list[Part]:
         Param("path"),
         f", {col('response_status')} = NULL, {col('response_headers')} = ",
         Param("response_headers"),
-        f", {col('response_body')} = NULL, {col('created_at')} = ",
-        Now(),
-        f", {col('completed_at')} = NULL, {col('expires_at')} = ",
+        f", {col('response_body')} = NULL, {col('completed_at')} = NULL, {col('expires_at')} = ",
         Now("ttl"),
         commit_mode,
         *s.takeover_where(),

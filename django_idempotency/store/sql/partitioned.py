@@ -113,22 +113,31 @@ def take_over(s: Schema, commit_mode: str) -> list[Part]:
         "request_method": Param("method"),
         "request_path": Param("path"),
         "locked_at": Now(),
-        "created_at": Now(),
         "expires_at": Now("ttl"),
     }
-    # A stale claim's steps go over to the new row (its retry resumes them, docs/steps.md);
-    # an expired completed key's do not.
+    # A stale claim's steps go over to the new row (its retry resumes them, docs/steps.md),
+    # with the time of its first claim (``DOWNSTREAM_KEY_LIFETIME`` counts from it); an
+    # expired completed key's do not.
     kept = [
         f"CASE WHEN gone.{col('status')} = '{IN_PROGRESS}' THEN gone.{col(n)} END"
         for n in STEP_COLUMNS
     ]
+    first = f"CASE WHEN gone.{col('status')} = '{IN_PROGRESS}' THEN gone.{col('created_at')} ELSE "
+    values: list[Part] = []
+    for name in plain_claim.CLAIM_COLUMNS:
+        values += [", "] if values else []
+        if name == "created_at":
+            values += [first, Now(), " END"]
+        else:
+            values.append(stamped.get(name, Param(name)))
     columns = [*plain_claim.CLAIM_COLUMNS, *STEP_COLUMNS]
+    gone = ("scope", "key", "status", "created_at", *STEP_COLUMNS)
     return [
         f"WITH gone AS (DELETE FROM {s.table}",
         *s.takeover_where(),
-        f" RETURNING {', '.join(col(n) for n in ('scope', 'key', 'status', *STEP_COLUMNS))}) ",
+        f" RETURNING {', '.join(col(n) for n in gone)}) ",
         f"INSERT INTO {s.table} ({', '.join(col(n) for n in columns)}) SELECT ",
-        *joined([stamped.get(name, Param(name)) for name in plain_claim.CLAIM_COLUMNS]),
+        *values,
         f", {', '.join(kept)}",
         f" FROM gone{_also_from(commit_mode)} ON CONFLICT DO NOTHING RETURNING {col('id')}",
     ]
