@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any, Self, TypeVar
 
 from django.db import OperationalError, connections, models, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from ..conf import conf
@@ -117,7 +118,8 @@ class PurgeQuerySet(models.QuerySet[_Key]):
         """Release in-progress keys by hand (the admin action); returns how many.
 
         A key without steps is deleted, so that a retry claims it afresh. A key whose
-        steps committed (it has a recovery point, docs/steps.md) keeps its row, its
+        steps committed (it has a recovery point, docs/steps.md), or whose steps record
+        anything else (a remote call made before any step committed), keeps its row, its
         recovery point and its steps: only its claim is given back (a token no one holds,
         a lease that has lapsed), so that its retry takes it over at once and resumes
         after those steps instead of running them again. Either way a request that still
@@ -126,13 +128,16 @@ class PurgeQuerySet(models.QuerySet[_Key]):
         if pks is not None:
             queryset = queryset.filter(pk__in=pks)
         alias = database(using, self._db)
-        resumable = queryset.filter(recovery_point__isnull=False)
+        # A row whose steps hold anything (the mark of a remote call before any step
+        # committed, the completer's request) is resumable too.
+        kept = Q(recovery_point__isnull=False) | Q(steps__isnull=False)
+        resumable = queryset.filter(kept)
         given_back = 0
         for pk in list(resumable.values_list("pk", flat=True)):
             given_back += resumable.filter(pk=pk).update(
                 claim_token=uuid.uuid4(), locked_at=_time(alias, None, RELEASED_LEASE)
             )
-        deleted, _ = queryset.filter(recovery_point__isnull=True).delete()
+        deleted, _ = queryset.exclude(kept).delete()
         return given_back + deleted
 
     def delete_expired(

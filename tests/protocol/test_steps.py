@@ -533,3 +533,20 @@ def test_the_lifetime_is_a_setting(lifetime: float | None) -> None:
         retry = post("k1", label="set")
         assert retry.status_code == 201, retry.content
         assert len(views.REMOTE_CALLS) == 2
+
+
+def test_releasing_a_key_whose_remote_step_was_called_keeps_it(strategy: str) -> None:
+    """The admin's release of a stuck key whose only record is the mark of a remote call (a
+    first step that is remote) gives its claim back and keeps the row, as for a key with a
+    recovery point: deleted, its retry was a new request that called the provider again,
+    whatever the provider had forgotten by then."""
+    views.FAIL_ONCE["stuck"] = "after-call"
+    assert post("k1", REMOTE_FIRST, label="stuck").status_code == 500
+    keys = IdempotencyKey.objects.filter(key="k1")
+    keys.update(locked_at=Now())  # a live lease: a stuck key
+    assert row("k1").recovery_point is None
+    assert IdempotencyKey.objects.release_stuck() == 1
+    assert keys.get().status == "in_progress"
+    first_claimed("k1", FORGOTTEN)
+    assert_problem(post("k1", REMOTE_FIRST, label="stuck"), 409, "remote-outcome-unknown")
+    assert len(views.REMOTE_CALLS) == 1
