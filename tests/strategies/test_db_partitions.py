@@ -187,7 +187,8 @@ def test_a_response_stored_after_a_rollback_past_the_last_partition_is_503() -> 
 
 def test_a_view_in_steps_resumes_on_the_partitioned_table(strategy: str) -> None:
     """The key given back after a failed step is taken over into a new row (``db``) or
-    resumed in place (``advisory_lock``), with the steps that committed."""
+    resumed in place (``advisory_lock``), with the steps that committed and the time of
+    its first claim."""
     views.FAIL_ONCE["parts"] = "record"
     body = json.dumps({"label": "parts"})
 
@@ -197,9 +198,13 @@ def test_a_view_in_steps_resumes_on_the_partitioned_table(strategy: str) -> None
         )
 
     assert send().status_code == 500
+    hour_ago = timezone.now() - timedelta(hours=1)
+    IdempotencyKey.objects.filter(key="s1").update(created_at=hour_ago)
     retry = send()
     assert retry.status_code == 201, retry.content
     assert retry.json()["resumed"] is True
+    # The first claim's time goes over to the new row (DOWNSTREAM_KEY_LIFETIME counts from it).
+    assert IdempotencyKey.objects.get(key="s1").created_at == hour_ago
     labels = sorted(
         SideEffect.objects.filter(label__startswith="parts:").values_list("label", flat=True)
     )
