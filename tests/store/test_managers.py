@@ -197,6 +197,26 @@ def test_stale_lease_is_taken_over_and_the_old_token_is_fenced(alias: str) -> No
     assert claim(alias).response == RESPONSE
 
 
+@pytest.mark.parametrize("steps", [None, {"fingerprint": PRINT, "done": []}])
+def test_a_takeover_keeps_the_first_claims_time_only_of_a_key_with_steps(
+    alias: str, steps: dict[str, Any] | None
+) -> None:
+    """A key in steps keeps the time of its first claim (``DOWNSTREAM_KEY_LIFETIME`` counts
+    from it); any other takeover is a new claim, created now (the drain tells a newer
+    record of a key by it)."""
+    old = claim(alias, lock_timeout=30)
+    IdempotencyKey.objects.using(alias).filter(pk=old.pk).update(steps=steps)
+    age(alias, old.pk, locked_at=timedelta(seconds=31), created_at=timedelta(hours=2))
+    first = row(alias, old.pk)["created_at"]
+    new = claim(alias, lock_timeout=30)
+    assert new.state is ClaimState.CLAIMED and new.taken_over
+    created = row(alias, new.pk)["created_at"]
+    if steps is None:
+        assert created > first + timedelta(hours=1)
+    else:
+        assert created == first
+
+
 def test_fresh_lease_is_not_taken_over(alias: str) -> None:
     old = claim(alias, lock_timeout=30)
     age(alias, old.pk, locked_at=timedelta(seconds=20))

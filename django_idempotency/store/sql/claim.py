@@ -54,14 +54,16 @@ def take_over(s: Schema, commit_mode: str) -> list[Part]:
     # First, while ``status`` is still the old row's (MySQL assigns left to right): a stale
     # claim keeps the steps it committed (its retry resumes them, docs/steps.md); an
     # expired completed key starts again without them.
-    # So does the time of its first claim: a remote step's downstream key lives from then
-    # at the other service (``DOWNSTREAM_KEY_LIFETIME``), whatever the takeovers since.
+    # So does the time of its first claim, when it has steps: a remote step's downstream key
+    # lives from then at the other service (``DOWNSTREAM_KEY_LIFETIME``), whatever the
+    # takeovers since. Without steps the claim is new (a drain of an outbox completion over
+    # it tells a newer record of the key by its creation, ``store.sql.drain``).
     kept = f"CASE WHEN {col('status')} = '{IN_PROGRESS}' THEN {{}} ELSE NULL END"
     return [
         f"UPDATE {s.table} SET {col('recovery_point')} = "
         f"{kept.format(col('recovery_point'))}, {col('steps')} = {kept.format(col('steps'))}, "
         f"{col('created_at')} = CASE WHEN {col('status')} = '{IN_PROGRESS}' "
-        f"THEN {col('created_at')} ELSE ",
+        f"AND {col('steps')} IS NOT NULL THEN {col('created_at')} ELSE ",
         Now(),
         f" END, {col('claim_token')} = ",
         Param("token"),

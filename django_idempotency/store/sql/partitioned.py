@@ -117,12 +117,16 @@ def take_over(s: Schema, commit_mode: str) -> list[Part]:
     }
     # A stale claim's steps go over to the new row (its retry resumes them, docs/steps.md),
     # with the time of its first claim (``DOWNSTREAM_KEY_LIFETIME`` counts from it); an
-    # expired completed key's do not.
+    # expired completed key's do not, nor a claim's without steps (a new claim: see
+    # ``claim.take_over``).
     kept = [
         f"CASE WHEN gone.{col('status')} = '{IN_PROGRESS}' THEN gone.{col(n)} END"
         for n in STEP_COLUMNS
     ]
-    first = f"CASE WHEN gone.{col('status')} = '{IN_PROGRESS}' THEN gone.{col('created_at')} ELSE "
+    first = (
+        f"CASE WHEN gone.{col('status')} = '{IN_PROGRESS}' AND gone.{col('steps')} IS NOT NULL "
+        f"THEN gone.{col('created_at')} ELSE "
+    )
     values: list[Part] = []
     for name in plain_claim.CLAIM_COLUMNS:
         values += [", "] if values else []

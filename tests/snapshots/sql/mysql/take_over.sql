@@ -1,7 +1,8 @@
 -- take_over (mysql)
 -- parameters: token, fingerprint, method, path, response_headers, ttl, pk, old_token, stale
 UPDATE `django_idempotency_idempotencykey`
-SET `recovery_point` = CASE WHEN `status` = 'in_progress' THEN `recovery_point` ELSE NULL END, `steps` = CASE WHEN `status` = 'in_progress' THEN `steps` ELSE NULL END, `created_at` = CASE WHEN `status` = 'in_progress' THEN `created_at` ELSE UTC_TIMESTAMP(6) END, `claim_token` = %s, `fingerprint` = %s, `status` = 'in_progress', `locked_at` = UTC_TIMESTAMP(6), `request_method` = %s, `request_path` = %s, `response_status` = NULL, `response_headers` = %s, `response_body` = NULL, `completed_at` = NULL, `expires_at` = (UTC_TIMESTAMP(6) + INTERVAL %s SECOND)
+SET `recovery_point` = CASE WHEN `status` = 'in_progress' THEN `recovery_point` ELSE NULL END, `steps` = CASE WHEN `status` = 'in_progress' THEN `steps` ELSE NULL END, `created_at` = CASE WHEN `status` = 'in_progress'
+AND `steps` IS NOT NULL THEN `created_at` ELSE UTC_TIMESTAMP(6) END, `claim_token` = %s, `fingerprint` = %s, `status` = 'in_progress', `locked_at` = UTC_TIMESTAMP(6), `request_method` = %s, `request_path` = %s, `response_status` = NULL, `response_headers` = %s, `response_body` = NULL, `completed_at` = NULL, `expires_at` = (UTC_TIMESTAMP(6) + INTERVAL %s SECOND)
 WHERE `id` = %s
 AND `claim_token` = %s
 AND ((`status` = 'completed'

@@ -12,7 +12,8 @@ FROM "django_idempotency_idempotencyoutbox"
 WHERE "django_idempotency_idempotencyoutbox"."scope" = "django_idempotency_idempotencykey"."scope"
 AND "django_idempotency_idempotencyoutbox"."key" = "django_idempotency_idempotencykey"."key"
 AND "django_idempotency_idempotencyoutbox"."expires_at" > statement_timestamp())
-RETURNING "scope", "key", "status", "created_at", "recovery_point", "steps") INSERT INTO "django_idempotency_idempotencykey" ("scope", "key", "fingerprint", "status", "claim_token", "locked_at", "request_method", "request_path", "response_headers", "created_at", "expires_at", "recovery_point", "steps") SELECT gone."scope", gone."key", %s, 'in_progress', %s, statement_timestamp(), %s, %s, %s, CASE WHEN gone."status" = 'in_progress' THEN gone."created_at" ELSE statement_timestamp() END, (statement_timestamp() + make_interval(secs => %s)), CASE WHEN gone."status" = 'in_progress' THEN gone."recovery_point" END, CASE WHEN gone."status" = 'in_progress' THEN gone."steps" END
+RETURNING "scope", "key", "status", "created_at", "recovery_point", "steps") INSERT INTO "django_idempotency_idempotencykey" ("scope", "key", "fingerprint", "status", "claim_token", "locked_at", "request_method", "request_path", "response_headers", "created_at", "expires_at", "recovery_point", "steps") SELECT gone."scope", gone."key", %s, 'in_progress', %s, statement_timestamp(), %s, %s, %s, CASE WHEN gone."status" = 'in_progress'
+AND gone."steps" IS NOT NULL THEN gone."created_at" ELSE statement_timestamp() END, (statement_timestamp() + make_interval(secs => %s)), CASE WHEN gone."status" = 'in_progress' THEN gone."recovery_point" END, CASE WHEN gone."status" = 'in_progress' THEN gone."steps" END
 FROM gone, (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
 ON CONFLICT DO NOTHING
 RETURNING "id"

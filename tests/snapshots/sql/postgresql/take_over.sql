@@ -1,7 +1,8 @@
 -- take_over (postgresql)
 -- parameters: token, fingerprint, method, path, response_headers, ttl, pk, old_token, stale
 UPDATE "django_idempotency_idempotencykey"
-SET "recovery_point" = CASE WHEN "status" = 'in_progress' THEN "recovery_point" ELSE NULL END, "steps" = CASE WHEN "status" = 'in_progress' THEN "steps" ELSE NULL END, "created_at" = CASE WHEN "status" = 'in_progress' THEN "created_at" ELSE statement_timestamp() END, "claim_token" = %s, "fingerprint" = %s, "status" = 'in_progress', "locked_at" = statement_timestamp(), "request_method" = %s, "request_path" = %s, "response_status" = NULL, "response_headers" = %s, "response_body" = NULL, "completed_at" = NULL, "expires_at" = (statement_timestamp() + make_interval(secs => %s))
+SET "recovery_point" = CASE WHEN "status" = 'in_progress' THEN "recovery_point" ELSE NULL END, "steps" = CASE WHEN "status" = 'in_progress' THEN "steps" ELSE NULL END, "created_at" = CASE WHEN "status" = 'in_progress'
+AND "steps" IS NOT NULL THEN "created_at" ELSE statement_timestamp() END, "claim_token" = %s, "fingerprint" = %s, "status" = 'in_progress', "locked_at" = statement_timestamp(), "request_method" = %s, "request_path" = %s, "response_status" = NULL, "response_headers" = %s, "response_body" = NULL, "completed_at" = NULL, "expires_at" = (statement_timestamp() + make_interval(secs => %s))
 FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
 WHERE "id" = %s
 AND "claim_token" = %s
