@@ -205,6 +205,7 @@ def test_a_takeover_keeps_the_first_claims_time_only_of_a_key_with_steps(
     from it); any other takeover is a new claim, created now (the drain tells a newer
     record of a key by it)."""
     old = claim(alias, lock_timeout=30)
+    assert old.pk is not None
     IdempotencyKey.objects.using(alias).filter(pk=old.pk).update(steps=steps)
     age(alias, old.pk, locked_at=timedelta(seconds=31), created_at=timedelta(hours=2))
     first = row(alias, old.pk)["created_at"]
