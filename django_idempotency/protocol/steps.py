@@ -26,6 +26,7 @@ The steps must come in the same order on every attempt of a key
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,8 @@ from .keys import downstream_key
 if TYPE_CHECKING:
     from ..strategies.stepped import StepClaim
     from .lifecycle import Lifecycle
+
+logger = logging.getLogger("django_idempotency")
 
 LOCAL = "local"
 REMOTE = "remote"
@@ -154,8 +157,25 @@ class Steps:
         ``DOWNSTREAM_KEY_LIFETIME`` (the other service still knows the downstream key, and
         answers the call made again with the first one's result)."""
         lifetime = conf.DOWNSTREAM_KEY_LIFETIME
-        if lifetime is not None and not self._claim.first_claimed_within(lifetime):
-            raise RemoteOutcomeUnknown()
+        if lifetime is None or self._claim.first_claimed_within(lifetime):
+            return
+        logger.error(
+            "idempotency key %s (scope %s): its remote step %r was called by an earlier "
+            "attempt that did not record the result, and the key was first claimed more than "
+            "DOWNSTREAM_KEY_LIFETIME (%ss) ago: not called again (409 remote-outcome-unknown). "
+            "Look the step's downstream key %s up at the other service and reconcile it",
+            self._key,
+            self._scope,
+            self._calling,
+            lifetime,
+            self.downstream_key(str(self._calling)),
+            extra={
+                "idempotency_scope": self._scope,
+                "idempotency_key": self._key,
+                "idempotency_outcome": "remote_outcome_unknown",
+            },
+        )
+        raise RemoteOutcomeUnknown()
 
     def _commit_recorded(self, entry: dict[str, Any]) -> None:
         self._done += [*self._pending, entry]

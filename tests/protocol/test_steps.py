@@ -460,7 +460,7 @@ def first_claimed(key: str, ago: timedelta) -> None:
 
 
 def test_a_remote_step_a_crashed_attempt_called_longer_ago_than_its_keys_live_is_not_called_again(
-    strategy: str,
+    strategy: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The remote step was called, and the attempt crashed before its result was recorded.
     A retry within the provider's key lifetime calls it again with the same downstream key
@@ -478,6 +478,12 @@ def test_a_remote_step_a_crashed_attempt_called_longer_ago_than_its_keys_live_is
         assert len(views.REMOTE_CALLS) == 1, "the remote step was called again"
         assert effects("forgot") == {"create": 1}
         assert row("k1").status == "in_progress" and names("k1") == ["create"]
+    # An operator is told what to look up, at ERROR, each time: the step's downstream key.
+    records = [r for r in caplog.records if r.levelname == "ERROR" and "reconcile" in r.message]
+    assert len(records) == 2
+    for record in records:
+        assert record.idempotency_outcome == "remote_outcome_unknown"  # type: ignore[attr-defined]
+        assert views.REMOTE_CALLS[0][0] in record.message
 
 
 def test_a_takeover_keeps_the_time_of_the_keys_first_claim(strategy: str) -> None:
