@@ -213,21 +213,27 @@ class LeaseKeeper:
             close_old_connections()
             renewed = lease.claim.renew()
         except Exception:
+            if self._ended(lease):
+                logger.debug("idempotency lease renewal failed after its request ended")
+                return
             logger.warning("idempotency lease renewal failed; retrying", exc_info=True)
             lease.due = time.monotonic() + min(lease.interval, 1.0)
             return
         lease.renewals += 1
         if renewed or lease.lost:
             return
-        with self._lock:
-            ended = lease not in self._leases
-        if ended:
-            # Given up while this renewal was on its way: the view has ended, and the key
-            # was completed or released under it. Its own completion checks the token.
+        if self._ended(lease):
+            # The key was completed or released under this renewal: the request's own
+            # end, whose completion checks the token itself.
             logger.debug("idempotency lease renewal met the end of its request")
             return
         lease.lost = True
         logger.warning("idempotency lease lost while the view was running")
+
+    def _ended(self, lease: Lease) -> bool:
+        """Whether ``lease`` was given up (its view ended) while a renewal was on its way."""
+        with self._lock:
+            return lease not in self._leases
 
 
 class Keeping:

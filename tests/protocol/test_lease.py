@@ -231,3 +231,24 @@ def test_a_renewal_that_meets_the_completion_is_no_lost_lease(
     assert gated.answers == [False]  # the renewal did meet the completed key
     assert not lease.lost
     assert "lease lost" not in caplog.text
+
+
+class _GatedFailure(_Gated):
+    """The same, whose renewal then fails (a connection dropped on its way)."""
+
+    def renew(self) -> bool:
+        self.started.set()
+        self.gate.wait(timeout=60)
+        raise ConnectionError("dropped")
+
+
+def test_a_renewal_that_fails_after_its_request_ended_is_not_retried_or_logged(
+    keeper: LeaseKeeper, caplog: pytest.LogCaptureFixture
+) -> None:
+    gated = _GatedFailure(real_claim("sqlite"))
+    with keeper.keep(gated, 0.02) as lease:
+        assert gated.started.wait(timeout=60)
+    gated.gate.set()
+    wait_until(lambda: not lease.pending)
+    assert "renewal failed" not in caplog.text
+    assert lease.renewals == 0 and not lease.lost
