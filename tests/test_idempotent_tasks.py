@@ -341,6 +341,42 @@ def _kill_between_steps(
     client.close()
 
 
+def test_a_redelivery_past_the_downstream_keys_lifetime_does_not_call_the_provider_again(
+    workers: Callable[..., Worker], producer: Celery, broker: RedisServer
+) -> None:
+    """The worker is killed after the provider's call, before its answer was recorded, and
+    the message comes back when the key's first claim is older than
+    ``DOWNSTREAM_KEY_LIFETIME``: the body raises ``RemoteOutcomeUnknown`` instead of calling
+    again (the provider may have forgotten the key), the task fails, and the key stays in
+    progress with its steps for reconciliation."""
+    from datetime import timedelta
+
+    from django_idempotency.store.clock import DatabaseNow
+
+    task = "tests.charge_in_steps"
+    label = f"forgot-{uuid.uuid4().hex[:12]}"
+    doomed = workers("doomed", TEST_CELERY_VISIBILITY_TIMEOUT="2")
+    sent = producer.send_task(task, args=[label, broker.url, "call_provider"])
+    client = redis.Redis.from_url(broker.url)
+    stopped = f"{label}:at:call_provider"
+    wait_for(lambda: int(client.get(stopped) or 0) == 1, "the provider's call", doomed)
+    doomed.kill()
+    keys = IdempotencyKey.objects.filter(scope=f"task:{task}", key=sent.id)
+    keys.update(created_at=DatabaseNow() - timedelta(days=1, minutes=1))
+
+    again = workers("again", TEST_CELERY_VISIBILITY_TIMEOUT="2")
+    with pytest.raises(Exception) as failed:  # noqa: PT011 - rebuilt by the result backend
+        sent.get(timeout=PATIENCE)
+    assert "RemoteOutcomeUnknown" in repr(failed.value) + str(sent.traceback), again.log()
+    listed: list[bytes] = client.lrange(f"{label}:provider", 0, -1)  # type: ignore[assignment]
+    assert len(listed) == 1, "the provider was called again"
+    row = keys.get()
+    assert row.status == "in_progress" and row.steps is not None
+    assert [step["name"] for step in row.steps["done"]] == ["create_charge"]
+    assert SideEffect.objects.filter(label__startswith=f"{label}:").count() == 1
+    client.close()
+
+
 def test_self_steps_outside_a_task_in_steps_says_what_is_wrong() -> None:
     with pytest.raises(RuntimeError, match="idempotency_steps"):
         charge.steps  # noqa: B018 - the property's refusal is the point
