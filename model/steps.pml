@@ -21,9 +21,18 @@
  *   (s5) a charge made at the provider is never left without its local   Orphan
  *        record: from the provider's call on, the key's row holds the
  *        charge's step, for a retry or the completer to resume
+ *   (s6) with LIFETIME, the provider forgets a downstream key LIFETIME    PROVIDER_CALL
+ *        ticks after its first use (and would charge it again): it
+ *        charges once (DOWNSTREAM_KEY_LIFETIME)
  *
  * Every step names the code it stands for in a comment, as protocol.pml's do:
  * tests/system/test_model.py checks that each name exists.
+ *
+ * With LIFETIME, a remote step an earlier attempt marked as called is called again only while
+ * the key's first claim (created_at, kept by the takeover of a key in steps) is younger than
+ * LIFETIME ticks; else the request is refused (409 remote-outcome-unknown) and the key given
+ * back. BUG_FORGOTTEN (no such check) and BUG_CREATED_RESET (the takeover stamps created_at
+ * anew) model code that would be wrong.
  *
  * With PURGE, keys expire (TTL ticks after their claim, takeover or completion) and the purge
  * removes one whose TTL is over unless it is in progress under a live lease; (s5) holds until
@@ -94,7 +103,9 @@ typedef KeyRow {  /* the key's row of IdempotencyKey */
     byte st; byte tok; byte locked; byte fp;  /* fp: the fingerprint column */
     byte rp; byte sfp;                        /* recovery_point, and steps' fingerprint */
     bool kept;                                /* steps["request"]: the completer's */
-    byte exp                                  /* expires_at (with PURGE) */
+    byte exp;                                 /* expires_at (with PURGE) */
+    byte created;                             /* created_at: the first claim (LIFETIME) */
+    bool calling                              /* steps["calling"]: a remote call marked */
 }
 
 KeyRow kt;
@@ -105,6 +116,8 @@ byte errors = ERRORS;
 byte finished;
 byte eff[NSTEPS];     /* the committed effects of each local step */
 bool charged;         /* the provider charged the downstream key */
+byte charges;         /* how many times it charged (LIFETIME) */
+byte first_use;       /* when it first saw the downstream key (LIFETIME) */
 byte completions;
 bool purged;          /* the purge removed the key's row */
 /* own[id]: 1 + the time of the last renewal of id's lease while it owns a claim (db). */
@@ -132,6 +145,35 @@ byte own[NACT + 1];
 #endif
 /* PURGED: the request ends without a claim (a client: a new request; the completer: the
  * run counts as taken). */
+
+#ifdef LIFETIME
+/* (s6): the provider's call with the downstream key, one at a time per key (a concurrent one
+ * with the same key is refused, as Stripe's are): a key it has seen within LIFETIME ticks
+ * is answered with the first charge; one it has forgotten is charged again. */
+#define PROVIDER_CALL \
+    atomic { \
+        if \
+        :: !charged -> charged = true; charges++; first_use = now \
+        :: charged && first_use + LIFETIME <= now -> charges++ \
+        :: else -> skip \
+        fi; \
+        assert(charges <= 1) \
+    }
+/* The first claim's time: the takeover of a key with steps (a recovery point, the completer's
+ * request or a remote call's mark) keeps it; any other claim stamps it. */
+#ifdef BUG_CREATED_RESET
+#define FIRST_CLAIM kt.created = now
+#else
+#define FIRST_CLAIM if :: kt.rp == 0 && !kt.kept && !kt.calling -> kt.created = now :: else fi
+#endif
+#define STAMP(at) kt.created = at
+#define CLAIMED_AT(at) claimed = at
+#else
+#define PROVIDER_CALL charged = true
+#define FIRST_CLAIM skip
+#define STAMP(at) skip
+#define CLAIMED_AT(at) skip
+#endif
 
 #define CRASH_POINT if :: crashes > 0 -> crashes--; goto crashed :: true fi
 #define ERROR_POINT if :: errors > 0 -> errors--; goto failed :: true fi
@@ -178,7 +220,7 @@ end:
     atomic {
         kt.st != NONE && kt.exp <= now && !(kt.st == INPROG && kt.locked + LOCK > now) ->
         kt.st = NONE; kt.tok = 0; kt.fp = 0; kt.rp = 0; kt.sfp = 0; kt.kept = false;
-        purged = true
+        kt.calling = false; purged = true
     }
 }
 #define LIVE (kt.exp > now)
@@ -189,8 +231,8 @@ end:
 #endif
 
 proctype Request(byte id; byte fp; bool completer) {
-    byte res, got, i, attempts;
-    bool pending, fresh;
+    byte res, got, i, attempts, claimed;
+    bool pending, fresh, called;
 
 again:
     if
@@ -219,15 +261,16 @@ end_due:
         if
         :: kt.st == NONE && (!purged || RESUME_GONE(completer)) ->
             kt.st = INPROG; kt.tok = id; kt.locked = now; kt.fp = fp; kt.rp = 0; kt.sfp = 0;
-            kt.kept = false; res = O_CLAIM; own[id] = now + 1; EXPIRES
+            kt.kept = false; kt.calling = false; STAMP(now); res = O_CLAIM;
+            own[id] = now + 1; EXPIRES
         :: kt.st == NONE && purged && !RESUME_GONE(completer) -> res = O_BUSY  /* PURGED */
         /* A stale claim is free for a request with its content, or when it committed no
          * steps; else answered as the row says. code: store.sql.schema.Schema.claimable,
          * store.sql.read.claim_read */
-        :: kt.st == INPROG && kt.locked + LOCK <= now && ((kt.rp == 0 && !kt.kept) || kt.fp == fp) ->
-            kt.tok = id; kt.locked = now; kt.fp = fp; res = O_CLAIM; own[id] = now + 1;
-            EXPIRES
-        :: kt.st == INPROG && kt.locked + LOCK <= now && !((kt.rp == 0 && !kt.kept) || kt.fp == fp) ->
+        :: kt.st == INPROG && kt.locked + LOCK <= now && ((kt.rp == 0 && !kt.kept && !kt.calling) || kt.fp == fp) ->
+            FIRST_CLAIM; kt.tok = id; kt.locked = now; kt.fp = fp; res = O_CLAIM;
+            own[id] = now + 1; EXPIRES
+        :: kt.st == INPROG && kt.locked + LOCK <= now && !((kt.rp == 0 && !kt.kept && !kt.calling) || kt.fp == fp) ->
             res = O_MISMATCH
         :: kt.st == INPROG && kt.locked + LOCK > now -> res = O_BUSY
         :: kt.st == DONE && kt.fp == fp -> res = O_REPLAY
@@ -246,6 +289,7 @@ end_due:
 #ifndef BUG_READ_FIRST
         got = kt.rp;
 #endif
+        called = kt.calling;
         if
         :: kt.rp > 0 && kt.sfp != fp -> res = O_MISMATCH
         :: else
@@ -281,7 +325,7 @@ end_due:
         :: kt.st == DONE && kt.fp != fp -> res = O_MISMATCH; lk = 0
         :: kt.st != DONE && kt.st != NONE && kt.fp != fp && LIVE -> res = O_MISMATCH; lk = 0
         :: kt.st == NONE && (!purged || RESUME_GONE(completer)) ->
-            fresh = true; res = O_CLAIM; got = 0
+            fresh = true; res = O_CLAIM; got = 0; called = false; CLAIMED_AT(now)
         :: kt.st == NONE && purged && !RESUME_GONE(completer) -> res = O_BUSY; lk = 0  /* PURGED */
 #ifdef PURGE
         /* A row whose TTL is over reads as absent: the claim takes it over when its lease
@@ -290,8 +334,8 @@ end_due:
          * did not load them. code: strategies.stepped.resumed */
         :: kt.st == INPROG && !LIVE && kt.locked + LOCK > now -> res = O_BUSY; lk = 0
         :: kt.st == INPROG && !LIVE && kt.locked + LOCK <= now ->
-            kt.tok = id; kt.locked = now; kt.fp = fp; EXPIRES; res = O_CLAIM;
-            own[id] = now + 1;
+            FIRST_CLAIM; kt.tok = id; kt.locked = now; kt.fp = fp; EXPIRES; res = O_CLAIM;
+            own[id] = now + 1; called = kt.calling;
 #ifdef BUG_EXPIRED_FRESH
             got = 0
 #else
@@ -299,7 +343,7 @@ end_due:
 #endif
 #endif
         :: kt.st == INPROG && kt.fp == fp && kt.rp > 0 && LIVE ->
-            kt.tok = id; kt.locked = now; res = O_CLAIM; own[id] = now + 1;
+            kt.tok = id; kt.locked = now; res = O_CLAIM; own[id] = now + 1; called = kt.calling;
 #ifndef BUG_READ_FIRST
             got = kt.rp
 #else
@@ -323,10 +367,40 @@ end_due:
     :: i == REMOTE ->
         RENEW(id);
         CRASH_POINT;
+#ifdef LIFETIME
+        /* Called by an earlier attempt, its result not recorded: again only while the key's
+         * first claim is younger than the provider's key lifetime less the longest a live
+         * owner may take from this check to its call (a lease and a pause: LOCK + PAUSE),
+         * by the database's clock; else refused and the key given back. Not called yet: the
+         * mark, in a commit of its own, fenced. code: protocol.steps.Steps._check_lifetime,
+         * strategies.stepped.StepClaim.first_claimed_within, strategies.stepped.StepClaim.record */
+        if
+        :: called ->
+#ifndef BUG_FORGOTTEN
+            if
+            :: kt.created + LIFETIME <= now + LOCK + PAUSE -> goto failed
+            :: else
+            fi
+#else
+            skip
+#endif
+        :: else ->
+            atomic {
+                if
+                :: kt.st == INPROG && kt.tok == id -> kt.calling = true; res = O_CLAIM
+                :: else -> res = O_LOST
+                fi
+            }
+            if
+            :: res == O_LOST -> goto lost
+            :: else
+            fi
+        fi;
+#endif
         /* the provider's call, outside every transaction, with the downstream key of
          * this request and step: the same for every attempt.
          * code: protocol.steps.Steps.downstream_key, protocol.keys.downstream_key */
-        charged = true;
+        PROVIDER_CALL;
         CRASH_POINT;
         ERROR_POINT;
         pending = true; i++
@@ -343,7 +417,8 @@ end_due:
             :: fresh ->  /* advisory_lock: the claim's row commits with the first step */
                 assert(kt.st == NONE);
                 kt.st = INPROG; kt.tok = id; kt.fp = fp; kt.rp = 0; kt.sfp = 0; fresh = false;
-                own[id] = now + 1; EXPIRES
+                kt.kept = false; kt.calling = false; STAMP(claimed); own[id] = now + 1;
+                EXPIRES
             :: else
             fi;
 #ifdef BUG_NOFENCE
@@ -397,10 +472,10 @@ failed:
         if
         :: kt.tok == id && kt.st == INPROG ->
 #ifdef BUG_DELETE
-            kt.st = NONE; kt.tok = 0; kt.rp = 0; kt.sfp = 0; kt.kept = false
+            kt.st = NONE; kt.tok = 0; kt.rp = 0; kt.sfp = 0; kt.kept = false; kt.calling = false
 #else
             if
-            :: kt.rp == 0 && !kt.kept -> kt.st = NONE; kt.tok = 0
+            :: kt.rp == 0 && !kt.kept && !kt.calling -> kt.st = NONE; kt.tok = 0
             :: else -> kt.tok = HANDED; kt.locked = 0
             fi
 #endif
@@ -422,7 +497,8 @@ crashed:
 
 answered:
     atomic {
-        own[id] = 0; res = 0; got = 0; i = 0; pending = false; fresh = false;
+        own[id] = 0; res = 0; got = 0; i = 0; pending = false; fresh = false; called = false;
+        claimed = 0;
         if
         :: !completer -> finished++
         :: else

@@ -155,19 +155,26 @@ class Steps:
         """An earlier attempt called this step and ended before its result was recorded:
         ``RemoteOutcomeUnknown`` unless the key was first claimed within
         ``DOWNSTREAM_KEY_LIFETIME`` (the other service still knows the downstream key, and
-        answers the call made again with the first one's result)."""
+        answers the call made again with the first one's result), less the longest a live
+        owner may take from this check to its call: its lease and a pause as long (the
+        protocol's assumption, docs/how-it-works.md), so that the call never reaches the
+        other service after it forgot the key."""
         lifetime = conf.DOWNSTREAM_KEY_LIFETIME
-        if lifetime is None or self._claim.first_claimed_within(lifetime):
+        if lifetime is None:
+            return
+        window = lifetime - 2 * self._claim.attempt.lock_timeout
+        if window > 0 and self._claim.first_claimed_within(window):
             return
         logger.error(
             "idempotency key %s (scope %s): its remote step %r was called by an earlier "
-            "attempt that did not record the result, and the key was first claimed more than "
-            "DOWNSTREAM_KEY_LIFETIME (%ss) ago: not called again (409 remote-outcome-unknown). "
-            "Look the step's downstream key %s up at the other service and reconcile it",
+            "attempt that did not record the result, and the key was first claimed %ss or "
+            "more ago (DOWNSTREAM_KEY_LIFETIME less two leases): not called again (409 "
+            "remote-outcome-unknown). Look the step's downstream key %s up at the other "
+            "service and reconcile it",
             self._key,
             self._scope,
             self._calling,
-            lifetime,
+            max(window, 0),
             self.downstream_key(str(self._calling)),
             extra={
                 "idempotency_scope": self._scope,

@@ -486,6 +486,20 @@ def test_a_remote_step_a_crashed_attempt_called_longer_ago_than_its_keys_live_is
         assert views.REMOTE_CALLS[0][0] in record.message
 
 
+def test_the_lifetime_leaves_room_for_the_call_itself(strategy: str) -> None:
+    """A key first claimed within the lifetime, but by less than two leases (the longest a
+    live owner may take from the check to its call): refused too, so that the call never
+    reaches the provider after it forgot the key."""
+    views.FAIL_ONCE["edge"] = "after-call"
+    assert post("k1", label="edge").status_code == 500
+    first_claimed("k1", timedelta(days=1) - timedelta(seconds=30))  # LOCK_TIMEOUT is 30
+    assert_problem(post("k1", label="edge"), 409, "remote-outcome-unknown")
+    first_claimed("k1", timedelta(days=1) - timedelta(seconds=90))
+    retry = post("k1", label="edge")
+    assert retry.status_code == 201, retry.content
+    assert len(views.REMOTE_CALLS) == 2
+
+
 def test_a_takeover_keeps_the_time_of_the_keys_first_claim(strategy: str) -> None:
     """Within the lifetime the retry resumes and calls again with the same downstream key;
     its takeover keeps the first claim's time, so that the lifetime counts from the first
