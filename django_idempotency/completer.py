@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import connections
-from django.db.models import DateTimeField, ExpressionWrapper, Value
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 from django.urls import Resolver404, resolve
@@ -47,7 +46,7 @@ from .conf import conf
 from .middleware import view_options
 from .models import IdempotencyKey
 from .protocol.resend import CannotResend, rebuild
-from .store.clock import DatabaseNow
+from .store.clock import DatabaseNow, database_ago
 from .store.databases import key_databases
 from .store.sql.deadline import bounded
 from .store.status import COMPLETED, IN_PROGRESS
@@ -117,7 +116,7 @@ def due_keys(alias: str, limit: int) -> list[Due]:
     after = datetime.timedelta(seconds=conf.COMPLETER_AFTER)
     rows = (
         IdempotencyKey.objects.using(alias)
-        .filter(status=IN_PROGRESS, steps__has_key="request", locked_at__lte=_ago(after))
+        .filter(status=IN_PROGRESS, steps__has_key="request", locked_at__lte=database_ago(after))
         .filter(steps__completer__dead__isnull=True)  # only ever written True
         .annotate(now=DatabaseNow())
         .order_by("locked_at")
@@ -133,10 +132,6 @@ def due_keys(alias: str, limit: int) -> list[Due]:
         if due.locked_at + due.wait <= due.now:
             found.append(due)
     return found
-
-
-def _ago(delta: datetime.timedelta) -> ExpressionWrapper[Any]:
-    return ExpressionWrapper(DatabaseNow() - Value(delta), output_field=DateTimeField())
 
 
 def complete(alias: str, due: Due) -> str:
@@ -212,7 +207,7 @@ def _mark(alias: str, due: Due, completer: dict[str, Any]) -> bool:
                 pk=due.pk,
                 claim_token=due.claim_token,
                 status=IN_PROGRESS,
-                locked_at__lte=_ago(due.wait),
+                locked_at__lte=database_ago(due.wait),
             )
             .update(steps={**due.steps, "completer": state})
         )

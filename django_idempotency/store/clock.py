@@ -12,9 +12,10 @@ the zone's offset. See docs/how-it-works.md ("One clock").
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from django.db.models import DateTimeField, ExpressionWrapper, Value
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -36,6 +37,12 @@ class DatabaseNow(Now):
 
     def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
         return "%s", [connection.ops.adapt_datetimefield_value(timezone.now())]
+
+
+def database_ago(delta: timedelta) -> ExpressionWrapper[Any]:
+    """The database's now (:class:`DatabaseNow`) less ``delta``, for an ORM filter or
+    update."""
+    return ExpressionWrapper(DatabaseNow() - Value(delta), output_field=DateTimeField())
 
 
 def database_now(connection: BaseDatabaseWrapper) -> datetime:

@@ -34,13 +34,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import DatabaseError, connections
-from django.db.models import DateTimeField, ExpressionWrapper, Value
-from django.db.models.expressions import CombinedExpression
+from django.db.models import ExpressionWrapper
 from django.utils.translation import gettext_lazy as _
 
 from ..errors import LeaseLost, StoreUnavailable
 from ..models import IdempotencyKey
-from ..store.clock import DatabaseNow
+from ..store.clock import DatabaseNow, database_ago
 from ..store.records import ClaimState
 from ..store.sql.partitioned import lock_name
 from ..store.status import COMPLETED, IN_PROGRESS
@@ -99,9 +98,9 @@ def load_state(attempt: Attempt, pk: int) -> StepState | None:
     return StepState.of(stored)
 
 
-def _lapsed() -> ExpressionWrapper[CombinedExpression]:
+def _lapsed() -> ExpressionWrapper[Any]:
     """The database's now, less :data:`LAPSED`: a lease any claim takes over."""
-    return ExpressionWrapper(DatabaseNow() - Value(LAPSED), output_field=DateTimeField())
+    return database_ago(LAPSED)
 
 
 class StepClaim(DatabaseClaim):
@@ -149,10 +148,7 @@ class StepClaim(DatabaseClaim):
         """Whether the key was first claimed (its row's ``created_at``, which takeovers
         keep) less than ``seconds`` ago, by the database's clock."""
         a = self.attempt
-        since = ExpressionWrapper(
-            DatabaseNow() - Value(datetime.timedelta(seconds=seconds)),
-            output_field=DateTimeField(),
-        )
+        since = database_ago(datetime.timedelta(seconds=seconds))
         try:
             return (
                 IdempotencyKey.objects.using(a.database)
