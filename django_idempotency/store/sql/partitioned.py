@@ -105,7 +105,15 @@ def take_over(s: Schema, commit_mode: str) -> list[Part]:
     holds no live completion of its key, and a new claim of its key inserted in its place;
     returns the new row's id."""
     col = s.col
-    stamped: dict[str, Part] = {
+    # A stale claim's steps go over to the new row (its retry resumes them, docs/steps.md),
+    # with the time of its first claim (``DOWNSTREAM_KEY_LIFETIME`` counts from it); an
+    # expired completed key's do not, nor a claim's without steps (a new claim: see
+    # ``claim.take_over``).
+    first = (
+        f"CASE WHEN gone.{col('status')} = '{IN_PROGRESS}' AND gone.{col('steps')} IS NOT NULL "
+        f"THEN gone.{col('created_at')} ELSE "
+    )
+    stamped: dict[str, Part | list[Part]] = {
         "scope": f"gone.{col('scope')}",
         "key": f"gone.{col('key')}",
         "status": f"'{IN_PROGRESS}'",
@@ -113,27 +121,13 @@ def take_over(s: Schema, commit_mode: str) -> list[Part]:
         "request_method": Param("method"),
         "request_path": Param("path"),
         "locked_at": Now(),
+        "created_at": [first, Now(), " END"],
         "expires_at": Now("ttl"),
     }
-    # A stale claim's steps go over to the new row (its retry resumes them, docs/steps.md),
-    # with the time of its first claim (``DOWNSTREAM_KEY_LIFETIME`` counts from it); an
-    # expired completed key's do not, nor a claim's without steps (a new claim: see
-    # ``claim.take_over``).
     kept = [
         f"CASE WHEN gone.{col('status')} = '{IN_PROGRESS}' THEN gone.{col(n)} END"
         for n in STEP_COLUMNS
     ]
-    first = (
-        f"CASE WHEN gone.{col('status')} = '{IN_PROGRESS}' AND gone.{col('steps')} IS NOT NULL "
-        f"THEN gone.{col('created_at')} ELSE "
-    )
-    values: list[Part] = []
-    for name in plain_claim.CLAIM_COLUMNS:
-        values += [", "] if values else []
-        if name == "created_at":
-            values += [first, Now(), " END"]
-        else:
-            values.append(stamped.get(name, Param(name)))
     columns = [*plain_claim.CLAIM_COLUMNS, *STEP_COLUMNS]
     gone = ("scope", "key", "status", "created_at", *STEP_COLUMNS)
     return [
@@ -141,7 +135,7 @@ def take_over(s: Schema, commit_mode: str) -> list[Part]:
         *s.takeover_where(),
         f" RETURNING {', '.join(col(n) for n in gone)}) ",
         f"INSERT INTO {s.table} ({', '.join(col(n) for n in columns)}) SELECT ",
-        *values,
+        *joined([stamped.get(name, Param(name)) for name in plain_claim.CLAIM_COLUMNS]),
         f", {', '.join(kept)}",
         f" FROM gone{_also_from(commit_mode)} ON CONFLICT DO NOTHING RETURNING {col('id')}",
     ]

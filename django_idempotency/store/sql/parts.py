@@ -7,6 +7,8 @@ of one vendor and the order of its parameters.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class Param:
     """A named parameter of a statement."""
@@ -31,13 +33,17 @@ class Now:
 Part = str | Param | Now
 
 
-def joined(parts: list[Part], separator: str = ", ") -> list[Part]:
-    """``parts`` with ``separator`` between them."""
+def joined(parts: Sequence[Part | list[Part]], separator: str = ", ") -> list[Part]:
+    """``parts`` with ``separator`` between them; an item that is a list of parts (an
+    expression with a time or a parameter inside) is one item."""
     result: list[Part] = []
     for index, part in enumerate(parts):
         if index:
             result.append(separator)
-        result.append(part)
+        if isinstance(part, list):
+            result += part
+        else:
+            result.append(part)
     return result
 
 
