@@ -44,7 +44,8 @@ logger = logging.getLogger("django_idempotency")
 
 LOCAL = "local"
 REMOTE = "remote"
-#: The member of the row's ``steps`` that names the remote step last called.
+#: The member of the row's ``steps`` that names the remote step last called (the claim's
+#: ``kept``, with the completer's request: ``StepClaim.record`` keeps it up to date).
 CALLING = "calling"
 
 
@@ -83,8 +84,6 @@ class Steps:
         self._position = 0
         #: Whether this attempt found steps done by an earlier one.
         self.resumed = bool(claim.done)
-        #: The remote step last called on this key, whose result may not be recorded.
-        self._calling: str | None = claim.kept.get(CALLING)
 
     @property
     def recovery_point(self) -> str | None:
@@ -119,14 +118,13 @@ class Steps:
         stored = self._stored(name, REMOTE)
         if stored is not None:
             return stored["result"]
-        if self._calling == name:
-            self._check_lifetime()
+        if self._claim.kept.get(CALLING) == name:  # an earlier attempt's mark
+            self._check_lifetime(name)
         else:
             # Durable before the call: an earlier remote step's result, and the mark that
             # this one may take effect from now on (the key is kept for its retry, and the
             # lifetime of its downstream key counts).
             self._keep = {**(self._keep or {}), CALLING: name}
-            self._calling = name
         self.flush()
         result = as_json(fn(self.downstream_key(name), *args, **kwargs))
         self._pending.append({"name": name, "kind": REMOTE, "result": result})
@@ -151,8 +149,8 @@ class Steps:
         self._done += self._pending
         self._pending = []
 
-    def _check_lifetime(self) -> None:
-        """An earlier attempt called this step and ended before its result was recorded:
+    def _check_lifetime(self, name: str) -> None:
+        """An earlier attempt called step ``name`` and ended before its result was recorded:
         ``RemoteOutcomeUnknown`` unless the key was first claimed within
         ``DOWNSTREAM_KEY_LIFETIME`` (the other service still knows the downstream key, and
         answers the call made again with the first one's result), less the longest a live
@@ -173,9 +171,9 @@ class Steps:
             "service and reconcile it",
             self._key,
             self._scope,
-            self._calling,
+            name,
             max(window, 0),
-            self.downstream_key(str(self._calling)),
+            self.downstream_key(name),
             extra={
                 "idempotency_scope": self._scope,
                 "idempotency_key": self._key,
