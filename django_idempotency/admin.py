@@ -37,6 +37,7 @@ from . import models as idempotency_models
 from .conf import conf
 from .models import IdempotencyKey
 from .store.clock import DatabaseNow
+from .store.purge import kept_on_release
 from .strategies import get_strategy
 
 #: Characters of a stored body shown on the detail page; the rest is cut off.
@@ -519,7 +520,7 @@ class IdempotencyKeyAdmin(KeyDatabaseAdmin):
             )
             _log_changes(
                 request,
-                [obj for obj in stuck if obj.pk in left and _kept_on_release(obj)],
+                [obj for obj in stuck if obj.pk in left and kept_on_release(obj)],
                 gettext(
                     "Released the claim of an in-progress key with steps; its recovery point "
                     "and steps are kept for its retry (admin action)."
@@ -564,7 +565,7 @@ class IdempotencyKeyAdmin(KeyDatabaseAdmin):
             "opts": opts,
             "app_label": opts.app_label,
             "stuck": [(obj, _lease_text(obj), self.age(obj)) for obj in stuck],
-            "with_steps": sum(_kept_on_release(obj) for obj in stuck),
+            "with_steps": sum(kept_on_release(obj) for obj in stuck),
             "skipped": queryset.exclude(status=IdempotencyKey.Status.IN_PROGRESS).count(),
             "queryset": queryset,
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
@@ -648,12 +649,6 @@ def _now(obj: Any) -> Any:
     """The database's now, read with ``obj`` (``IdempotencyKeyAdmin.get_queryset``); the
     app's for an object read otherwise."""
     return getattr(obj, "database_now", None) or timezone.now()
-
-
-def _kept_on_release(obj: IdempotencyKey) -> bool:
-    """Whether releasing ``obj`` keeps its row (``release_stuck``): it has a recovery point,
-    or steps that record anything (a remote call made before any step committed)."""
-    return obj.recovery_point is not None or obj.steps is not None
 
 
 def _lease_text(obj: IdempotencyKey) -> str:

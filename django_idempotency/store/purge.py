@@ -45,6 +45,17 @@ def _time(alias: str, at: datetime | None, before: timedelta | float | None = No
     return timezone.now() - before if before else timezone.now()
 
 
+#: The in-progress keys :meth:`PurgeQuerySet.release_stuck` gives back instead of deleting:
+#: a recovery point, or steps that hold anything (the mark of a remote call made before any
+#: step committed, the completer's request). :func:`kept_on_release` is the same for a row.
+KEPT_ON_RELEASE = Q(recovery_point__isnull=False) | Q(steps__isnull=False)
+
+
+def kept_on_release(row: Any) -> bool:
+    """Whether releasing ``row`` (an in-progress key) keeps it: :data:`KEPT_ON_RELEASE`."""
+    return row.recovery_point is not None or row.steps is not None
+
+
 #: How far back a released claim's lease is set: lapsed for any ``LOCK_TIMEOUT``.
 RELEASED_LEASE = timedelta(days=3650)
 
@@ -128,16 +139,13 @@ class PurgeQuerySet(models.QuerySet[_Key]):
         if pks is not None:
             queryset = queryset.filter(pk__in=pks)
         alias = database(using, self._db)
-        # A row whose steps hold anything (the mark of a remote call before any step
-        # committed, the completer's request) is resumable too.
-        kept = Q(recovery_point__isnull=False) | Q(steps__isnull=False)
-        resumable = queryset.filter(kept)
+        resumable = queryset.filter(KEPT_ON_RELEASE)
         given_back = 0
         for pk in list(resumable.values_list("pk", flat=True)):
             given_back += resumable.filter(pk=pk).update(
                 claim_token=uuid.uuid4(), locked_at=_time(alias, None, RELEASED_LEASE)
             )
-        deleted, _ = queryset.exclude(kept).delete()
+        deleted, _ = queryset.exclude(KEPT_ON_RELEASE).delete()
         return given_back + deleted
 
     def delete_expired(
