@@ -570,3 +570,28 @@ def test_releasing_a_key_whose_remote_step_was_called_keeps_it(strategy: str) ->
     first_claimed("k1", FORGOTTEN)
     assert_problem(post("k1", REMOTE_FIRST, label="stuck"), 409, "remote-outcome-unknown")
     assert len(views.REMOTE_CALLS) == 1
+
+
+def test_a_lifetime_check_that_cannot_read_the_key_is_a_503_and_calls_nothing(
+    strategy: str,
+) -> None:
+    """The read of the key's first claim fails (the database errs on that statement alone):
+    the request is answered ``503 store-unavailable``, the provider is not called, and the
+    key is kept with its mark for the next retry, which calls it once."""
+    from django.db import OperationalError
+
+    views.FAIL_ONCE["unread"] = "after-call"
+    assert post("k1", label="unread").status_code == 500
+
+    def first_claim_read_fails(execute: Any, sql: str, *args: Any) -> Any:
+        if '"created_at" >' in sql:
+            raise OperationalError("canceling statement due to statement timeout")
+        return execute(sql, *args)
+
+    with connections["default"].execute_wrapper(first_claim_read_fails):
+        assert_problem(post("k1", label="unread"), 503, "store-unavailable")
+    assert len(views.REMOTE_CALLS) == 1
+    assert row("k1").status == "in_progress" and names("k1") == ["create"]
+    retry = post("k1", label="unread")
+    assert retry.status_code == 201, retry.content
+    assert len(views.REMOTE_CALLS) == 2 and len({call[0] for call in views.REMOTE_CALLS}) == 1
