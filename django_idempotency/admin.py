@@ -582,8 +582,10 @@ class IdempotencyKeyAdmin(KeyDatabaseAdmin):
     def purge_expired_keys(self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]) -> None:
         """Delete the selected keys that have expired; the others are left alone."""
         pks = list(queryset.values_list("pk", flat=True))
+        unfinished = IdempotencyKey.objects.unfinished(using=queryset.db).filter(pk__in=pks)
+        with_steps = unfinished.count()
         deleted = IdempotencyKey.objects.delete_expired_pks(pks, using=queryset.db)
-        kept = len(pks) - deleted
+        kept = len(pks) - deleted - with_steps
         if deleted:
             _log_summary(
                 request,
@@ -603,6 +605,13 @@ class IdempotencyKeyAdmin(KeyDatabaseAdmin):
                 "%(kept)d keys have not expired and were kept.",
                 kept,
             ) % {"kept": kept}
+        if with_steps:
+            text += " " + ngettext(
+                "%(count)d key is in progress with steps and was kept: its retry resumes it.",
+                "%(count)d keys are in progress with steps and were kept: their retries "
+                "resume them.",
+                with_steps,
+            ) % {"count": with_steps}
         self.message_user(request, text, messages.SUCCESS if deleted else messages.WARNING)
 
 

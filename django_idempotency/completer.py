@@ -57,7 +57,7 @@ logger = logging.getLogger("django_idempotency")
 COMPLETED_RUN = "completed"
 FAILED = "failed"
 DEAD_LETTERED = "dead_lettered"
-TAKEN = "taken"  # a retry or another completer took the key first, or the purge: not run
+TAKEN = "taken"  # a retry or another completer took the key first, or it was deleted: not run
 OUTCOMES = (COMPLETED_RUN, FAILED, DEAD_LETTERED, TAKEN)
 
 

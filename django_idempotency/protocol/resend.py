@@ -6,7 +6,7 @@ commit (before its first remote call): the method, the path and query, the schem
 ``Content-Type``, ``Accept``, ``Accept-Language`` and ``Host`` headers, the body and the
 primary key of the authenticated user (:func:`kept_request`). Never a credential: not the
 ``Authorization`` header, no cookie, no session. The row keeps them until the key is purged
-(its ``TTL``, counted from its claim).
+(its ``TTL`` over once it completed: the purge keeps a key in progress with steps).
 
 The completer rebuilds that request (:func:`rebuild`) with the key in ``HEADER`` and the
 stored user already authenticated (Django's ``request.user``, and DRF's forced
@@ -48,9 +48,9 @@ class NotTheKeptRequest(CannotResend):
 
 
 class NothingToResume(CannotResend):
-    """The rebuilt request claimed its key afresh: the row it was kept in is gone (purged
-    once its ``TTL`` was over), and running the view would run its steps again from the
-    first."""
+    """The rebuilt request claimed its key afresh: the row it was kept in is gone (deleted by
+    someone who reconciled it, or completed and purged since), and running the view would
+    run its steps again from the first."""
 
 
 def kept_request(request: HttpRequest, lock_timeout: float) -> dict[str, Any] | None:
@@ -129,5 +129,5 @@ def check_resumed(request: HttpRequest, kept: Any) -> None:
         scope, key = request.__dict__[_RESENT]
         raise NothingToResume(
             f"the key {key!r} (scope {scope!r}) was removed before the request sent again "
-            "claimed it (purged once its TTL was over): not run again from its first step"
+            "claimed it (deleted, or completed and purged): not run again from its first step"
         )

@@ -192,10 +192,18 @@ def drop_expired(connection: BaseDatabaseWrapper, cutoff: datetime, done: Mainte
 
 
 def drop(connection: BaseDatabaseWrapper, partition: Partition) -> None:
-    """Detach ``partition`` (concurrently, outside a transaction; else waiting at most
-    :data:`DDL_LOCK_TIMEOUT` for the table's lock) and drop it, whatever it holds."""
+    """Move the keys in progress with steps out of ``partition`` (the purge keeps them),
+    detach it (concurrently, outside a transaction; else waiting at most
+    :data:`DDL_LOCK_TIMEOUT` for the table's lock) and drop it, with what else it holds.
+
+    No key gets steps in ``partition`` after the move: a step's record keeps the key's
+    expiry a lease ahead (``strategies.stepped.StepClaim.record``), as a renewal does,
+    which moves it out before the detach gets past its transaction."""
     parent, q = table(), connection.ops.quote_name
     with connection.cursor() as cursor:
+        if not partition.detaching:
+            bounds = {"lower": partition.lower, "upper": partition.upper}
+            cursor.execute(ddl.keep_unfinished(q, parent), {"ttl": float(conf.TTL), **bounds})
         if partition.detaching:
             cursor.execute(ddl.finalize(q, parent, partition.name))
         elif not connection.in_atomic_block:
@@ -223,8 +231,9 @@ def maintain(
     if step is None or not is_partitioned(connection):
         return done
     now = _now(connection)
-    drop_expired(connection, now - (older_than or timedelta(0)), done)
+    # Ahead first: the keys a drop keeps move to an expiry TTL ahead, which must have one.
     create_ahead(connection, step, now, now + timedelta(seconds=ahead_seconds(ahead)), done)
+    drop_expired(connection, now - (older_than or timedelta(0)), done)
     if done.dropped or done.created:
         logger.info(
             "partitions of the idempotency keys: %d created, %d dropped",
@@ -242,8 +251,9 @@ def convert(
 ) -> bool:
     """Make the key table partitioned by expiry, in one transaction that locks it: a new
     partitioned table with the same columns, partitions from now until past the latest
-    expiry and :func:`ahead_seconds`, the unexpired rows copied, the old table dropped.
-    False (and nothing done) when it is partitioned already."""
+    expiry and :func:`ahead_seconds`, the unexpired rows copied (with the keys in progress
+    with steps, whose expiry is moved ahead first: the purge keeps them), the old table
+    dropped. False (and nothing done) when it is partitioned already."""
     alias = using or conf.DATABASE
     connection = connections[alias]
     step = interval or conf.PARTITION_INTERVAL
@@ -256,6 +266,7 @@ def convert(
             return False
         cursor.execute(f"LOCK TABLE {q(parent)} IN ACCESS EXCLUSIVE MODE")
         cursor.execute(ddl.lease_ahead(q, parent), {"lease": float(conf.LOCK_TIMEOUT)})
+        cursor.execute(ddl.keep_unfinished(q, parent, in_range=False), {"ttl": float(conf.TTL)})
         now = _now(connection)
         cursor.execute(f'SELECT max("expires_at") FROM {q(parent)}')
         latest = cursor.fetchone()[0] or now

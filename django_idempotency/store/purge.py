@@ -8,6 +8,7 @@ a queryset; ``delete_expired()`` and friends, used by the ``purge_expired_keys``
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -23,6 +24,8 @@ from .errors import is_transient
 from .sql.statement import Statement
 from .sql.statements import clock_in_sql, database, features_of, statements
 from .status import IN_PROGRESS
+
+logger = logging.getLogger("django_idempotency")
 
 
 def check_older_than(older_than: timedelta | None) -> None:
@@ -49,6 +52,13 @@ def _time(alias: str, at: datetime | None, before: timedelta | float | None = No
 #: a recovery point, or steps that hold anything (the mark of a remote call made before any
 #: step committed, the completer's request). :func:`kept_on_release` is the same for a row.
 KEPT_ON_RELEASE = Q(recovery_point__isnull=False) | Q(steps__isnull=False)
+
+
+#: The keys the purge never deletes, their ``TTL`` over or not: in progress with steps
+#: (:data:`KEPT_ON_RELEASE`). A step of theirs may have taken effect (a local step committed,
+#: a remote call made); deleted, the key's retry would be a new request that runs those steps
+#: again, and calls another service with the same downstream key, perhaps after it forgot it.
+UNFINISHED = Q(status=IN_PROGRESS) & KEPT_ON_RELEASE
 
 
 def kept_on_release(row: Any) -> bool:
@@ -119,11 +129,39 @@ class PurgeQuerySet(models.QuerySet[_Key]):
 
     def purgeable(self, cutoff: Any, lease_cutoff: Any) -> Self:
         """Keys expired at ``cutoff``, less those in progress under a live lease, renewed
-        after ``lease_cutoff`` (datetimes or expressions): the lease rule of
-        :func:`~django_idempotency.store.sql.parts.lapsed`."""
-        return self.filter(expires_at__lte=cutoff).exclude(
-            status=IN_PROGRESS, locked_at__gt=lease_cutoff
+        after ``lease_cutoff`` (datetimes or expressions: the lease rule of
+        :func:`~django_idempotency.store.sql.parts.lapsed`), and less those in progress
+        with steps (:data:`UNFINISHED`), whatever their lease: the statements'
+        :func:`~django_idempotency.store.sql.purge.purgeable`."""
+        return (
+            self.filter(expires_at__lte=cutoff)
+            .exclude(status=IN_PROGRESS, locked_at__gt=lease_cutoff)
+            .exclude(UNFINISHED)
         )
+
+    def unfinished(self, *, using: str | None = None) -> Self:
+        """The keys in progress with steps whose ``TTL`` is over, on the database's clock:
+        the purge keeps them (:data:`UNFINISHED`) until a retry or the completer completes
+        them, or someone reconciles them and releases or deletes them."""
+        alias = database(using, self._db)
+        return self._table(alias).filter(UNFINISHED, expires_at__lte=_time(alias, None))
+
+    def warn_unfinished(self, *, using: str | None = None) -> int:
+        """How many keys :meth:`unfinished` finds; a warning when there are any, logged
+        after every purge until they are completed or reconciled."""
+        alias = database(using, self._db)
+        count = self.unfinished(using=alias).count()
+        if count:
+            logger.warning(
+                "%d idempotency keys on %r are in progress with steps and their TTL is over: "
+                "the purge keeps them until a retry or the completer completes them. Look "
+                "them up (IdempotencyKey.objects.unfinished()) and reconcile them "
+                "(docs/steps.md, 'Keys the purge keeps')",
+                count,
+                alias,
+                extra={"idempotency_outcome": "unfinished_kept"},
+            )
+        return count
 
     def release_stuck(self, pks: list[int] | None = None, *, using: str | None = None) -> int:
         """Release in-progress keys by hand (the admin action); returns how many.

@@ -34,9 +34,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import DatabaseError, connections
-from django.db.models import ExpressionWrapper
+from django.db.models import ExpressionWrapper, F
+from django.db.models.functions import Greatest
 from django.utils.translation import gettext_lazy as _
 
+from ..conf import conf
 from ..errors import LeaseLost, StoreUnavailable
 from ..models import IdempotencyKey
 from ..store.clock import DatabaseNow, database_ago
@@ -124,6 +126,13 @@ class StepClaim(DatabaseClaim):
         transaction rolls back."""
         a = self.attempt
         kept = {**self.kept, **(keep or {})}
+        renewed: dict[str, Any] = {"locked_at": DatabaseNow()}
+        if conf.PARTITION_INTERVAL is not None:
+            # As a renewal keeps it on a partitioned table (store.sql.partitioned.renew): a
+            # key in progress with steps is never in a partition the purge drops.
+            renewed["expires_at"] = Greatest(
+                F("expires_at"), database_ago(-datetime.timedelta(seconds=a.lock_timeout))
+            )
         try:
             count = (
                 IdempotencyKey.objects.using(a.database)
@@ -131,7 +140,7 @@ class StepClaim(DatabaseClaim):
                 .update(
                     recovery_point=point,
                     steps={**kept, "fingerprint": a.fingerprint, "done": done},
-                    locked_at=DatabaseNow(),
+                    **renewed,
                 )
             )
         except DatabaseError as exc:

@@ -5,6 +5,7 @@ taken over is refused and rolled back; fingerprint, replay and unsupported strat
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 import uuid
@@ -298,27 +299,55 @@ def test_the_release_confirmation_says_a_key_with_steps_keeps_them(admin_client:
     assert entry.action_flag == CHANGE and "recovery point" in entry.get_change_message()
 
 
-def test_the_purge_keeps_a_lapsed_key_with_steps_until_its_ttl_is_over(strategy: str) -> None:
-    """A key left in progress with committed steps, its lease lapsed: the purge (command,
-    task) leaves it while its retry may still come, and the retry resumes; once its TTL is
-    over it is purged like any expired key."""
+def purge_in_admin(client: Client, key: str) -> str:
+    """The admin's purge action on ``key``; the page it leads to."""
+    data = {
+        "action": "purge_expired_keys",
+        "_selected_action": [str(row(key).pk)],
+        "post": "yes",
+    }
+    url = reverse("admin:django_idempotency_idempotencykey_changelist")
+    return str(client.post(url, data, follow=True).content.decode())
+
+
+def purge_every_way(client: Client) -> None:
+    """The command, the task and the admin's action on ``k1``, each in turn."""
     from django.core.management import call_command
 
+    from django_idempotency.tasks import purge_expired_keys
+
+    out = io.StringIO()
+    call_command("purge_idempotency_keys", stdout=out)
+    assert "Kept 1 key in progress with steps whose TTL is over" in out.getvalue()
+    assert purge_expired_keys() == 0
+    page = purge_in_admin(client, "k1")
+    assert "1 key is in progress with steps and was kept" in page
+
+
+def test_the_purge_never_deletes_a_key_left_in_progress_with_steps(
+    strategy: str, admin_client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A key left in progress with a committed step, its lease lapsed and its TTL long over:
+    the purge (command, task, admin action) leaves it, since a request claiming its key
+    afresh would run that step again; the retry resumes it. Completed, its TTL over, it is
+    purged like any key."""
     from django_idempotency.tasks import purge_expired_keys
 
     views.FAIL_ONCE["p"] = "record"
     assert post("k1", label="p").status_code == 500
     # k1: in progress, lease lapsed long ago (the claim was given back), one step done.
-    call_command("purge_idempotency_keys", verbosity=0)
-    assert purge_expired_keys() == 0
+    IdempotencyKey.objects.filter(key="k1").update(expires_at=Now() - timedelta(days=2))
+    purge_every_way(admin_client)
     assert row("k1").recovery_point == "create"
+    # Said at WARNING after each purge (the command's and the task's), for the operator.
+    warned = [
+        r for r in caplog.records if getattr(r, "idempotency_outcome", "") == "unfinished_kept"
+    ]
+    assert len(warned) == 2 and all(r.levelname == "WARNING" for r in warned)
     retry = post("k1", label="p")
     assert retry.status_code == 201 and retry.json()["resumed"] is True
     assert effects("p") == {"create": 1, "record": 1, "receipt": 1}
-    # The same key given back again, its TTL over: purged.
-    IdempotencyKey.objects.filter(key="k1").update(
-        status="in_progress", expires_at=Now() - timedelta(seconds=1)
-    )
+    IdempotencyKey.objects.filter(key="k1").update(expires_at=Now() - timedelta(seconds=1))
     assert purge_expired_keys() == 1
     assert not IdempotencyKey.objects.filter(key="k1").exists()
 
@@ -595,3 +624,23 @@ def test_a_lifetime_check_that_cannot_read_the_key_is_a_503_and_calls_nothing(
     retry = post("k1", label="unread")
     assert retry.status_code == 201, retry.content
     assert len(views.REMOTE_CALLS) == 2 and len({call[0] for call in views.REMOTE_CALLS}) == 1
+
+
+@pytest.mark.parametrize("url", [URL, REMOTE_FIRST])
+def test_a_key_whose_remote_call_is_unrecorded_outlives_its_ttl_and_charges_once(
+    strategy: str, url: str, admin_client: Client
+) -> None:
+    """The remote step was called and the attempt crashed before its result was recorded.
+    Days later, the key's TTL over, the purge runs, then the client retries: a purge that
+    deleted the key made the retry a new request, which called the provider again with the
+    same downstream key after the provider had forgotten it (a second charge). The key is
+    kept, and the retry is the 409 remote-outcome-unknown, the provider called once."""
+    views.FAIL_ONCE["late"] = "after-call"
+    assert post("k1", url, label="late").status_code == 500
+    assert len(views.REMOTE_CALLS) == 1
+    first_claimed("k1", FORGOTTEN + timedelta(days=1))
+    IdempotencyKey.objects.filter(key="k1").update(expires_at=Now() - timedelta(days=1))
+    purge_every_way(admin_client)
+    assert_problem(post("k1", url, label="late"), 409, "remote-outcome-unknown")
+    assert len(views.REMOTE_CALLS) == 1, "the provider was called again"
+    assert row("k1").status == "in_progress"

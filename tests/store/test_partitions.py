@@ -245,12 +245,22 @@ def test_the_conversion_keeps_the_live_rows_and_their_replays() -> None:
         IdempotencyKey.objects.filter(pk=running.pk).update(  # past its TTL, lease live
             expires_at=timezone.now() - timedelta(seconds=1)
         )
+        left = claim("left")  # given back with a step done, its TTL and lease long over
+        assert left.pk is not None
+        IdempotencyKey.objects.filter(pk=left.pk).update(
+            recovery_point="create",
+            steps={"fingerprint": PRINT, "done": [{"name": "create", "kind": "local"}]},
+            expires_at=timezone.now() - timedelta(days=1),
+            locked_at=timezone.now() - timedelta(days=1),
+        )
     with override_settings(IDEMPOTENCY=SETTINGS):
         assert partitions.convert("default", ahead=AHEAD) is True
         try:
             assert claim("replayed").response == RESPONSE
             assert claim("running").state is ClaimState.IN_PROGRESS
             assert rows("expired") == 0
+            # Kept, as the purge keeps it: its retry resumes it.
+            assert IdempotencyKey.objects.get(key="left").recovery_point == "create"
             kept = IdempotencyKey.objects.get(key="running")
             assert kept.expires_at > timezone.now()  # a lease ahead: no partition drops it
             assert claim("new").state is ClaimState.CLAIMED

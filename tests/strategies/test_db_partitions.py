@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connections
 from django.test import Client, override_settings
 from django.utils import timezone
 
@@ -211,3 +212,73 @@ def test_a_view_in_steps_resumes_on_the_partitioned_table(strategy: str) -> None
     assert labels == ["parts:create", "parts:receipt", "parts:record"]
     (row,) = IdempotencyKey.objects.filter(key="s1")
     assert row.status == "completed" and row.recovery_point == "receipt"
+
+
+def test_a_partition_drop_keeps_a_key_left_with_steps_and_its_retry_resumes(
+    strategy: str,
+) -> None:
+    """A key given back after a failed step, its lease lapsed and its TTL over, in a
+    partition that ended, beside a completed key that expired there: the maintenance drops
+    the partition and the completed key with it, after moving the key with steps to a live
+    partition (a drop that took it made its retry a new request, which ran the committed
+    step again); the retry resumes it."""
+    from django_idempotency.store import partitions
+
+    from ..support.partitions import past_partition
+
+    views.FAIL_ONCE["drop"] = "record"
+
+    def send(key: str = "s1", label: str = "drop") -> Any:
+        return Client(raise_request_exception=False).post(
+            "/t/steps/",
+            json.dumps({"label": label}),
+            content_type="application/json",
+            HTTP_IDEMPOTENCY_KEY=key,
+        )
+
+    assert send().status_code == 500
+    assert send("done", "other").status_code == 201
+    lower, upper = past_partition()
+    IdempotencyKey.objects.update(expires_at=lower, locked_at=lower)
+    done = partitions.maintain("default")
+    assert partitions.partition_name(partitions.table(), lower) in done.dropped
+    assert not done.deferred
+    (kept,) = IdempotencyKey.objects.all()
+    assert (kept.key, kept.recovery_point) == ("s1", "create")
+    assert kept.expires_at > upper
+    retry = send()
+    assert retry.status_code == 201, retry.content
+    assert retry.json()["resumed"] is True
+    assert SideEffect.objects.filter(label="drop:create").count() == 1
+
+
+def test_a_steps_record_keeps_its_key_a_lease_ahead() -> None:
+    """A step recorded by an owner whose key's expiry has passed (a request that outlived
+    its TTL, its row in a partition that ended) moves the expiry a lease ahead, as a renewal
+    does: a key in progress with steps is never left in a partition the maintenance drops,
+    even when it got them after the maintenance moved such keys out."""
+    from django_idempotency.store.clock import database_now
+    from django_idempotency.strategies.stepped import StepClaim, SteppedDatabaseStrategy
+
+    from ..support.partitions import past_partition
+
+    with partitioned_table({**SMALL, "STRATEGY": "db"}):
+        lease = 30  # seconds, within the partitions ahead
+        claim = SteppedDatabaseStrategy().claim(
+            Attempt(
+                scope="user:1",
+                key="late",
+                fingerprint="f" * 64,
+                ttl=10,
+                lock_timeout=lease,
+                database="default",
+            )
+        )
+        assert isinstance(claim, StepClaim)
+        lower, upper = past_partition()
+        IdempotencyKey.objects.filter(pk=claim.pk).update(expires_at=lower)
+        before = database_now(connections["default"])
+        claim.record([{"name": "create", "kind": "local", "result": 1}], "create")
+        row = IdempotencyKey.objects.get(pk=claim.pk)
+        assert row.recovery_point == "create"
+        assert row.expires_at >= before + timedelta(seconds=lease) > upper

@@ -127,6 +127,31 @@ def test_a_released_key_keeps_its_steps_and_is_taken_over_at_once(keys_on: str) 
     assert labels(keys_on) == ["create", "record"]
 
 
+def test_the_purge_keeps_a_key_left_with_steps_past_its_ttl(keys_on: str) -> None:
+    """The purge on each vendor (one statement on SQLite, the ORM's on MariaDB) leaves a key
+    in progress with a committed step, its lease lapsed and its TTL over, beside an expired
+    key in progress without steps and an expired completed key, which it deletes; the
+    retry resumes the key it kept."""
+    from datetime import timedelta
+
+    from django_idempotency.store.clock import database_ago
+
+    from ..support.factories import ExpiredKeyFactory, StaleKeyFactory
+
+    PLAN["fail"] = "record"
+    assert post(keys_on).status_code == 500
+    keys = IdempotencyKey.objects.using(keys_on)
+    keys.bulk_create([ExpiredKeyFactory.build(key="done"), StaleKeyFactory.build(key="bare")])
+    keys.update(expires_at=database_ago(timedelta(days=2)))
+    assert list(keys.unfinished().values_list("key", flat=True)) == ["k1"]
+    assert keys.delete_expired(using=keys_on) == 2
+    assert list(keys.values_list("key", flat=True)) == ["k1"]
+    retry = post(keys_on)
+    assert retry.status_code == 201, retry.content
+    assert retry.json()["resumed"] is True
+    assert labels(keys_on) == ["create", "record"]
+
+
 def test_a_takeover_keeps_the_first_claims_time_on_the_databases_clock(keys_on: str) -> None:
     """``DOWNSTREAM_KEY_LIFETIME`` counts from the key's first claim on each vendor: the
     takeover of a key given back with steps keeps its ``created_at``, and the age is

@@ -27,6 +27,7 @@ from django.utils.translation import gettext_noop, ngettext, pgettext_lazy
 from ...conf import conf
 from ...models import IdempotencyKey, IdempotencySuspect
 from ...store import partitions
+from ...store.purge import UNFINISHED
 from ..arguments import (
     TranslatedCommand,
     add_database,
@@ -86,7 +87,7 @@ class Command(TranslatedCommand):
 
         if options["dry_run"]:
             try:
-                count = IdempotencyKey.objects.expired(older_than=older_than, using=using).count()
+                count = to_delete(using, older_than)
             except DatabaseError as exc:
                 raise CommandError(
                     _("database %(database)s: %(error)s") % {"database": repr(using), "error": exc}
@@ -117,9 +118,7 @@ class Command(TranslatedCommand):
             verb=pgettext_lazy("progress", "deleted"),
             verbosity=verbosity,
             every=every.total_seconds(),
-            remaining=lambda: IdempotencyKey.objects.expired(
-                older_than=older_than, using=using
-            ).count(),
+            remaining=lambda: to_delete(using, older_than),
         )
         started = batch_started = time.monotonic()
         total = batches = 0
@@ -135,6 +134,7 @@ class Command(TranslatedCommand):
                 progress.update(total)
                 batch_started = time.monotonic()
             IdempotencySuspect.objects.delete_expired(using=using)  # rows no process marked
+            unfinished = IdempotencyKey.objects.warn_unfinished(using=using)
         except DatabaseError as exc:
             raise CommandError(
                 _(
@@ -172,6 +172,24 @@ class Command(TranslatedCommand):
                 }
             )
         )
+        self.report_unfinished(unfinished)
+
+    def report_unfinished(self, count: int) -> None:
+        """The keys the purge kept, in progress with steps, their TTL over (at -v 1)."""
+        if not count:
+            return
+        self.stdout.write(
+            self.style.WARNING(
+                ngettext(
+                    "Kept %(count)d key in progress with steps whose TTL is over: a retry "
+                    "or the completer resumes it; see docs/steps.md, 'Keys the purge keeps'.",
+                    "Kept %(count)d keys in progress with steps whose TTL is over: a retry "
+                    "or the completer resumes them; see docs/steps.md, 'Keys the purge keeps'.",
+                    count,
+                )
+                % {"count": count}
+            )
+        )
 
     def drop_partitions(self, using: str, older_than: timedelta | None, verbosity: int) -> None:
         """With PARTITION_INTERVAL, the expired partitions dropped whole and the partitions
@@ -197,6 +215,13 @@ class Command(TranslatedCommand):
                     "deferred": len(done.deferred),
                 }
             )
+
+
+def to_delete(using: str, older_than: timedelta | None) -> int:
+    """How many keys the purge would delete: the expired ones, less those in progress with
+    steps, which it keeps (those in progress under a live lease are counted)."""
+    expired = IdempotencyKey.objects.expired(older_than=older_than, using=using)
+    return expired.exclude(UNFINISHED).count()
 
 
 def which(older_than: timedelta | None) -> str:

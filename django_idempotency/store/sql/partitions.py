@@ -97,6 +97,25 @@ def detach(q: Quote, parent: str, partition: str, *, concurrently: bool) -> str:
     return f"ALTER TABLE {q(parent)} DETACH PARTITION {q(partition)}{how}"
 
 
+def keep_unfinished(q: Quote, table: str, *, in_range: bool = True) -> str:
+    """The keys in progress with steps whose expiry falls in the range of parameters
+    ``lower`` and ``upper`` (a partition's), or, not ``in_range``, has passed, given an
+    expiry of now plus parameter ``ttl`` seconds (through a partitioned ``table``: moved
+    out of that partition). The purge keeps such keys: a partition's drop, or a conversion
+    that copies only the unexpired rows, would take them, and their retry would run their
+    steps again."""
+    expiring = (
+        '"expires_at" >= %(lower)s AND "expires_at" < %(upper)s'
+        if in_range
+        else '"expires_at" <= statement_timestamp()'
+    )
+    return (
+        f'UPDATE {q(table)} SET "expires_at" = statement_timestamp() + '
+        f"make_interval(secs => %(ttl)s) WHERE {expiring} "
+        f'AND "status" = \'{IN_PROGRESS}\' AND "steps" IS NOT NULL'
+    )
+
+
 def finalize(q: Quote, parent: str, partition: str) -> str:
     """The end of an interrupted ``DETACH … CONCURRENTLY``."""
     return f"ALTER TABLE {q(parent)} DETACH PARTITION {q(partition)} FINALIZE"

@@ -3,5 +3,6 @@
 DELETE
 FROM `django_idempotency_idempotencykey`
 WHERE `expires_at` <= %s
-AND (`status` <> 'in_progress' OR (`locked_at` IS NULL OR `locked_at` <= %s))
+AND (`status` <> 'in_progress' OR ((`locked_at` IS NULL OR `locked_at` <= %s)
+AND `steps` IS NULL))
 ORDER BY `expires_at` LIMIT %s
