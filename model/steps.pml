@@ -35,8 +35,11 @@
  * anew) model code that would be wrong.
  *
  * With PURGE, keys expire (TTL ticks after their claim, takeover or completion) and the purge
- * removes one whose TTL is over unless it is in progress under a live lease; (s5) holds until
- * then, and a client's retry after the purge is a new request, not modelled.
+ * removes one whose TTL is over unless it is in progress under a live lease or with steps
+ * (a recovery point, the completer's request, a remote call's mark); (s5) holds until a
+ * completed key is purged, and a client's retry after that is a new request, not modelled.
+ * BUG_PURGE_STEPS models the purge before, which removed a key in progress with steps once
+ * its TTL was over and its lease had lapsed: a charge left without its record.
  *
  * Time is the database's clock (now), in ticks. BUG_NOFENCE (a step recorded without the
  * claim token), BUG_READ_FIRST (the steps read before the takeover), BUG_DELETE (a claim
@@ -120,6 +123,7 @@ byte charges;         /* how many times it charged (LIFETIME) */
 byte first_use;       /* when it first saw the downstream key (LIFETIME) */
 byte completions;
 bool purged;          /* the purge removed the key's row */
+bool expired_done;    /* ... a completed one */
 /* own[id]: 1 + the time of the last renewal of id's lease while it owns a claim (db). */
 byte own[NACT + 1];
 
@@ -206,19 +210,27 @@ end:
 /* (s5), at every state. */
 active proctype Orphan() {
 end:
-    atomic { charged && !purged && !(kt.st == DONE || (kt.st == INPROG && kt.rp >= 1)) -> assert(false) }
+    atomic { charged && !expired_done && !(kt.st == DONE || (kt.st == INPROG && kt.rp >= 1)) -> assert(false) }
 }
 
 #ifdef PURGE
-/* The purge (the command, the task, the admin's action): a key whose TTL is over, unless it
- * is in progress under a live lease. After it, a client's retry is a new request (outside
- * the model: the clients here do not come back); the completer may still be running a key
- * it picked before. code: store.purge.PurgeQuerySet.iter_delete_expired,
- * store.purge.PurgeQuerySet.purgeable */
+/* The purge (the command, the task, the admin's action, a partition's drop): a key whose TTL
+ * is over, unless it is in progress under a live lease, or with steps, whatever its lease.
+ * After it, a client's retry is a new request (outside the model: the clients here do not
+ * come back); the completer may still be running a key it picked before.
+ * code: store.purge.PurgeQuerySet.iter_delete_expired, store.purge.PurgeQuerySet.purgeable,
+ * store.sql.purge.purgeable, store.partitions.drop */
+#ifdef BUG_PURGE_STEPS
+#define UNFINISHED false
+#else
+#define UNFINISHED (kt.st == INPROG && (kt.rp > 0 || kt.kept || kt.calling))
+#endif
 active proctype Purge() {
 end:
     atomic {
-        kt.st != NONE && kt.exp <= now && !(kt.st == INPROG && kt.locked + LOCK > now) ->
+        kt.st != NONE && kt.exp <= now && !(kt.st == INPROG && kt.locked + LOCK > now) &&
+        !UNFINISHED ->
+        expired_done = (kt.st == DONE);
         kt.st = NONE; kt.tok = 0; kt.fp = 0; kt.rp = 0; kt.sfp = 0; kt.kept = false;
         kt.calling = false; purged = true
     }

@@ -77,7 +77,7 @@ def test_make_model_checks_every_strategy() -> None:
         "-DSTRATEGY=1",
         "-DSTRATEGY=2",
     }
-    assert len([name for name, _ in steps if name.startswith("bug-")]) == 7
+    assert len([name for name, _ in steps if name.startswith("bug-")]) == 8
     assert any("-DPURGE" in flags for name, flags in steps if not name.startswith("bug-"))
     assert any("-DLIFETIME" in flags for name, flags in steps if not name.startswith("bug-"))
     assert "step model make model" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
