@@ -201,7 +201,7 @@ def purge_expired_keys(
             logger.info("purged %d expired idempotency keys on %r", deleted, alias)
         total += deleted
         IdempotencySuspect.objects.delete_expired(using=alias)  # rows no process marked
-        IdempotencyKey.objects.warn_unfinished(using=alias)
+        IdempotencyKey.objects.warn_unfinished(older_than=older, using=alias)
     return total
 
 

@@ -139,18 +139,24 @@ class PurgeQuerySet(models.QuerySet[_Key]):
             .exclude(UNFINISHED)
         )
 
-    def unfinished(self, *, using: str | None = None) -> Self:
-        """The keys in progress with steps whose ``TTL`` is over, on the database's clock:
-        the purge keeps them (:data:`UNFINISHED`) until a retry or the completer completes
-        them, or someone reconciles them and releases or deletes them."""
+    def unfinished(self, *, older_than: timedelta | None = None, using: str | None = None) -> Self:
+        """The keys in progress with steps whose ``TTL`` is over (``older_than`` ago, when
+        given), on the database's clock: the purge keeps them (:data:`UNFINISHED`) until a
+        retry or the completer completes them, or someone reconciles them and deletes them."""
+        check_older_than(older_than)
         alias = database(using, self._db)
-        return self._table(alias).filter(UNFINISHED, expires_at__lte=_time(alias, None))
+        cutoff = _time(alias, None, older_than)
+        return self._table(alias).filter(UNFINISHED, expires_at__lte=cutoff)
 
-    def warn_unfinished(self, *, using: str | None = None) -> int:
-        """How many keys :meth:`unfinished` finds; a warning when there are any, logged
-        after every purge until they are completed or reconciled."""
+    def warn_unfinished(
+        self, *, older_than: timedelta | None = None, using: str | None = None
+    ) -> int:
+        """How many keys :meth:`unfinished` finds: after a purge with the same
+        ``older_than``, those it kept (an index range the purge has just emptied of the
+        rest). A warning when there are any, logged after every purge until they are
+        completed or reconciled."""
         alias = database(using, self._db)
-        count = self.unfinished(using=alias).count()
+        count = self.unfinished(older_than=older_than, using=alias).count()
         if count:
             logger.warning(
                 "%d idempotency keys on %r are in progress with steps and their TTL is over: "

@@ -144,6 +144,7 @@ def test_the_purge_keeps_a_key_left_with_steps_past_its_ttl(keys_on: str) -> Non
     keys.bulk_create([ExpiredKeyFactory.build(key="done"), StaleKeyFactory.build(key="bare")])
     keys.update(expires_at=database_ago(timedelta(days=2)))
     assert list(keys.unfinished().values_list("key", flat=True)) == ["k1"]
+    assert not keys.unfinished(older_than=timedelta(days=3)).exists()  # expired 2 days ago
     assert keys.delete_expired(using=keys_on) == 2
     assert list(keys.values_list("key", flat=True)) == ["k1"]
     retry = post(keys_on)

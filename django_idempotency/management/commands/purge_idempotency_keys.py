@@ -134,7 +134,7 @@ class Command(TranslatedCommand):
                 progress.update(total)
                 batch_started = time.monotonic()
             IdempotencySuspect.objects.delete_expired(using=using)  # rows no process marked
-            unfinished = IdempotencyKey.objects.warn_unfinished(using=using)
+            unfinished = IdempotencyKey.objects.warn_unfinished(older_than=older_than, using=using)
         except DatabaseError as exc:
             raise CommandError(
                 _(
