@@ -36,6 +36,8 @@ from django.utils.translation import gettext_lazy as _
 from . import models as idempotency_models
 from .conf import conf
 from .models import IdempotencyKey
+from .protocol.keys import downstream_key
+from .protocol.steps import CALLING, REMOTE
 from .store.clock import DatabaseNow
 from .store.purge import kept_on_release
 from .strategies import get_strategy
@@ -449,25 +451,35 @@ class IdempotencyKeyAdmin(KeyDatabaseAdmin):
     @admin.display(description=_("steps done"))
     def steps_done(self, obj: IdempotencyKey) -> SafeString | str:
         """The steps of a view that runs in steps, in order: each one's kind, name and
-        stored result (docs/steps.md); "-" for a key without steps."""
-        done = obj.steps.get("done") if isinstance(obj.steps, dict) else None
-        if not done:
+        stored result, with a remote step's downstream key (docs/steps.md); then a remote
+        step an earlier attempt called without recording its result, to look up at the
+        other service; "-" for a key without steps."""
+        steps = obj.steps if isinstance(obj.steps, dict) else {}
+        done = steps.get("done") or []
+        items = [
+            format_html(
+                "<li>{} <strong>{}</strong>: <code>{}</code>{}</li>",
+                step.get("kind", ""),
+                step.get("name", ""),
+                json.dumps(step.get("result"), ensure_ascii=False)[:500],
+                _downstream(obj, step.get("name", "")) if step.get("kind") == REMOTE else "",
+            )
+            for step in done
+        ]
+        calling = steps.get(CALLING)
+        if calling and all(step.get("name") != calling for step in done):
+            items.append(
+                format_html(
+                    "<li>{} <strong>{}</strong>: {}{}</li>",
+                    REMOTE,
+                    calling,
+                    gettext("called by an earlier attempt, its result not recorded"),
+                    _downstream(obj, calling),
+                )
+            )
+        if not items:
             return "-"
-        return format_html(
-            "<ol>{}</ol>",
-            format_html_join(
-                "",
-                "<li>{} <strong>{}</strong>: <code>{}</code></li>",
-                (
-                    (
-                        step.get("kind", ""),
-                        step.get("name", ""),
-                        json.dumps(step.get("result"), ensure_ascii=False)[:500],
-                    )
-                    for step in done
-                ),
-            ),
-        )
+        return format_html("<ol>{}</ol>", format_html_join("", "{}", ((item,) for item in items)))
 
     @admin.display(description=_("completer"))
     def completer(self, obj: IdempotencyKey) -> str:
@@ -658,6 +670,13 @@ def _now(obj: Any) -> Any:
     """The database's now, read with ``obj`` (``IdempotencyKeyAdmin.get_queryset``); the
     app's for an object read otherwise."""
     return getattr(obj, "database_now", None) or timezone.now()
+
+
+def _downstream(obj: IdempotencyKey, name: str) -> SafeString:
+    """`` (downstream key: <code>…</code>)``: what remote step ``name`` of ``obj`` sends to
+    the other service, to look the call up there."""
+    key = downstream_key(conf.DOWNSTREAM_KEY_SECRET, obj.scope, obj.key, name)
+    return format_html(" ({}: <code>{}</code>)", gettext("downstream key"), key)
 
 
 def _lease_text(obj: IdempotencyKey) -> str:

@@ -644,3 +644,24 @@ def test_a_key_whose_remote_call_is_unrecorded_outlives_its_ttl_and_charges_once
     assert_problem(post("k1", url, label="late"), 409, "remote-outcome-unknown")
     assert len(views.REMOTE_CALLS) == 1, "the provider was called again"
     assert row("k1").status == "in_progress"
+
+
+@pytest.mark.parametrize("url", [URL, REMOTE_FIRST])
+def test_the_admin_shows_the_downstream_key_of_a_call_to_reconcile(
+    strategy: str, url: str, admin_client: Client
+) -> None:
+    """A key refused with remote-outcome-unknown is reconciled by looking its remote call up
+    at the other service: the key's page names the step called without a recorded result
+    and the downstream key it was called with (the one the provider saw), and, once
+    recorded, each remote step's downstream key beside its result."""
+    views.FAIL_ONCE["look"] = "after-call"
+    assert post("k1", url, label="look").status_code == 500
+    sent = views.REMOTE_CALLS[0][0]
+    change = reverse("admin:django_idempotency_idempotencykey_change", args=[row("k1").pk])
+    page = admin_client.get(change).content.decode()
+    assert "<strong>call</strong>: called by an earlier attempt, its result not recorded" in page
+    assert f"(downstream key: <code>{sent}</code>)" in page
+    assert post("k1", url, label="look").status_code == 201  # within the lifetime: called again
+    page = admin_client.get(change).content.decode()
+    assert "result not recorded" not in page
+    assert page.count(f"(downstream key: <code>{sent}</code>)") == 1
