@@ -127,6 +127,15 @@ class IdempotentTask(Task):  # type: ignore[misc]
         super().__init_subclass__(**kwargs)
         check_strategy(cls.idempotency_strategy, cls.__qualname__)
 
+    @classmethod
+    def on_bound(cls, app: Any) -> None:
+        """Refuse (``ImproperlyConfigured``) a task whose own ``idempotency_ttl`` is
+        shorter than the broker's visibility timeout: a worker that imports it does not
+        start (:func:`check_ttl`)."""
+        super().on_bound(app)
+        if cls.idempotency_ttl is not None:
+            check_ttl(float(cls.idempotency_ttl), app.conf, cls.name or cls.__qualname__)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         attempt = self.idempotency_attempt(args, kwargs)
         if attempt is None:
@@ -212,6 +221,46 @@ def check_strategy(strategy: str, where: str) -> None:
         raise ImproperlyConfigured(
             f"{where}: idempotency_strategy {strategy!r} is not one of {TASK_STRATEGIES}: "
             "a task's claim must commit with its body's transaction"
+        )
+
+
+#: The visibility timeout of the brokers that take a message back only after one, by the
+#: scheme of the broker's URL, when ``broker_transport_options`` sets none (kombu's).
+VISIBILITY_TIMEOUTS = {
+    "redis": 3600.0,
+    "rediss": 3600.0,
+    "redis+socket": 3600.0,
+    "sentinel": 3600.0,
+    "sqs": 1800.0,
+}
+
+
+def visibility_timeout(celery_conf: Any) -> float | None:
+    """Seconds after which the broker of ``celery_conf`` hands an unacknowledged message
+    to another worker, None for a broker that takes it back when its worker's connection
+    drops (RabbitMQ's AMQP)."""
+    url = celery_conf.broker_read_url or celery_conf.broker_url or ""
+    first = url[0] if isinstance(url, list | tuple) and url else url
+    default = VISIBILITY_TIMEOUTS.get(str(first).partition("://")[0].lower())
+    if default is None:
+        return None
+    options = celery_conf.broker_transport_options or {}
+    return float(options.get("visibility_timeout", default))
+
+
+def check_ttl(ttl: float, celery_conf: Any, where: str) -> None:
+    """Refuse a task ``ttl`` shorter than the broker's visibility timeout. A worker killed
+    between the body's commit and the message's ack leaves the message unacknowledged;
+    such a broker hands it to another worker once the timeout is over, and a key expired
+    by then (taken over as new, or purged) runs the body again."""
+    timeout = visibility_timeout(celery_conf)
+    if timeout is not None and ttl < timeout:
+        raise ImproperlyConfigured(
+            f"task {where}: idempotency_ttl {ttl:g}s is shorter than the broker's "
+            f"visibility timeout ({timeout:g}s, broker_transport_options): a message "
+            "redelivered after a worker died between the body's commit and its ack would "
+            "find the key expired and run the body again. Keep the result at least that "
+            "long (docs/celery.md, 'How long a key lives')"
         )
 
 

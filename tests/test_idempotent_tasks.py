@@ -392,3 +392,20 @@ def test_a_retry_in_the_body_still_takes_effect_once(
     # The first run's row was rolled back with the retry; the second's committed.
     assert SideEffect.objects.filter(label=label).count() == 1
     assert _completed("task:tests.retry_once", sent.id)
+
+
+def test_a_worker_with_a_task_whose_key_expires_before_a_redelivery_does_not_start(
+    workers: Callable[..., Worker],
+) -> None:
+    """A task keeping its result 60 s, on a Redis broker that hands an unacknowledged
+    message to another worker after an hour: a worker killed between the body's commit and
+    the ack would have its message run again by the next, the key expired by then. The
+    worker that imports such a task stops at start-up with the reason."""
+    with pytest.raises(RuntimeError, match="celery worker exited") as exited:
+        workers("short", include=("tests.testapp.short_tasks",))
+    assert "idempotency_ttl 60s is shorter than the broker's visibility timeout (3600s" in str(
+        exited.value
+    )
+    # Within the timeout the same task starts (the tests' workers take messages back after
+    # a short one).
+    workers("short-ok", include=("tests.testapp.short_tasks",), TEST_CELERY_VISIBILITY_TIMEOUT="30")

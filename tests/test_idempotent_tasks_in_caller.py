@@ -144,3 +144,54 @@ def test_a_strategy_the_tasks_do_not_offer_is_refused_when_declared() -> None:
 
         class Hot(IdempotentTask):
             idempotency_strategy = "hybrid"
+
+
+@pytest.mark.parametrize(
+    ("broker", "options", "timeout"),
+    [
+        ("redis://127.0.0.1:6379/0", {}, 3600.0),
+        ("rediss://127.0.0.1:6380/0", {"visibility_timeout": 43200}, 43200.0),
+        ("sentinel://127.0.0.1:26379", {}, 3600.0),
+        ("sqs://", {}, 1800.0),
+        ("amqp://guest:guest@127.0.0.1:5672//", {"visibility_timeout": 10}, None),
+        ("memory://", {}, None),
+    ],
+)
+def test_a_brokers_visibility_timeout(
+    broker: str, options: dict[str, Any], timeout: float | None
+) -> None:
+    """The brokers that hand an unacknowledged message to another worker only once a
+    timeout is over (kombu's defaults, or ``broker_transport_options``); RabbitMQ takes it
+    back when the worker's connection drops."""
+    from celery import Celery
+
+    from django_idempotency.idempotent_tasks import visibility_timeout
+
+    app = Celery("visibility", broker=broker, set_as_current=False)
+    app.conf.broker_transport_options = options
+    assert visibility_timeout(app.conf) == timeout
+
+
+def test_a_task_keeping_its_result_shorter_than_a_redelivery_is_refused_when_bound() -> None:
+    """Its own ``idempotency_ttl`` against its app's broker, when Celery binds the task to
+    the app (a worker's start-up); a task keeping ``TTL`` is not refused."""
+    from celery import Celery
+
+    app = Celery("short", broker="redis://127.0.0.1:6379/0", set_as_current=False)
+    app.conf.broker_transport_options = {"visibility_timeout": 7200}
+
+    @app.task(base=IdempotentTask, idempotency_ttl=3600, name="tests.short_bound")
+    def short() -> int:
+        return 1
+
+    @app.task(base=IdempotentTask, idempotency_ttl=7200, name="tests.long_bound")
+    def long() -> int:
+        return 1
+
+    @app.task(base=IdempotentTask, name="tests.default_bound")
+    def default() -> int:
+        return 1
+
+    with pytest.raises(ImproperlyConfigured, match=r"tests\.short_bound: idempotency_ttl 3600s"):
+        app.finalize()
+    app.close()
