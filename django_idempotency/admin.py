@@ -22,7 +22,7 @@ from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import ImproperlyConfigured
-from django.db import models
+from django.db import models, transaction
 from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, QueryDict
 from django.template.response import TemplateResponse
@@ -38,8 +38,8 @@ from .conf import conf
 from .models import IdempotencyKey
 from .protocol.keys import downstream_key
 from .protocol.steps import CALLING, REMOTE
-from .store.clock import DatabaseNow
-from .store.purge import kept_on_release
+from .store.clock import DatabaseNow, database_ago
+from .store.purge import UNFINISHED, kept_on_release
 from .strategies import get_strategy
 
 #: Characters of a stored body shown on the detail page; the rest is cut off.
@@ -342,7 +342,7 @@ class IdempotencyKeyAdmin(KeyDatabaseAdmin):
     ordering = ("-created_at",)
     list_per_page = 50
     show_full_result_count = False  # a COUNT(*) over millions of rows on every page is slow
-    actions = ["release_stuck_keys", "purge_expired_keys"]
+    actions = ["release_stuck_keys", "purge_expired_keys", "forget_unfinished_keys"]
     fieldsets = (
         (None, {"fields": ("scope", "key", "status", "expired", "lease")}),
         (
@@ -625,6 +625,91 @@ class IdempotencyKeyAdmin(KeyDatabaseAdmin):
                 with_steps,
             ) % {"count": with_steps}
         self.message_user(request, text, messages.SUCCESS if deleted else messages.WARNING)
+
+    @admin.action(
+        permissions=["delete"],
+        description=_("Delete selected keys in progress with steps, once reconciled"),
+    )
+    def forget_unfinished_keys(
+        self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]
+    ) -> HttpResponse | None:
+        """Ask first; on confirmation delete the selected keys in progress with steps whose
+        lease has lapsed: keys the purge keeps (docs/steps.md, "Keys the purge keeps"),
+        once someone has reconciled them. A retry with such a key is then a new request,
+        which runs every step again. A key whose lease is live (its request is running),
+        or without steps, is left alone; so is one that changed since the page."""
+        alias = queryset.db
+        lease_cutoff = database_ago(timedelta(seconds=conf.LOCK_TIMEOUT))
+        forgettable = (
+            IdempotencyKey.objects.using(alias)
+            .filter(UNFINISHED, pk__in=queryset.values("pk"))
+            .exclude(locked_at__gt=lease_cutoff)
+        )
+        if request.POST.get("post") != "yes":
+            keys: list[IdempotencyKey] = list(forgettable.annotate(database_now=DatabaseNow()))
+            return self._forget_confirmation(request, queryset, keys)
+        with transaction.atomic(using=alias):
+            deleted = list(forgettable.select_for_update())
+            IdempotencyKey.objects.using(alias).filter(pk__in=[o.pk for o in deleted]).delete()
+        _log_deletions(
+            request,
+            deleted,
+            gettext(
+                "Deleted an in-progress key with steps, reconciled by hand; a retry with "
+                "its key runs its request again (admin action)."
+            ),
+        )
+        self.message_user(
+            request,
+            ngettext(
+                "Deleted %(count)d key in progress with steps.",
+                "Deleted %(count)d keys in progress with steps.",
+                len(deleted),
+            )
+            % {"count": len(deleted)},
+            messages.SUCCESS if deleted else messages.WARNING,
+        )
+        return None
+
+    def _forget_confirmation(
+        self, request: HttpRequest, queryset: QuerySet[IdempotencyKey], keys: list[IdempotencyKey]
+    ) -> TemplateResponse:
+        """The page that asks before keys in progress with steps are deleted: each key's
+        steps, with the downstream keys to look up at the other service."""
+        count = len(keys)
+        title = (
+            ngettext(
+                "Delete this key in progress with steps?",
+                "Delete these %(count)d keys in progress with steps?",
+                count,
+            )
+            % {"count": count}
+            if count
+            else gettext("Nothing to delete")
+        )
+        opts = self.model._meta
+        context = {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "subtitle": None,
+            "breadcrumb": ngettext(
+                "Delete a key in progress with steps",
+                "Delete keys in progress with steps",
+                max(count, 1),
+            ),
+            "confirm": ngettext("Yes, delete it", "Yes, delete them", count),
+            "opts": opts,
+            "keys": [(obj, self.steps_done(obj), _lease_text(obj)) for obj in keys],
+            "skipped": queryset.count() - count,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "action_name": "forget_unfinished_keys",
+            "media": self.media,
+        }
+        return TemplateResponse(
+            request,
+            "admin/django_idempotency/idempotencykey/forget_confirmation.html",
+            context,
+        )
 
 
 def _log_deletions(request: HttpRequest, objects: list[IdempotencyKey], message: str) -> None:

@@ -665,3 +665,54 @@ def test_the_admin_shows_the_downstream_key_of_a_call_to_reconcile(
     page = admin_client.get(change).content.decode()
     assert "result not recorded" not in page
     assert page.count(f"(downstream key: <code>{sent}</code>)") == 1
+
+
+def forget_in_admin(client: Client, *keys: str, confirm: bool = False) -> str:
+    """The admin's action that deletes keys in progress with steps: its confirmation page,
+    or (``confirm``) the page after it."""
+    data = {
+        "action": "forget_unfinished_keys",
+        "_selected_action": [str(row(key).pk) for key in keys],
+        **({"post": "yes"} if confirm else {}),
+    }
+    url = reverse("admin:django_idempotency_idempotencykey_changelist")
+    return admin_page(client.post(url, data, follow=True))
+
+
+def admin_page(response: Any) -> str:
+    return str(response.content.decode())
+
+
+def test_a_reconciled_key_is_deleted_in_the_admin_and_its_retry_is_a_new_request(
+    strategy: str, admin_client: Client
+) -> None:
+    """A key refused with remote-outcome-unknown, reconciled by hand: the admin's action
+    asks first (the key's steps and the downstream key to look up, what a retry does then),
+    leaves a key whose lease is live or that has no steps, deletes the key and records it in
+    the audit trail. The retry after it is a new request, which calls again."""
+    views.FAIL_ONCE["settle"] = "after-call"
+    assert post("k1", label="settle").status_code == 500
+    first_claimed("k1", FORGOTTEN)
+    assert_problem(post("k1", label="settle"), 409, "remote-outcome-unknown")
+    sent = views.REMOTE_CALLS[0][0]
+    StaleKeyFactory(key="bare")  # in progress, no steps: not this action's
+    page = forget_in_admin(admin_client, "k1", "bare")
+    assert "<h1>Delete this key in progress with steps?</h1>" in page
+    assert f"<code>{sent}</code>" in page and "result not recorded" in page
+    assert "A retry with a deleted key is a new request" in page
+    assert "1 selected key is not in progress with steps under a lapsed lease" in page
+    assert row("k1").status == "in_progress"  # nothing yet
+    # A key whose lease is live again (a request resumed it) is left alone.
+    IdempotencyKey.objects.filter(key="k1").update(locked_at=Now())
+    assert "Deleted 0 keys" in forget_in_admin(admin_client, "k1", confirm=True)
+    IdempotencyKey.objects.filter(key="k1").update(locked_at=Now() - timedelta(hours=1))
+    assert "Deleted 1 key in progress with steps." in forget_in_admin(
+        admin_client, "k1", confirm=True
+    )
+    assert not IdempotencyKey.objects.filter(key="k1").exists()
+    assert IdempotencyKey.objects.filter(key="bare").exists()
+    entry = LogEntry.objects.get(object_repr__endswith="/ k1")
+    assert "reconciled by hand" in entry.get_change_message()
+    retry = post("k1", label="settle")
+    assert retry.status_code == 201, retry.content
+    assert len(views.REMOTE_CALLS) == 2
