@@ -94,6 +94,7 @@ def test_the_wheel_carries_the_package_with_its_data(dist: Path) -> None:
         "py.typed",
         "migrations/0001_initial.py",
         "templates/admin/django_idempotency/idempotencykey/release_confirmation.html",
+        "templates/admin/django_idempotency/idempotencykey/forget_confirmation.html",
         "static/django_idempotency/admin.css",
         # the translations: the compiled catalog Django loads, and its source
         "locale/de/LC_MESSAGES/django.mo",
