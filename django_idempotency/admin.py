@@ -576,7 +576,10 @@ class IdempotencyKeyAdmin(KeyDatabaseAdmin):
             "confirm": ngettext("Yes, release it", "Yes, release them", count),
             "opts": opts,
             "app_label": opts.app_label,
-            "stuck": [(obj, _lease_text(obj), self.age(obj)) for obj in stuck],
+            "headings": [gettext("age"), gettext("lease")],
+            "rows": [(obj, [("age", self.age(obj)), ("lease", _lease_text(obj))]) for obj in stuck],
+            "selected": [obj.pk for obj in stuck],
+            "confirmation": "release-confirmation",
             "with_steps": sum(kept_on_release(obj) for obj in stuck),
             "skipped": queryset.exclude(status=IdempotencyKey.Status.IN_PROGRESS).count(),
             "queryset": queryset,
@@ -699,7 +702,13 @@ class IdempotencyKeyAdmin(KeyDatabaseAdmin):
             ),
             "confirm": ngettext("Yes, delete it", "Yes, delete them", count),
             "opts": opts,
-            "keys": [(obj, self.steps_done(obj), _lease_text(obj)) for obj in keys],
+            "headings": [gettext("steps done"), gettext("lease")],
+            "rows": [
+                (obj, [("steps", self.steps_done(obj)), ("lease", _lease_text(obj))])
+                for obj in keys
+            ],
+            "selected": [obj.pk for obj in keys],
+            "confirmation": "forget-confirmation",
             "skipped": queryset.count() - count,
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
             "action_name": "forget_unfinished_keys",
