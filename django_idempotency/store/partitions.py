@@ -177,13 +177,16 @@ def create_ahead(
         done.created.append(name)
 
 
-def drop_expired(connection: BaseDatabaseWrapper, cutoff: datetime, done: Maintenance) -> None:
-    """Detach and drop the partitions whose range ended at or before ``cutoff``."""
+def drop_expired(
+    connection: BaseDatabaseWrapper, cutoff: datetime, done: Maintenance, now: datetime
+) -> None:
+    """Detach and drop the partitions whose range ended at or before ``cutoff`` (at most the
+    database's ``now``, which a partition that is not dropped holds)."""
     for partition in partitions(connection):
         if partition.upper > cutoff:
             continue
         try:
-            drop(connection, partition)
+            drop(connection, partition, now)
         except DatabaseError:
             logger.warning("could not drop partition %s; the next run tries again", partition.name)
             done.deferred.append(partition.name)
@@ -191,10 +194,14 @@ def drop_expired(connection: BaseDatabaseWrapper, cutoff: datetime, done: Mainte
         done.dropped.append(partition.name)
 
 
-def drop(connection: BaseDatabaseWrapper, partition: Partition) -> None:
-    """Move the keys in progress with steps out of ``partition`` (the purge keeps them),
-    detach it (concurrently, outside a transaction; else waiting at most
-    :data:`DDL_LOCK_TIMEOUT` for the table's lock) and drop it, with what else it holds.
+def drop(
+    connection: BaseDatabaseWrapper, partition: Partition, now: datetime | None = None
+) -> None:
+    """Move the keys in progress with steps out of ``partition`` (the purge keeps them) to
+    an expiry of ``now`` (by default the database's: a time a partition that is not dropped
+    holds, and that has passed, so that they stay expired as the purge and ``unfinished()``
+    see them); detach ``partition`` (concurrently, outside a transaction; else waiting at
+    most :data:`DDL_LOCK_TIMEOUT` for the table's lock) and drop it, with what else it holds.
 
     No key gets steps in ``partition`` after the move: a step's record keeps the key's
     expiry a lease ahead (``strategies.stepped.StepClaim.record``), as a renewal does,
@@ -202,8 +209,9 @@ def drop(connection: BaseDatabaseWrapper, partition: Partition) -> None:
     parent, q = table(), connection.ops.quote_name
     with connection.cursor() as cursor:
         if not partition.detaching:
-            bounds = {"lower": partition.lower, "upper": partition.upper}
-            cursor.execute(ddl.keep_unfinished(q, parent), {"ttl": float(conf.TTL), **bounds})
+            moved = _now(connection) if now is None else now
+            bounds = {"lower": partition.lower, "upper": partition.upper, "now": moved}
+            cursor.execute(ddl.keep_unfinished(q, parent), bounds)
         if partition.detaching:
             cursor.execute(ddl.finalize(q, parent, partition.name))
         elif not connection.in_atomic_block:
@@ -233,7 +241,7 @@ def maintain(
     now = _now(connection)
     # Ahead first: the keys a drop keeps move to an expiry TTL ahead, which must have one.
     create_ahead(connection, step, now, now + timedelta(seconds=ahead_seconds(ahead)), done)
-    drop_expired(connection, now - (older_than or timedelta(0)), done)
+    drop_expired(connection, now - (older_than or timedelta(0)), done, now)
     if done.dropped or done.created:
         logger.info(
             "partitions of the idempotency keys: %d created, %d dropped",
@@ -266,8 +274,8 @@ def convert(
             return False
         cursor.execute(f"LOCK TABLE {q(parent)} IN ACCESS EXCLUSIVE MODE")
         cursor.execute(ddl.lease_ahead(q, parent), {"lease": float(conf.LOCK_TIMEOUT)})
-        cursor.execute(ddl.keep_unfinished(q, parent, in_range=False), {"ttl": float(conf.TTL)})
         now = _now(connection)
+        cursor.execute(ddl.keep_unfinished(q, parent, in_range=False), {"now": now})
         cursor.execute(f'SELECT max("expires_at") FROM {q(parent)}')
         latest = cursor.fetchone()[0] or now
         until = max(latest + timedelta(seconds=1), now + timedelta(seconds=ahead_seconds(ahead)))

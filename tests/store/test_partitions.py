@@ -259,8 +259,9 @@ def test_the_conversion_keeps_the_live_rows_and_their_replays() -> None:
             assert claim("replayed").response == RESPONSE
             assert claim("running").state is ClaimState.IN_PROGRESS
             assert rows("expired") == 0
-            # Kept, as the purge keeps it: its retry resumes it.
+            # Kept, as the purge keeps it (still expired): its retry resumes it.
             assert IdempotencyKey.objects.get(key="left").recovery_point == "create"
+            assert IdempotencyKey.objects.unfinished().filter(key="left").exists()
             kept = IdempotencyKey.objects.get(key="running")
             assert kept.expires_at > timezone.now()  # a lease ahead: no partition drops it
             assert claim("new").state is ClaimState.CLAIMED

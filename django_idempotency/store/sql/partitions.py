@@ -97,23 +97,24 @@ def detach(q: Quote, parent: str, partition: str, *, concurrently: bool) -> str:
     return f"ALTER TABLE {q(parent)} DETACH PARTITION {q(partition)}{how}"
 
 
+#: A key in progress with steps: the purge keeps it, whatever its expiry (its steps may have
+#: taken effect; claimed afresh, its retry would run them again).
+UNFINISHED = f'"status" = \'{IN_PROGRESS}\' AND "steps" IS NOT NULL'
+
+
 def keep_unfinished(q: Quote, table: str, *, in_range: bool = True) -> str:
     """The keys in progress with steps whose expiry falls in the range of parameters
-    ``lower`` and ``upper`` (a partition's), or, not ``in_range``, has passed, given an
-    expiry of now plus parameter ``ttl`` seconds (through a partitioned ``table``: moved
-    out of that partition). The purge keeps such keys: a partition's drop, or a conversion
-    that copies only the unexpired rows, would take them, and their retry would run their
-    steps again."""
+    ``lower`` and ``upper`` (a partition's), or, not ``in_range``, has passed, given the
+    expiry of parameter ``now`` (the maintenance's now, in a partition that holds it;
+    through a partitioned ``table``, moved out of that range). They stay expired, as the
+    purge and ``unfinished()`` see them, and in a partition that is not dropped: a drop, or
+    a conversion that copies only the unexpired rows, would take them."""
     expiring = (
         '"expires_at" >= %(lower)s AND "expires_at" < %(upper)s'
         if in_range
-        else '"expires_at" <= statement_timestamp()'
+        else '"expires_at" <= %(now)s'
     )
-    return (
-        f'UPDATE {q(table)} SET "expires_at" = statement_timestamp() + '
-        f"make_interval(secs => %(ttl)s) WHERE {expiring} "
-        f'AND "status" = \'{IN_PROGRESS}\' AND "steps" IS NOT NULL'
-    )
+    return f'UPDATE {q(table)} SET "expires_at" = %(now)s WHERE {expiring} AND {UNFINISHED}'
 
 
 def finalize(q: Quote, parent: str, partition: str) -> str:
@@ -122,8 +123,12 @@ def finalize(q: Quote, parent: str, partition: str) -> str:
 
 
 def copy_live(q: Quote, new: str, old: str) -> str:
-    """The unexpired rows of ``old`` into ``new`` (the others are the purge's)."""
-    return f'INSERT INTO {q(new)} SELECT * FROM {q(old)} WHERE "expires_at" > statement_timestamp()'
+    """The unexpired rows of ``old`` into ``new``, and the keys in progress with steps (the
+    others are the purge's)."""
+    return (
+        f"INSERT INTO {q(new)} SELECT * FROM {q(old)} "
+        f'WHERE "expires_at" > statement_timestamp() OR ({UNFINISHED})'
+    )
 
 
 def lease_ahead(q: Quote, table: str) -> str:
