@@ -239,7 +239,7 @@ def maintain(
     if step is None or not is_partitioned(connection):
         return done
     now = _now(connection)
-    # Ahead first: the keys a drop keeps move to an expiry TTL ahead, which must have one.
+    # Ahead first: the keys a drop keeps move to an expiry of now, which a partition must hold.
     create_ahead(connection, step, now, now + timedelta(seconds=ahead_seconds(ahead)), done)
     drop_expired(connection, now - (older_than or timedelta(0)), done, now)
     if done.dropped or done.created:
@@ -260,8 +260,9 @@ def convert(
     """Make the key table partitioned by expiry, in one transaction that locks it: a new
     partitioned table with the same columns, partitions from now until past the latest
     expiry and :func:`ahead_seconds`, the unexpired rows copied (with the keys in progress
-    with steps, whose expiry is moved ahead first: the purge keeps them), the old table
-    dropped. False (and nothing done) when it is partitioned already."""
+    with steps, which the purge keeps: their expiry set to now first, which the partitions
+    hold), the old table dropped. False (and nothing done) when it is partitioned
+    already."""
     alias = using or conf.DATABASE
     connection = connections[alias]
     step = interval or conf.PARTITION_INTERVAL

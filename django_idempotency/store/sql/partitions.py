@@ -98,7 +98,8 @@ def detach(q: Quote, parent: str, partition: str, *, concurrently: bool) -> str:
 
 
 #: A key in progress with steps: the purge keeps it, whatever its expiry (its steps may have
-#: taken effect; claimed afresh, its retry would run them again).
+#: taken effect; claimed afresh, its retry would run them again). The ORM's is
+#: ``store.purge.UNFINISHED``.
 UNFINISHED = f'"status" = \'{IN_PROGRESS}\' AND "steps" IS NOT NULL'
 
 
