@@ -178,10 +178,14 @@ def create_ahead(
 
 
 def drop_expired(
-    connection: BaseDatabaseWrapper, cutoff: datetime, done: Maintenance, now: datetime
+    connection: BaseDatabaseWrapper,
+    cutoff: datetime,
+    done: Maintenance,
+    now: datetime | None = None,
 ) -> None:
     """Detach and drop the partitions whose range ended at or before ``cutoff`` (at most the
-    database's ``now``, which a partition that is not dropped holds)."""
+    database's ``now``, which a partition that is not dropped holds; read by each drop
+    when not given)."""
     for partition in partitions(connection):
         if partition.upper > cutoff:
             continue
