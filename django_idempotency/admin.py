@@ -14,6 +14,7 @@ import binascii
 import codecs
 import json
 import re
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -22,7 +23,7 @@ from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import ImproperlyConfigured
-from django.db import models, transaction
+from django.db import models
 from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, QueryDict
 from django.template.response import TemplateResponse
@@ -38,8 +39,8 @@ from .conf import conf
 from .models import IdempotencyKey
 from .protocol.keys import downstream_key
 from .protocol.steps import CALLING, REMOTE
-from .store.clock import DatabaseNow, database_ago
-from .store.purge import UNFINISHED, kept_on_release
+from .store.clock import DatabaseNow
+from .store.purge import kept_on_release
 from .strategies import get_strategy
 
 #: Characters of a stored body shown on the detail page; the rest is cut off.
@@ -565,32 +566,19 @@ class IdempotencyKeyAdmin(KeyDatabaseAdmin):
             ) % {"count": count}
         else:
             title = gettext("Nothing to release")
-        opts = self.model._meta
-        context = {
-            **self.admin_site.each_context(request),
-            "title": title,
-            "subtitle": None,
-            "breadcrumb": ngettext(
+        return self._confirmation(
+            request,
+            "release_stuck_keys",
+            "release",
+            stuck,
+            title=title,
+            breadcrumb=ngettext(
                 "Release an in-progress key", "Release in-progress keys", max(count, 1)
             ),
-            "confirm": ngettext("Yes, release it", "Yes, release them", count),
-            "opts": opts,
-            "app_label": opts.app_label,
-            "headings": [gettext("age"), gettext("lease")],
-            "rows": [(obj, [("age", self.age(obj)), ("lease", _lease_text(obj))]) for obj in stuck],
-            "selected": [obj.pk for obj in stuck],
-            "confirmation": "release-confirmation",
-            "with_steps": sum(kept_on_release(obj) for obj in stuck),
-            "skipped": queryset.exclude(status=IdempotencyKey.Status.IN_PROGRESS).count(),
-            "queryset": queryset,
-            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-            "action_name": "release_stuck_keys",
-            "media": self.media,
-        }
-        return TemplateResponse(
-            request,
-            "admin/django_idempotency/idempotencykey/release_confirmation.html",
-            context,
+            confirm=ngettext("Yes, release it", "Yes, release them", count),
+            columns=[("age", gettext("age"), self.age), ("lease", gettext("lease"), _lease_text)],
+            with_steps=sum(kept_on_release(obj) for obj in stuck),
+            skipped=queryset.exclude(status=IdempotencyKey.Status.IN_PROGRESS).count(),
         )
 
     @admin.action(permissions=["delete"], description=_("Purge selected expired keys"))
@@ -641,19 +629,12 @@ class IdempotencyKeyAdmin(KeyDatabaseAdmin):
         once someone has reconciled them. A retry with such a key is then a new request,
         which runs every step again. A key whose lease is live (its request is running),
         or without steps, is left alone; so is one that changed since the page."""
-        alias = queryset.db
-        lease_cutoff = database_ago(timedelta(seconds=conf.LOCK_TIMEOUT))
-        forgettable = (
-            IdempotencyKey.objects.using(alias)
-            .filter(UNFINISHED, pk__in=queryset.values("pk"))
-            .exclude(locked_at__gt=lease_cutoff)
-        )
+        pks = list(queryset.values_list("pk", flat=True))
         if request.POST.get("post") != "yes":
+            forgettable = IdempotencyKey.objects.forgettable(pks, using=queryset.db)
             keys: list[IdempotencyKey] = list(forgettable.annotate(database_now=DatabaseNow()))
             return self._forget_confirmation(request, queryset, keys)
-        with transaction.atomic(using=alias):
-            deleted = list(forgettable.select_for_update())
-            IdempotencyKey.objects.using(alias).filter(pk__in=[o.pk for o in deleted]).delete()
+        deleted = IdempotencyKey.objects.delete_unfinished(pks, using=queryset.db)
         _log_deletions(
             request,
             deleted,
@@ -690,34 +671,59 @@ class IdempotencyKeyAdmin(KeyDatabaseAdmin):
             if count
             else gettext("Nothing to delete")
         )
-        opts = self.model._meta
-        context = {
-            **self.admin_site.each_context(request),
-            "title": title,
-            "subtitle": None,
-            "breadcrumb": ngettext(
+        return self._confirmation(
+            request,
+            "forget_unfinished_keys",
+            "forget",
+            keys,
+            title=title,
+            breadcrumb=ngettext(
                 "Delete a key in progress with steps",
                 "Delete keys in progress with steps",
                 max(count, 1),
             ),
-            "confirm": ngettext("Yes, delete it", "Yes, delete them", count),
-            "opts": opts,
-            "headings": [gettext("steps done"), gettext("lease")],
-            "rows": [
-                (obj, [("steps", self.steps_done(obj)), ("lease", _lease_text(obj))])
-                for obj in keys
+            confirm=ngettext("Yes, delete it", "Yes, delete them", count),
+            columns=[
+                ("steps", gettext("steps done"), self.steps_done),
+                ("lease", gettext("lease"), _lease_text),
             ],
-            "selected": [obj.pk for obj in keys],
-            "confirmation": "forget-confirmation",
-            "skipped": queryset.count() - count,
-            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-            "action_name": "forget_unfinished_keys",
-            "media": self.media,
-        }
+            skipped=queryset.count() - count,
+        )
+
+    def _confirmation(
+        self,
+        request: HttpRequest,
+        action: str,
+        page: str,
+        keys: list[IdempotencyKey],
+        *,
+        columns: list[tuple[str, str, Callable[[IdempotencyKey], Any]]],
+        **context: Any,
+    ) -> TemplateResponse:
+        """The page ``action`` shows before it acts on ``keys`` (``<page>_confirmation.html``,
+        which extends ``action_confirmation.html``): scope, key and request of each, then a
+        cell per column (its class, heading and value); ``context`` holds the page's title,
+        breadcrumb and confirm button, and what its template says besides."""
+        opts = self.model._meta
         return TemplateResponse(
             request,
-            "admin/django_idempotency/idempotencykey/forget_confirmation.html",
-            context,
+            f"admin/django_idempotency/idempotencykey/{page}_confirmation.html",
+            {
+                **self.admin_site.each_context(request),
+                "subtitle": None,
+                "opts": opts,
+                "app_label": opts.app_label,
+                "headings": [heading for _class, heading, _value in columns],
+                "rows": [
+                    (obj, [(css, value(obj)) for css, _heading, value in columns]) for obj in keys
+                ],
+                "selected": [obj.pk for obj in keys],
+                "confirmation": f"{page}-confirmation",
+                "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+                "action_name": action,
+                "media": self.media,
+                **context,
+            },
         )
 
 

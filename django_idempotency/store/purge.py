@@ -169,6 +169,26 @@ class PurgeQuerySet(models.QuerySet[_Key]):
             )
         return count
 
+    def forgettable(self, pks: list[int], *, using: str | None = None) -> Self:
+        """Those of ``pks`` in progress with steps (:data:`UNFINISHED`) under a lease that
+        has lapsed (its request is not running): the keys the admin deletes once someone has
+        reconciled them by hand (:meth:`delete_unfinished`)."""
+        alias = database(using, self._db)
+        lease_cutoff = _time(alias, None, conf.LOCK_TIMEOUT)
+        return self._table(alias).filter(UNFINISHED, pk__in=pks).exclude(locked_at__gt=lease_cutoff)
+
+    def delete_unfinished(self, pks: list[int], *, using: str | None = None) -> list[_Key]:
+        """Delete the :meth:`forgettable` keys of ``pks``, in one transaction that reads them
+        under a row lock and deletes them with the condition checked again; the rows
+        deleted. A retry with such a key is then a new request, which runs its steps
+        again: only for keys reconciled by hand (docs/steps.md, "Keys the purge keeps")."""
+        alias = database(using, self._db)
+        with transaction.atomic(using=alias):
+            rows = list(self.forgettable(pks, using=alias).select_for_update())
+            if rows:
+                _delete_where(self.forgettable([row.pk for row in rows], using=alias), alias)
+        return rows
+
     def release_stuck(self, pks: list[int] | None = None, *, using: str | None = None) -> int:
         """Release in-progress keys by hand (the admin action); returns how many.
 
